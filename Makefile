@@ -1,0 +1,32 @@
+# Two commands on a fresh machine (see README):
+#   make lab    create the environment if needed and open the course in JupyterLab
+#   make test   create the environment if needed and run every test
+PYTHON ?= python3
+VENV   ?= .venv
+# The dev environment pins torch for reproducibility; override with e.g. `make test TORCH="torch==2.5.1"`.
+TORCH  ?= torch==2.13.0
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.flashlab-installed
+
+.PHONY: lab test notebooks clean
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# Regenerate notebooks/, exercises/ and solutions/ from course/.
+notebooks: $(STAMP)
+	$(BIN)/python -m flashlab build
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "flashlab needs Python 3.10 or newer; found " + sys.version.split()[0] + ". Run: make PYTHON=python3.11 ...")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[all]"
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
