@@ -30,3 +30,19 @@ def relative_error(out, ref) -> float:
     out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     denom = np.linalg.norm(ref)
     return float(np.linalg.norm(out - ref) / (denom if denom > 0 else 1.0))
+
+
+# Heavier parts load on first use, so `import flashlab` stays fast and works without numba, a GPU or torch.
+_LAZY = {"doctor": ("device", "doctor"), "check": ("grading", "check")}
+_SUBMODULES = {"kernels", "torch", "viz", "device", "grading", "bench"}
+
+
+def __getattr__(name):
+    import importlib
+
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(f".{module}", __name__), attr)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'flashlab' has no attribute {name!r}")
