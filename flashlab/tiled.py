@@ -18,10 +18,12 @@ from ._inputs import causal_mask, check_attention_inputs, check_backward_inputs,
 from .iomodel import DEFAULT_SRAM, NO_IO, default_block_sizes
 
 
-def _blocks(q, k, v, block_q, block_k, backward=False):
-    """Resolve block sizes: explicit ones are checked, missing ones follow the paper's SRAM rule."""
+def _blocks(q, v, block_q, block_k, io, backward=False):
+    """Resolve block sizes: explicit ones are checked; missing ones follow the paper's SRAM rule for the
+    io model's M when it has one (so a smaller SRAM gets smaller tiles), else for DEFAULT_SRAM."""
     block_q, block_k = check_block(block_q, "block_q"), check_block(block_k, "block_k")
-    br, bc = default_block_sizes(max(q.shape[-1], v.shape[-1]), DEFAULT_SRAM, backward=backward)
+    M = getattr(io, "M", None) or DEFAULT_SRAM
+    br, bc = default_block_sizes(max(q.shape[-1], v.shape[-1]), M, backward=backward)
     return block_q or br, block_k or bc
 
 
@@ -50,7 +52,7 @@ def flash_attention_v1(q, k, v, *, causal=False, scale=None, block_q=None, block
     and rewritten on every inner step, and O_i is renormalised by 1/l every time.
     """
     q, k, v, causal, scale = check_attention_inputs(q, k, v, causal=causal, scale=scale)
-    br, bc = _blocks(q, k, v, block_q, block_k)
+    br, bc = _blocks(q, v, block_q, block_k, io)
     ct = compute_dtype(q.dtype)
     nq, nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     batch = q.shape[:-2]
@@ -101,7 +103,7 @@ def flash_attention_v2(q, k, v, *, causal=False, scale=None, block_q=None, block
     Under causal masking, key blocks entirely after the block's last query are never visited.
     """
     q, k, v, causal, scale = check_attention_inputs(q, k, v, causal=causal, scale=scale)
-    br, bc = _blocks(q, k, v, block_q, block_k)
+    br, bc = _blocks(q, v, block_q, block_k, io)
     ct = compute_dtype(q.dtype)
     nq, nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     batch = q.shape[:-2]
@@ -148,7 +150,7 @@ def flash_attention_v2_backward(q, k, v, o, lse, do, *, causal=False, scale=None
     blocks (each owns its dK_j, dV_j), inner over Q blocks; dQ accumulates in HBM.
     """
     q, k, v, o, lse, do, causal, scale = check_backward_inputs(q, k, v, o, lse, do, causal=causal, scale=scale)
-    br, bc = _blocks(q, k, v, block_q, block_k, backward=True)
+    br, bc = _blocks(q, v, block_q, block_k, io, backward=True)
     ct = compute_dtype(q.dtype)
     nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     batch = q.shape[:-2]

@@ -1,0 +1,26 @@
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests: enough examples to hit tails, causal and float16 often; no deadline (CI is a slow 2-core box).
+settings.register_profile("flashlab", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("flashlab")
+
+# Relative-error tolerances ||out - ref|| / ||ref|| by input dtype (float16 inputs accumulate in float32).
+TOL = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-10}
+
+
+def random_qkv(rng, batch, nq, nk, d, dv, dtype, logit_scale=1.0):
+    """Fresh random q, k, v; logit_scale multiplies q so scores reach ~logit_scale in magnitude."""
+    q = rng.standard_normal(batch + (nq, d)) * logit_scale
+    k = rng.standard_normal(batch + (nk, d))
+    v = rng.standard_normal(batch + (nk, dv))
+    return q.astype(dtype), k.astype(dtype), v.astype(dtype)
+
+
+@pytest.fixture
+def rng(request):
+    # A different, reproducible stream per test.
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
