@@ -41,7 +41,7 @@ def setup_code() -> str:
         f"    %pip install -q --no-deps 'flashlab @ git+https://github.com/{REPO}@{REF}'\n"
         "    %pip install -q tqdm\n"
         "import flashlab\n"
-        "flashlab.doctor()"
+        "flashlab.doctor();"
     )
 
 

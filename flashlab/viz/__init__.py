@@ -1,0 +1,30 @@
+"""Every figure and interactive explorer of the course, in matplotlib (imported only when used).
+
+lesson 01  plot_memory_hierarchy, plot_roofline            (numbers from flashlab.roofline)
+lesson 02  plot_naive_traffic, plot_memory_vs_n, plot_step_times, peak_memory
+lesson 03  plot_overflow, plot_online_softmax, online_softmax_trace, plot_merge
+lesson 04  plot_tile_order, plot_traffic_vs_sram, plot_block_heatmap, sram_explorer
+lesson 05  plot_causal_blocks, plot_work_split, plot_occupancy, plot_traffic_vs_n, plot_io_compare, fa_explorer
+lesson 06  plot_saved_for_backward
+
+Each plot_* returns a matplotlib Figure (and draws into `ax=` when given one). Explorers show
+ipywidgets sliders in a live kernel and a static grid of small plots otherwise, or in the fast mode.
+"""
+from ._base import explore, to_png, use_widgets, widgets_available
+from .memory import (peak_memory, plot_memory_hierarchy, plot_memory_vs_n, plot_naive_traffic, plot_roofline,
+                     plot_saved_for_backward, plot_step_times)
+from .softmax import online_softmax_trace, plot_merge, plot_online_softmax, plot_overflow
+from .tiles import (TileTracer, plot_causal_blocks, plot_occupancy, plot_tile_order, plot_work_split,
+                    trace_tiles)
+from .traffic import (block_traffic_grid, fa_explorer, fits, plot_block_heatmap, plot_io_compare,
+                      plot_traffic_vs_n, plot_traffic_vs_sram, sram_explorer, traffic_bytes)
+
+__all__ = [
+    "explore", "to_png", "use_widgets", "widgets_available",
+    "peak_memory", "plot_memory_hierarchy", "plot_memory_vs_n", "plot_naive_traffic", "plot_roofline",
+    "plot_saved_for_backward", "plot_step_times",
+    "online_softmax_trace", "plot_merge", "plot_online_softmax", "plot_overflow",
+    "TileTracer", "plot_causal_blocks", "plot_occupancy", "plot_tile_order", "plot_work_split", "trace_tiles",
+    "block_traffic_grid", "fa_explorer", "fits", "plot_block_heatmap", "plot_io_compare", "plot_traffic_vs_n",
+    "plot_traffic_vs_sram", "sram_explorer", "traffic_bytes",
+]

@@ -1,0 +1,174 @@
+"""Figures for the memory hierarchy, rooflines and the memory naive attention needs (lessons 01, 02, 06)."""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+
+from ._base import COLORS, human_bytes, own_axes, subplots
+
+# FlashAttention (arXiv 2205.14135), Figure 1 left: an A100 with 40 GB of HBM.
+HIERARCHY = [  # (level, capacity in bytes, bandwidth in bytes/s)
+    ("GPU SRAM\n(all SMs)", 20e6, 19e12),
+    ("GPU HBM", 40e9, 1.5e12),
+    ("CPU DRAM", 1e12, 12.8e9),
+]
+
+
+def plot_memory_hierarchy(ax=None):
+    """Capacity against bandwidth for SRAM, HBM and CPU DRAM (A100 figures from arXiv 2205.14135, Fig. 1)."""
+    fig, axes = (ax.figure, ax) if ax is not None else subplots(1, 2, width=9, height=2.8)
+    if ax is not None:  # one panel given: draw bandwidth only
+        axes = [None, ax]
+    names = [h[0] for h in HIERARCHY]
+    y = np.arange(len(HIERARCHY))[::-1]
+    if axes[0] is not None:
+        axes[0].barh(y, [h[1] for h in HIERARCHY], color="#bbbbbb")
+        axes[0].set_xscale("log")
+        axes[0].set_yticks(y, names)
+        axes[0].set_xlabel("capacity (bytes)")
+        axes[0].set_title("bigger ...")
+        for yi, h in zip(y, HIERARCHY):
+            axes[0].text(h[1], yi, " " + human_bytes(h[1]), va="center", fontsize=8)
+        axes[0].set_xlim(1e6, 1e15)
+    axes[1].barh(y, [h[2] for h in HIERARCHY], color=COLORS["memory"])
+    axes[1].set_xscale("log")
+    axes[1].set_yticks(y, names)
+    axes[1].set_xlabel("bandwidth (bytes/s)")
+    axes[1].set_title("... or faster")
+    for yi, h in zip(y, HIERARCHY):
+        axes[1].text(h[2], yi, " " + human_bytes(h[2]) + "/s", va="center", fontsize=8)
+    axes[1].set_xlim(1e9, 1e15)
+    fig.tight_layout()
+    return fig
+
+
+def plot_roofline(machines, kernels=None, points=None, ax=None, intensities=(1 / 16, 4096)):
+    """Rooflines of `machines` (flashlab.roofline.Machine) on log-log axes.
+
+    kernels: {name: intensity} drawn as labelled vertical lines.
+    points: {name: (intensity, achieved FLOP/s)} drawn as markers (for example measured kernels).
+    """
+    fig, ax = own_axes(ax, width=7.5, height=4.6)
+    x = np.logspace(np.log10(intensities[0]), np.log10(intensities[1]), 200)
+    styles = ["-", "--", "-.", ":"]
+    for i, mach in enumerate(machines):
+        (line,) = ax.plot(x, mach.attainable(x), styles[i % 4] if not mach.measured else "-",
+                          lw=2.5 if mach.measured else 1.6, label=mach.name)
+        ax.plot([mach.ridge], [mach.peak_flops], "o", color=line.get_color(), ms=4)
+    groups = []  # kernels of (nearly) equal intensity share one line and one label
+    for name, inten in sorted((kernels or {}).items(), key=lambda kv: kv[1]):
+        if groups and inten < groups[-1][1] * 1.2:
+            groups[-1][0].append(name)
+        else:
+            groups.append(([name], inten))
+    for names, inten in groups:
+        ax.axvline(inten, color="#999999", lw=0.8, ls=":")
+        ax.text(inten, 1.5e8, " " + ", ".join(names), rotation=90, va="bottom", ha="right",
+                fontsize=8, color="#555555")
+    for name, (inten, achieved) in (points or {}).items():
+        ax.plot([inten], [achieved], "*", ms=11, color="black", zorder=5)
+        ax.annotate(name, (inten, achieved), textcoords="offset points", xytext=(6, -10), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+    ax.set_ylabel("attainable FLOP/s")
+    ax.set_title("Roofline: min(peak FLOP/s, bandwidth × intensity)")
+    ax.set_ylim(1e8, 3e15)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+def plot_naive_traffic(io, ax=None):
+    """Bytes each tensor moves in one instrumented run (an HBMModel after naive_attention or another algorithm)."""
+    fig, ax = own_axes(ax, width=6, height=3.2)
+    s = io.summary()
+    names = list(dict.fromkeys(list(s["reads"]) + list(s["writes"])))
+    bpe = io.bytes_per_element
+    r = np.array([s["reads"].get(n, 0) * bpe for n in names], dtype=float)
+    w = np.array([s["writes"].get(n, 0) * bpe for n in names], dtype=float)
+    x = np.arange(len(names))
+    ax.bar(x, r, label="read from HBM", color="#4c72b0")
+    ax.bar(x, w, bottom=r, label="written to HBM", color="#dd8452")
+    ax.set_xticks(x, names)
+    ax.set_ylabel("bytes")
+    for xi, total in zip(x, r + w):
+        ax.text(xi, total, human_bytes(total), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, (r + w).max() * 1.18)
+    ax.set_title(f"HBM traffic per tensor ({s['algorithm']}): total {human_bytes(io.hbm_bytes)}")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def peak_memory(fn, *args, **kwargs):
+    """(result, peak bytes NumPy allocated while fn ran), measured with tracemalloc."""
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        out = fn(*args, **kwargs)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return out, peak
+
+
+def plot_memory_vs_n(ns, d, measured=None, bytes_per_element=4, ax=None):
+    """Extra memory beyond Q, K, V, O: naive attention's S and P (2 N^2) against FlashAttention's m and l (2 N).
+
+    measured: {label: (ns, bytes)} measured peaks (for example from `peak_memory`) drawn as markers.
+    """
+    fig, ax = own_axes(ax, width=6, height=3.6)
+    ns = np.asarray(ns, dtype=float)
+    e = bytes_per_element
+    ax.plot(ns, 2 * ns**2 * e, color=COLORS["naive"], label="naive: S and P, 2N² elements")
+    ax.plot(ns, 4 * ns * d * e, color="#555555", ls="--", label=f"Q, K, V, O themselves: 4Nd (d = {d})")
+    ax.plot(ns, 2 * ns * e, color=COLORS["fa2"], label="FlashAttention: m and l (or lse), ≤ 2N")
+    markers = iter("osD^")
+    for label, (mn, mb) in (measured or {}).items():
+        ax.plot(mn, mb, next(markers), ms=6, mfc="none", color="black", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("bytes (one head)")
+    ax.set_title("Memory beyond the inputs and output")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_step_times(machine, kernels, ax=None):
+    """For each kernel {name: (flops, bytes)}: the time its memory traffic and its arithmetic need on `machine`."""
+    fig, ax = own_axes(ax, width=6.5, height=3.2)
+    names = list(kernels)
+    t_mem = np.array([kernels[n][1] / machine.bandwidth for n in names]) * 1e6
+    t_cmp = np.array([kernels[n][0] / machine.peak_flops for n in names]) * 1e6
+    y = np.arange(len(names))[::-1]
+    ax.barh(y + 0.18, t_mem, 0.36, color=COLORS["memory"], label="moving bytes")
+    ax.barh(y - 0.18, t_cmp, 0.36, color=COLORS["compute"], label="arithmetic")
+    ax.set_yticks(y, names)
+    ax.set_xlabel("microseconds (lower bound)")
+    ax.set_title(f"Which limit binds on {machine.name.split(' (')[0]}?")
+    for yi, tm, tc in zip(y, t_mem, t_cmp):
+        ax.text(max(tm, tc), yi, "  memory-bound" if tm > tc else "  compute-bound", va="center", fontsize=8)
+    ax.set_xlim(0, max(t_mem.max(), t_cmp.max()) * 1.45)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def plot_saved_for_backward(ns, d, bytes_per_element=2, ax=None):
+    """What the forward keeps for the backward, per head: P (N^2, standard) against lse (N, FlashAttention)."""
+    fig, ax = own_axes(ax, width=6, height=3.6)
+    ns = np.asarray(ns, dtype=float)
+    e = bytes_per_element
+    ax.plot(ns, ns**2 * e, color=COLORS["naive"], label="standard: keep P (N² elements)")
+    ax.plot(ns, ns * d * e, color="#555555", ls="--", label=f"both: keep O (N·d, d = {d})")
+    ax.plot(ns, ns * 4, color=COLORS["fa2"], label="FlashAttention: keep lse (N floats)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("bytes kept per head")
+    ax.set_title("Saved for the backward pass")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
