@@ -182,7 +182,7 @@ class HBMModel:
 # Closed forms. All counts are in elements, for `batch` independent (batch, head) problems.
 # --------------------------------------------------------------------------------------------------
 
-def _visited_k_blocks(nq, nk, block_q, block_k, causal):
+def visited_k_blocks(nq, nk, block_q, block_k, causal):
     """For each query block, how many key blocks the FA loops visit (causal: those not fully masked)."""
     tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_k)
     if not causal:
@@ -206,7 +206,7 @@ def formula_traffic(algorithm, nq, nk, d, dv=None, *, block_q=None, block_k=None
     if block_q is None or block_k is None:
         bq, bk = default_block_sizes(d, M, backward=(algorithm == "fa2_backward"))
         block_q, block_k = block_q or bq, block_k or bk
-    visits = _visited_k_blocks(nq, nk, block_q, block_k, causal)
+    visits = visited_k_blocks(nq, nk, block_q, block_k, causal)
     # rows_times_blocks = sum over query rows of the key blocks that row's block visits
     rows_times_blocks = sum(v * (min((i + 1) * block_q, nq) - i * block_q) for i, v in enumerate(visits))
     # keys_times_blocks = sum over query blocks of the keys those visited blocks contain

@@ -1,0 +1,250 @@
+"""Where flashlab's kernels run: a CUDA GPU through numba-cuda, or Numba's CUDA simulator.
+
+The choice is made once, before `numba.cuda` is first imported, because Numba reads
+NUMBA_ENABLE_CUDASIM only at that moment:
+
+- NUMBA_ENABLE_CUDASIM=1 set by you: the simulator.
+- otherwise a GPU found through the CUDA driver (libcuda, asked with ctypes so numba.cuda is not
+  imported yet): the GPU.
+- otherwise: the simulator (flashlab sets NUMBA_ENABLE_CUDASIM=1 for you).
+
+`get_cuda()` returns the `numba.cuda` module after that choice; kernels import it through here.
+`doctor()` prints what was chosen, the versions involved and a smoke test, and names the fix for the
+breakages seen in practice. It never raises: it is the first cell of every notebook.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import warnings
+
+_state = {"backend": None, "problem": None}
+
+FIX_RESTART = (
+    "numba.cuda was imported before flashlab could choose a backend, and it found no usable GPU. "
+    "Fix: restart the Python kernel and run `import flashlab` before anything imports numba.cuda, "
+    "or set NUMBA_ENABLE_CUDASIM=1 in the environment before starting Python."
+)
+
+
+def _env_simulator() -> bool:
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0")
+
+
+def _driver_gpu_count() -> int:
+    """Number of CUDA devices the driver reports, 0 when there is no driver or no GPU."""
+    names = {"win32": ["nvcuda.dll"], "darwin": []}.get(sys.platform, ["libcuda.so.1", "libcuda.so"])
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        try:
+            if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+                return 0
+        except (AttributeError, OSError):
+            return 0
+        return count.value
+    return 0
+
+
+def _driver_version():
+    """(major, minor) of the installed CUDA driver, from libcuda, or None."""
+    try:
+        lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+        v = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
+            return v.value // 1000, (v.value % 1000) // 10
+    except (OSError, AttributeError):
+        pass
+    return None
+
+
+def _choose() -> str:
+    """Decide the backend once; returns "gpu", "simulator" or "unavailable"."""
+    if _state["backend"] is not None:
+        return _state["backend"]
+    if "numba.cuda" in sys.modules:  # too late to choose: report what the earlier import gave
+        from numba import config
+
+        if config.ENABLE_CUDASIM:
+            backend = "simulator"
+        elif sys.modules["numba.cuda"].is_available():
+            backend = "gpu"
+        else:
+            backend, _state["problem"] = "unavailable", FIX_RESTART
+            warnings.warn(FIX_RESTART, RuntimeWarning, stacklevel=3)
+    elif _env_simulator():
+        backend = "simulator"
+    elif _driver_gpu_count() > 0:
+        backend = "gpu"
+    else:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+        try:
+            from numba.core import config
+
+            config.reload_config()
+        except ImportError:  # no numba: get_cuda() will say how to install it
+            pass
+        backend = "simulator"
+    _state["backend"] = backend
+    return backend
+
+
+def backend() -> str:
+    """"gpu" (a real CUDA device), "simulator" (Numba's CUDA simulator) or "unavailable" (see doctor())."""
+    return _choose()
+
+
+def has_gpu() -> bool:
+    """True when the kernels run on a real CUDA GPU."""
+    return _choose() == "gpu"
+
+
+def get_cuda():
+    """The `numba.cuda` module, imported after the backend is chosen. Raises with the fix if unusable."""
+    _choose()
+    if _state["problem"]:
+        raise RuntimeError(_state["problem"])
+    try:
+        from numba import cuda
+    except ImportError as exc:
+        raise ImportError(
+            f"numba.cuda could not be imported ({exc}). Fix: pip install numba-cuda "
+            "(and numba itself if missing), then restart the Python kernel."
+        ) from exc
+    return cuda
+
+
+def device_limits() -> dict:
+    """The limits tile shapes are chosen from. On the simulator: those of a T4-class GPU (48 KB/block)."""
+    if not has_gpu():
+        return {"name": "CUDA simulator", "cc": None, "sms": 1, "shared_per_block": 48 * 1024,
+                "shared_per_sm": 64 * 1024, "regs_per_sm": 65536, "regs_per_block": 65536,
+                "max_threads_per_sm": 1024, "max_blocks_per_sm": 16, "warp": 32}
+    dev = get_cuda().get_current_device()
+    cc = dev.compute_capability
+    return {
+        "name": dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name),
+        "cc": cc,
+        "sms": dev.MULTIPROCESSOR_COUNT,
+        # numba-cuda launches with static shared memory only, so 48 KB per block is the ceiling.
+        "shared_per_block": min(dev.MAX_SHARED_MEMORY_PER_BLOCK, 48 * 1024),
+        "shared_per_sm": dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        "regs_per_sm": dev.MAX_REGISTERS_PER_MULTIPROCESSOR,
+        "regs_per_block": dev.MAX_REGISTERS_PER_BLOCK,
+        "max_threads_per_sm": dev.MAX_THREADS_PER_MULTIPROCESSOR,
+        "max_blocks_per_sm": getattr(dev, "MAX_BLOCKS_PER_MULTIPROCESSOR", 16),
+        "warp": dev.WARP_SIZE,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- doctor
+def _fix_for(exc: BaseException) -> str:
+    """The known fix for an error message, or ''."""
+    text = f"{type(exc).__name__}: {exc}"
+    low = text.lower()
+    if "unsupported_ptx_version" in low or ("ptx" in low and "version" in low and "unsupported" in low):
+        return ("the PTX numba-cuda generates is newer than your driver understands. Fix: install a "
+                "numba-cuda / cuda-bindings built for your driver's CUDA version (e.g. pip install "
+                "'numba-cuda[cu12]' for a CUDA 12 driver) or upgrade the NVIDIA driver.")
+    if "row_stack" in low or ("module 'numpy' has no attribute" in low):
+        return "numpy is too new for the installed numba. Fix: pip install 'numpy<2.5', then restart the kernel."
+    if "nvvm" in low and ("not found" in low or "cannot be found" in low or "could not" in low):
+        return ("libNVVM (part of the CUDA toolkit) was not found. Fix: pip install 'numba-cuda[cu12]' "
+                "or 'numba-cuda[cu13]' matching your driver.")
+    if isinstance(exc, ImportError) or "no module named" in low:
+        return "numba-cuda is missing. Fix: pip install numba-cuda, then restart the Python kernel."
+    return ""
+
+
+cuda = None  # numba.cuda once chosen: kernels must see it as a global for the simulator to swap it
+
+
+def _twice(out):
+    i = cuda.threadIdx.x
+    if i < out.shape[0]:
+        out[i] = 2 * i
+
+
+def _smoke(cuda_module) -> str:
+    """Launch one block that writes 2*i into 32 elements and check every one."""
+    import numpy as np
+
+    global cuda
+    cuda = cuda_module
+    d_out = cuda.to_device(np.full(32, -1, np.int32))  # poisoned: unwritten elements show up
+    with warnings.catch_warnings():  # Numba warns that one block under-uses the GPU: true, and not news
+        warnings.simplefilter("ignore")
+        cuda.jit(_twice)[1, 32](d_out)
+    got = d_out.copy_to_host()
+    want = 2 * np.arange(32, dtype=np.int32)
+    if not np.array_equal(got, want):
+        raise RuntimeError(f"smoke kernel wrote wrong values: {got[:8]}... expected {want[:8]}...")
+    return "ok (1 block x 32 threads, every element checked)"
+
+
+def _version(dist: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:
+        return "not installed"
+
+
+def doctor(file=None) -> dict:
+    """Print the backend, GPU, versions and a smoke-kernel result, with the fix for known breakages.
+
+    Returns the same facts as a dict (handy in tests). Never raises.
+    """
+    out = file or sys.stdout
+    facts, fixes = {}, []
+
+    def say(key, value):
+        facts[key] = value
+        try:
+            print(f"  {key:<16} {value}", file=out)
+        except OSError:  # a closed pipe must not make the doctor fail
+            pass
+
+    try:
+        print("flashlab doctor", file=out)
+    except OSError:
+        pass
+    try:
+        say("backend", backend())
+    except Exception as exc:  # pragma: no cover - _choose only fails on a broken numba
+        say("backend", f"error: {exc}")
+        fixes.append(_fix_for(exc))
+    say("python", sys.version.split()[0])
+    for dist in ("numpy", "numba", "numba-cuda", "cuda-bindings"):
+        say(dist, _version(dist))
+    drv = _driver_version()
+    say("driver (CUDA)", f"{drv[0]}.{drv[1]}" if drv else "no CUDA driver found")
+    try:
+        cuda = get_cuda()
+        if has_gpu():
+            lim = device_limits()
+            say("gpu", f"{lim['name']} (compute capability {lim['cc'][0]}.{lim['cc'][1]}, {lim['sms']} SMs)")
+            say("shared/block", f"{lim['shared_per_block'] // 1024} KB usable by numba-cuda kernels")
+            try:
+                rt = cuda.runtime.get_version()
+                say("CUDA toolkit", f"{rt[0]}.{rt[1]} (numba-cuda's NVRTC)")
+            except Exception as exc:
+                say("CUDA toolkit", f"unknown ({type(exc).__name__}: {exc})")
+        else:
+            say("gpu", "none: kernels run in Numba's CUDA simulator (correct but ~1000x slower)")
+        say("smoke kernel", _smoke(cuda))
+    except Exception as exc:
+        say("smoke kernel", f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        fixes.append(_fix_for(exc) or "unrecognised error; please report it with this output.")
+    if backend() == "gpu" and _version("numba-cuda") == "not installed":
+        fixes.append(_fix_for(ImportError("numba-cuda")))
+    for fix in filter(None, fixes):
+        say("FIX", fix)
+    facts["fixes"] = [f for f in fixes if f]
+    facts["ok"] = not facts["fixes"]
+    return facts

@@ -1,0 +1,116 @@
+"""Backend choice (GPU or CUDA simulator), flashlab.doctor() and the GPU timing helpers."""
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+import flashlab
+from flashlab import bench, device
+
+
+def test_backend_is_chosen_and_consistent():
+    assert device.backend() in ("gpu", "simulator")
+    assert device.has_gpu() == (device.backend() == "gpu")
+    cuda = device.get_cuda()
+    assert hasattr(cuda, "jit") and hasattr(cuda, "to_device")
+    if not device.has_gpu():
+        from numba import config
+
+        assert config.ENABLE_CUDASIM
+
+
+def test_doctor_reports_and_runs_the_smoke_kernel():
+    out = io.StringIO()
+    facts = flashlab.doctor(file=out)
+    text = out.getvalue()
+    for key in ("backend", "python", "numpy", "numba", "numba-cuda", "smoke kernel"):
+        assert key in text
+    assert facts["backend"] == device.backend()
+    assert facts["smoke kernel"].startswith("ok"), text
+    assert facts["ok"] and facts["fixes"] == []
+
+
+def test_doctor_never_raises_and_names_the_fix(monkeypatch):
+    def broken():
+        raise ImportError("numba.cuda could not be imported (No module named 'numba_cuda')")
+
+    monkeypatch.setattr(device, "get_cuda", broken)
+    out = io.StringIO()
+    facts = device.doctor(file=out)
+    assert not facts["ok"]
+    assert "pip install numba-cuda" in out.getvalue()
+
+
+@pytest.mark.parametrize("message,fix", [
+    ("module 'numpy' has no attribute 'row_stack'", "numpy<2.5"),
+    ("[CUDA_ERROR_UNSUPPORTED_PTX_VERSION] Call to cuLinkAddData results in CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+     "driver"),
+    ("libNVVM cannot be found. Do `conda install cudatoolkit`", "numba-cuda[cu12]"),
+])
+def test_known_breakages_have_fixes(message, fix):
+    assert fix in device._fix_for(RuntimeError(message))
+    assert device._fix_for(RuntimeError("something new")) == ""
+
+
+def _run(code, **env):
+    environ = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    environ.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120)
+
+
+@pytest.mark.skipif(device.has_gpu(), reason="checks the no-GPU path")
+def test_fresh_interpreter_without_gpu_gets_the_simulator():
+    code = ("import os, flashlab.device as d; b = d.backend(); from numba import cuda, config; "
+            "print(b, os.environ.get('NUMBA_ENABLE_CUDASIM'), config.ENABLE_CUDASIM)")
+    res = _run(code)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["simulator", "1", "1"]
+
+
+@pytest.mark.skipif(device.has_gpu(), reason="checks the no-GPU path")
+def test_numba_cuda_imported_too_early_warns_with_the_fix():
+    code = "import numba.cuda, flashlab.device as d; print(d.backend())"
+    res = _run(code)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "unavailable"
+    assert "restart the Python kernel" in res.stderr and "NUMBA_ENABLE_CUDASIM=1" in res.stderr
+
+
+def test_explicit_simulator_request_is_honoured():
+    res = _run("import flashlab.device as d; print(d.backend())", NUMBA_ENABLE_CUDASIM="1")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "simulator"
+
+
+def test_flop_counts():
+    f = bench.attention_flops(1, 16, 4096, 4096, 64)
+    assert f == 4 * 16 * 4096 * 4096 * 64
+    assert bench.attention_flops(1, 16, 4096, 4096, 64, causal=True) == f / 2
+    assert bench.attention_flops(2, 1, 10, 30, 16, backward=True) == 2.5 * 4 * 2 * 10 * 30 * 16
+    assert bench.tflops(2e12, 1000.0) == pytest.approx(2.0)
+
+
+@pytest.mark.skipif(device.has_gpu(), reason="checks the no-GPU message")
+def test_gpu_timing_without_gpu_says_so():
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        bench.time_cuda(lambda: None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.has_gpu(), reason="needs a CUDA GPU")
+def test_gpu_timing_excludes_warmup_and_is_positive():
+    cuda = device.get_cuda()
+    import numpy as np
+
+    @cuda.jit
+    def add_one(x):
+        i = cuda.grid(1)
+        if i < x.size:
+            x[i] += 1
+
+    x = cuda.to_device(np.zeros(1 << 20, np.float32) + 1)
+    t = bench.time_cuda(lambda: add_one[(1 << 20) // 256, 256](x), warmup=2, reps=20)
+    assert len(t["samples_ms"]) == 20 and 0 < t["min_ms"] <= t["median_ms"] <= t["max_ms"]
+    assert t["median_ms"] < 50  # the first (compiling) call took far longer and was not timed
