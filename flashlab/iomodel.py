@@ -194,9 +194,11 @@ def visited_k_blocks(nq, nk, block_q, block_k, causal):
 def formula_traffic(algorithm, nq, nk, d, dv=None, *, block_q=None, block_k=None, causal=False, batch=1, M=DEFAULT_SRAM):
     """HBM traffic of `algorithm` in elements, as a dict {"read": r, "write": w}.
 
-    algorithm: "naive", "fa1", "fa2" or "fa2_backward". Block sizes default to the paper's rule for M.
+    algorithm: "naive", "naive_backward", "fa1", "fa2" or "fa2_backward". Block sizes default to the paper's rule for M.
     Non-causal closed forms (Tr = ceil(Nq/Br), Tc = ceil(Nk/Bc)):
       naive:  read  (Nq+Nk) d + Nq Nk (S) + Nq Nk (P) + Nk dv            write Nq Nk (S) + Nq Nk (P) + Nq dv
+      naive_backward: read 5 Nq Nk (P twice, dP, dS twice) + 2 Nq dv + Nk dv + (Nq+Nk) d
+                      write 2 Nq Nk (dP, dS) + Nk dv + (Nq+Nk) d
       fa1:    read  Nk(d+dv) + Tc Nq (d + dv + 2) + 2Nq (m, l for lse)  write Nq(dv+2) (init) + Tc Nq (dv+2) + Nq (lse)
       fa2:    read  Nq d + Tr Nk (d + dv)                               write Nq (dv + 1)
       fa2_backward: read  2 Nq dv (for D) + Nk(d+dv) + Tc Nq (d + dv + 2 + d)   write Nq + Nq d (init dQ) + Tc Nq d + Nk(d+dv)
@@ -217,6 +219,10 @@ def formula_traffic(algorithm, nq, nk, d, dv=None, *, block_q=None, block_k=None
     if algorithm == "naive":
         r = nq * d + nk * d + 2 * nq * nk + nk * dv
         w = 2 * nq * nk + nq * dv
+    elif algorithm == "naive_backward":
+        # dV = P^T dO; dP = dO V^T; dS = P * (dP - rowsum(P dP)); dQ = dS K; dK = dS^T Q, each through HBM
+        r = 5 * nq * nk + 2 * nq * dv + nk * dv + nk * d + nq * d
+        w = 2 * nq * nk + nk * dv + nq * d + nk * d
     elif algorithm == "fa1":
         # per visited (i, j): read Q_i, O_i, l_i, m_i and write O_i, l_i, m_i; + init, + lse at the end
         r = visited_keys * (d + dv) + rows_times_blocks * (d + dv + 2) + 2 * nq
@@ -229,14 +235,14 @@ def formula_traffic(algorithm, nq, nk, d, dv=None, *, block_q=None, block_k=None
         r = 2 * nq * dv + visited_keys * (d + dv) + rows_times_blocks * (2 * d + dv + 2)
         w = nq + nq * d + rows_times_blocks * d + nk * (d + dv)
     else:
-        raise ValueError(f"algorithm must be 'naive', 'fa1', 'fa2' or 'fa2_backward'; got {algorithm!r}")
+        raise ValueError(f"algorithm must be 'naive', 'naive_backward', 'fa1', 'fa2' or 'fa2_backward'; got {algorithm!r}")
     return {"read": batch * r, "write": batch * w}
 
 
 def asymptotic_traffic(algorithm, n, d, M=DEFAULT_SRAM):
     """The Theta-forms from the paper, without constants: naive N d + N^2, FlashAttention N^2 d^2 / M."""
-    if algorithm == "naive":
+    if algorithm in ("naive", "naive_backward"):
         return n * d + n * n
     if algorithm in ("fa1", "fa2", "fa2_backward"):
         return n * n * d * d / M
-    raise ValueError(f"algorithm must be 'naive', 'fa1', 'fa2' or 'fa2_backward'; got {algorithm!r}")
+    raise ValueError(f"algorithm must be 'naive', 'naive_backward', 'fa1', 'fa2' or 'fa2_backward'; got {algorithm!r}")

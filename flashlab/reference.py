@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._inputs import causal_mask, check_attention_inputs, compute_dtype
+from ._inputs import as_float_array, causal_mask, check_attention_inputs, compute_dtype
 from .iomodel import NO_IO
 
 
@@ -57,3 +57,35 @@ def naive_attention(q, k, v, *, causal=False, scale=None, io=NO_IO):
     o = io.read("P", p) @ io.read("V", v).astype(ct)
     io.flops(matmul=2 * nq * nk * dv)
     return io.write("O", o).astype(q.dtype)
+
+
+def naive_attention_backward(q, k, v, do, *, causal=False, scale=None, io=NO_IO):
+    """The standard backward (arXiv 2205.14135, Algorithm 3): five steps, each through HBM. Returns (dq, dk, dv).
+
+    It uses the P that the standard forward stored in HBM (recomputed here, but counted as read from HBM):
+    dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(P * dP));  dQ = scale dS K;  dK = scale dS^T Q.
+    dP and dS are Nq x Nk arrays written to and read back from HBM.
+    """
+    q, k, v, causal, scale = check_attention_inputs(q, k, v, causal=causal, scale=scale)
+    do = as_float_array(do, "do")
+    if do.shape != q.shape[:-1] + (v.shape[-1],):
+        raise ValueError(f"do must have shape {q.shape[:-1] + (v.shape[-1],)} (that of o); got {do.shape}")
+    ct = compute_dtype(q.dtype)
+    nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    io.start("naive_backward", q.shape[:-2])
+    T = lambda x: np.swapaxes(x, -1, -2)  # noqa: E731
+    Q, K, V, dO = (x.astype(ct) for x in (q, k, v, do))
+    s = (Q @ T(K)) * ct.type(scale)
+    if causal:
+        s = np.where(causal_mask(nq, nk), s, -np.inf)
+    P = np.exp(s - s.max(axis=-1, keepdims=True))
+    P /= P.sum(axis=-1, keepdims=True)  # as stored by the standard forward
+
+    dV = io.write("dV", T(io.read("P", P)) @ io.read("dO", dO))
+    dP = io.write("dP", io.read("dO", dO) @ T(io.read("V", V)))
+    P_, dP_ = io.read("P", P), io.read("dP", dP)
+    dS = io.write("dS", P_ * (dP_ - (P_ * dP_).sum(axis=-1, keepdims=True)))
+    dQ = io.write("dQ", ct.type(scale) * (io.read("dS", dS) @ io.read("K", K)))
+    dK = io.write("dK", ct.type(scale) * (T(io.read("dS", dS)) @ io.read("Q", Q)))
+    io.flops(matmul=2 * nq * nk * (2 * dv + 2 * d), other=4 * nq * nk)
+    return dQ.astype(q.dtype), dK.astype(q.dtype), dV.astype(q.dtype)

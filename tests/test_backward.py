@@ -87,3 +87,21 @@ def test_backward_needs_the_forward_lse(rng):
         fl.flash_attention_v2_backward(q, k, v, o, lse, o[:, :2])
     with pytest.raises(ValueError, match="lse contains inf or NaN"):
         fl.flash_attention_v2_backward(q, k, v, o, np.full_like(lse, np.nan), o)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_backward_matches_analytic(dtype, causal, rng):
+    q, k, v = random_qkv(rng, (2,), 13, 21, 5, 3, dtype)
+    do = rng.standard_normal((2, 13, 3)).astype(dtype)
+    grads = fl.naive_attention_backward(q, k, v, do, causal=causal)
+    tol = 3e-2 if dtype == np.float16 else TOL[dtype] * 10
+    for g, w, x in zip(grads, analytic_grads(q, k, v, do, causal), (q, k, v)):
+        assert g.shape == x.shape and g.dtype == dtype
+        assert fl.relative_error(g, w) <= tol
+
+
+def test_naive_backward_rejects_bad_do(rng):
+    q, k, v = random_qkv(rng, (), 4, 4, 3, 2, np.float64)
+    with pytest.raises(ValueError, match=r"do must have shape \(4, 2\)"):
+        fl.naive_attention_backward(q, k, v, np.ones((4, 3)))

@@ -65,6 +65,20 @@ def test_backward_traffic_equals_formula(shape, causal, rng):
     assert (io.elements_read, io.elements_written) == (want["read"], want["write"])
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_naive_backward_traffic_equals_formula(shape, rng):
+    batch, nq, nk, d, dv, _, _, M = shape
+    q, k = rng.standard_normal(batch + (nq, d)), rng.standard_normal(batch + (nk, d))
+    v, do = rng.standard_normal(batch + (nk, dv)), rng.standard_normal(batch + (nq, dv))
+    io = fl.HBMModel(M=M)
+    fl.naive_attention_backward(q, k, v, do, io=io)
+    want = fl.formula_traffic("naive_backward", nq, nk, d, dv, batch=math.prod(batch))
+    assert (io.elements_read, io.elements_written) == (want["read"], want["write"])
+    # 7 N^2 + 8 N d for square problems: the standard backward's count (arXiv 2205.14135, Algorithm 3)
+    assert fl.formula_traffic("naive_backward", 64, 64, 16) == {"read": 5 * 64 * 64 + 5 * 64 * 16,
+                                                                 "write": 2 * 64 * 64 + 3 * 64 * 16}
+
+
 def test_closed_forms_by_hand():
     """Spot values worked out on paper, so formula and counter cannot be wrong in the same way."""
     # naive, N=4, d=2: read Q,K (16) + S (16) + P (16) + V (8) = 56; write S, P (32) + O (8) = 40

@@ -13,7 +13,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import flashlab
-from flashlab import (HBMModel, flash_attention_v2, flash_attention_v2_backward, formula_traffic,
+from flashlab import (HBMModel, flash_attention_v2, flash_attention_v2_backward, formula_traffic, naive_attention_backward,
                       reference_attention, relative_error, viz)
 
 rng = np.random.default_rng(0)
@@ -76,15 +76,25 @@ print(f"FA2 backward HBM traffic at N = {n}, M = 16384: {io_bwd.hbm_bytes:,} byt
 # %% [markdown]
 # A standard backward (arXiv 2205.14135, Algorithm 3) runs five separate steps that pass $N\times N$
 # arrays through HBM: it reads $P$ twice, writes and reads $dP$, writes $dS$ and reads it twice, about
-# $7N^2$ elements on top of $\sim 8Nd$ for the inputs and gradients. FA2's backward moves
-# $\Theta(N^2 d^2 / M)$ (Theorem 5 of the same paper). Both grow as $N^2$ for a fixed SRAM, so which
-# one moves less depends on $M$ against $d^2$, just as in lesson 04:
+# $7N^2$ elements on top of $\sim 8Nd$ for the inputs and gradients. `naive_attention_backward` runs
+# those five steps, so the model can count them, and the count matches the closed form:
+
+# %%
+io_std = HBMModel(M=None)
+naive_attention_backward(q32, k32, v32, do32, io=io_std)
+t_std = formula_traffic("naive_backward", n, n, q.shape[-1])
+print(f"standard backward: {io_std.elements_read + io_std.elements_written:,} elements moved "
+      f"(formula: {t_std['read'] + t_std['write']:,}); FA2 backward: {io_bwd.elements_read + io_bwd.elements_written:,}")
+
+# %% [markdown]
+# FA2's backward moves $\Theta(N^2 d^2 / M)$ (Theorem 5 of the same paper). Both grow as $N^2$ for a
+# fixed SRAM, so which one moves less depends on $M$ against $d^2$, just as in lesson 04:
 
 # %%
 ns, d_head = 2 ** np.arange(9, 17), 64
 fig, ax = plt.subplots(figsize=(6.5, 3.8))
-ax.plot(ns, 7 * ns.astype(float) ** 2 + 8 * ns * d_head, "--", color="#d62728", lw=2,
-        label="standard backward: ≈ 7N² + 8Nd")
+std = [sum(formula_traffic("naive_backward", int(m), int(m), d_head).values()) for m in ns]
+ax.plot(ns, std, "--", color="#d62728", lw=2, label="standard backward (≈ 7N² + 8Nd)")
 for M, style in ((16384, ":"), (65536, "-."), (98304, "-")):  # 98304 float16 elements = 192 KB, one A100 SM
     fa = [sum(formula_traffic("fa2_backward", int(m), int(m), d_head, M=M).values()) for m in ns]
     ax.plot(ns, fa, style, marker="o", ms=3, color="#9467bd", label=f"FA2 backward, M = {M}")
