@@ -8,7 +8,7 @@ Importing flashlab is cheap: numba, the CUDA backend and torch are imported only
 """
 from .config import fast_mode, size
 from .iomodel import DEFAULT_SRAM, HBMModel, default_block_sizes, formula_traffic
-from .reference import naive_attention, reference_attention
+from .reference import naive_attention, naive_attention_backward, reference_attention
 from .softmax import merge_softmax_states, naive_softmax, online_softmax, online_softmax_stats, safe_softmax
 from .tiled import flash_attention_v1, flash_attention_v2, flash_attention_v2_backward
 
@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SRAM", "HBMModel", "default_block_sizes", "formula_traffic",
-    "naive_attention", "reference_attention",
+    "naive_attention", "naive_attention_backward", "reference_attention",
     "naive_softmax", "safe_softmax", "online_softmax", "online_softmax_stats", "merge_softmax_states",
     "flash_attention_v1", "flash_attention_v2", "flash_attention_v2_backward",
     "fast_mode", "size", "relative_error",
@@ -34,7 +34,7 @@ def relative_error(out, ref) -> float:
 
 # Heavier parts load on first use, so `import flashlab` stays fast and works without numba, a GPU or torch.
 _LAZY = {"doctor": ("device", "doctor"), "check": ("grading", "check")}
-_SUBMODULES = {"kernels", "torch", "viz", "device", "grading", "bench"}
+_SUBMODULES = {"kernels", "torch", "viz", "device", "grading", "bench", "decoding", "gpt"}
 
 
 def __getattr__(name):
