@@ -1,0 +1,146 @@
+"""Moving arrays in and out of the kernels, and checking them first.
+
+Every kernel wrapper (forward and backward) does the same three steps:
+
+    q_d, kind = to_device(q, "q")              # NumPy -> copied to the GPU; numba / torch CUDA -> no copy
+    B, H, Nq, Nk, d, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale)
+    o_d = empty((B, H, Nq, d), q_d.dtype, kind, like=q)   # outputs in the memory the caller uses
+    ... launch ...
+    return like_input(o_d, kind)               # back as NumPy / numba / torch, like the input
+
+Checks reuse flashlab._inputs on zero-size stand-ins ("shells") of the device arrays, so the messages are
+the same as the NumPy API's and no device memory is read.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._inputs import check_attention_inputs, check_backward_inputs
+from ..device import get_cuda
+
+SUPPORTED_D = (16, 32, 64, 128)
+KERNEL_DTYPES = (np.float16, np.float32)
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "is_cuda")
+
+
+def to_device(x, name: str):
+    """(device_array, kind) for an input array; kind is "numpy", "numba" or "torch".
+
+    - numba device arrays (and anything with __cuda_array_interface__, e.g. CuPy) pass through: "numba".
+    - torch CUDA tensors are wrapped through __cuda_array_interface__, no copy: "torch".
+    - NumPy arrays (and lists) are copied to the device, made C-contiguous first: "numpy".
+    """
+    cuda = get_cuda()
+    if _is_torch(x):
+        if not x.is_cuda:
+            raise TypeError(f"{name} is a torch tensor on the CPU; pass {name}.cuda() or {name}.numpy()")
+        try:
+            return cuda.as_cuda_array(x.detach()), "torch"
+        except Exception as exc:  # e.g. bfloat16 has no __cuda_array_interface__ typestr numba knows
+            raise TypeError(f"{name}: torch tensor of dtype {x.dtype} is not supported ({exc}); "
+                            "use torch.float32 or torch.float16") from None
+    if _is_device_array(cuda, x):
+        return x, "numba"
+    if hasattr(x, "__cuda_array_interface__"):
+        return cuda.as_cuda_array(x), "numba"
+    arr = np.asarray(x)
+    if arr.dtype.type in KERNEL_DTYPES:  # other dtypes are reported by check_kernel_inputs
+        arr = np.ascontiguousarray(arr)
+    return cuda.to_device(arr), "numpy"
+
+
+def _is_device_array(cuda, x) -> bool:
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return isinstance(x, FakeCUDAArray)
+    return cuda.is_cuda_array(x)
+
+
+def like_input(dev, kind: str):
+    """An output device array returned the way the caller passed the inputs.
+
+    "numpy": copied to the host. "numba": as is. "torch": a torch CUDA tensor sharing the memory (no copy).
+    """
+    if kind == "numpy":
+        return dev.copy_to_host()
+    if kind == "torch":
+        import torch
+
+        owner = getattr(dev, "_flashlab_tensor", None)  # set by empty(): hand back torch's own tensor
+        return owner if owner is not None else torch.as_tensor(dev, device="cuda")
+    return dev
+
+
+def empty(shape, dtype, kind: str, like=None):
+    """An uninitialised device array for an output. For torch inputs torch allocates it (its caching
+    allocator then counts it, e.g. in torch.cuda.max_memory_allocated), on `like`'s device."""
+    cuda = get_cuda()
+    if kind == "torch":
+        import torch
+
+        tdtype = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}[np.dtype(dtype)]
+        t = torch.empty(tuple(shape), dtype=tdtype, device=like.device)
+        dev = cuda.as_cuda_array(t)
+        dev._flashlab_tensor = t
+        return dev
+    return cuda.device_array(tuple(shape), dtype=dtype)
+
+
+def shell(dev, name: str) -> np.ndarray:
+    """A NumPy array with dev's shape and dtype that owns no memory (one zero, broadcast): for checks."""
+    shape = tuple(int(s) for s in dev.shape)
+    return np.broadcast_to(np.zeros((), dtype=np.dtype(dev.dtype)), shape)
+
+
+def check_d(d: int, name: str = "d"):
+    if d not in SUPPORTED_D:
+        raise ValueError(f"{name} = {d} is not supported by the GPU kernels; supported head dims are "
+                         f"{', '.join(map(str, SUPPORTED_D))} (the NumPy functions in flashlab take any d)")
+
+
+def _check_4d_dtype(arrays):
+    for name, a in arrays:
+        if a.ndim != 4:
+            raise ValueError(f"{name} must have 4 dims (B, H, N, d); got shape {tuple(a.shape)} "
+                             f"(add leading dims with {name}[None, None] or reshape)")
+        if a.dtype.type not in KERNEL_DTYPES:
+            raise TypeError(f"{name} has dtype {a.dtype}; the GPU kernels take float32 or float16 "
+                            f"(convert with {name}.astype(np.float32))")
+
+
+def check_kernel_inputs(q, k, v, *, causal=False, scale=None):
+    """Validate device arrays q, k, v (B, H, N, d); returns (B, H, Nq, Nk, d, causal, scale).
+
+    Same messages as the NumPy API (flashlab._inputs), plus: exactly 4 dims, float16/float32,
+    v's d equal to q's, d in SUPPORTED_D.
+    """
+    shells = [(n, shell(a, n)) for n, a in (("q", q), ("k", k), ("v", v))]
+    qs, ks, vs, causal, scale = check_attention_inputs(*(s for _, s in shells), causal=causal, scale=scale)
+    _check_4d_dtype(shells)
+    if vs.shape[-1] != qs.shape[-1]:
+        raise ValueError(f"the kernels need v's last dim equal to d = {qs.shape[-1]}; got v.shape {vs.shape}")
+    check_d(qs.shape[-1])
+    B, H, Nq, d = qs.shape
+    return B, H, Nq, ks.shape[-2], d, causal, scale
+
+
+def check_kernel_backward_inputs(q, k, v, o, lse, do, *, causal=False, scale=None):
+    """Backward's version of check_kernel_inputs: o, do like q (same dtype); lse float32 (B, H, Nq).
+
+    lse's values are not read here (that would need a copy); returns (B, H, Nq, Nk, d, causal, scale).
+    """
+    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q, k, v, causal=causal, scale=scale)
+    shells = {n: shell(a, n) for n, a in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do))}
+    check_backward_inputs(*shells.values(), causal=causal, scale=scale)
+    for n in ("o", "do"):
+        if shells[n].dtype != shells["q"].dtype:
+            raise TypeError(f"{n} has dtype {shells[n].dtype}; expected q's dtype {shells['q'].dtype}")
+    if shells["lse"].dtype != np.float32:
+        raise TypeError(f"lse has dtype {shells['lse'].dtype}; expected float32 (as returned by the forward)")
+    return B, H, Nq, Nk, d, causal, scale

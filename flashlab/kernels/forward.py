@@ -1,0 +1,59 @@
+"""flash_attention: check the inputs, pick the tile shape, launch a forward kernel, return (o, lse)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .._inputs import check_block
+from ..device import device_limits
+from ._launch import check_kernel_inputs, empty, like_input, to_device
+
+VARIANTS = ("shared", "register")
+
+
+def resolve_config(variant: str, d: int, block_q=None, block_k=None):
+    """The launch configuration a call would use: a register.Tile, or (block_q, block_k) for "shared"."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
+    block_q, block_k = check_block(block_q, "block_q"), check_block(block_k, "block_k")
+    limits = device_limits()
+    limit = limits["shared_per_block"]
+    if variant == "register":
+        from .register import choose_tile
+
+        return choose_tile(d, block_q, block_k, limit, limits["shared_per_sm"])
+    from .shared import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, check_blocks
+
+    bq, bk = block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K
+    check_blocks(d, bq, bk, limit)
+    return bq, bk
+
+
+def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", block_q=None, block_k=None,
+                    tile=None):
+    """FlashAttention forward on the GPU (or the CUDA simulator). Returns (o, lse).
+
+    q: (B, H, Nq, d), k and v: (B, H, Nk, d), float32 or float16, d in (16, 32, 64, 128); NumPy arrays,
+    numba device arrays or torch CUDA tensors (no copies). o has q's dtype, lse is float32 (B, H, Nq);
+    both come back as the kind of array q was. causal: query i sees keys j <= i (top-left aligned).
+    scale defaults to 1/sqrt(d). variant: "register" (fast) or "shared" (textbook).
+    block_q / block_k override the tile shape; `tile` (a register.Tile) sets the register kernel's
+    thread layout as well (used by the tile sweep).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
+    (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k, "k"), to_device(v, "v")
+    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale)
+    config = tile.check(d, device_limits()["shared_per_block"]) if tile is not None else \
+        resolve_config(variant, d, block_q, block_k)
+
+    o = empty((B, H, Nq, d), q_d.dtype, kind, like=q)
+    lse = empty((B, H, Nq), np.float32, kind, like=q)
+    if variant == "register" or tile is not None:
+        from .register import launch
+
+        launch(q_d, k_d, v_d, o, lse, H, scale, causal, config)
+    else:
+        from .shared import launch
+
+        launch(q_d, k_d, v_d, o, lse, H, scale, causal, *config)
+    return like_input(o, kind), like_input(lse, kind)

@@ -1,0 +1,94 @@
+"""kernel_info: what a kernel configuration costs the GPU (lessons 09 and 10).
+
+    kernel_info(64)                                  # register variant, default tile, d = 64
+    kernel_info(64, variant="shared", block_q=128)
+    kernel_info(64, asm=True)["ptx"]                 # the PTX (and "sass" where nvdisasm is installed)
+
+Registers and spills come from the compiler, so they need a real GPU (numba-cuda compiles for the device
+it finds); in the simulator those entries are None and "note" says so. Shared memory and threads per block
+are known from the tile shape alone. Theoretical occupancy = resident warps per SM / the SM's maximum,
+where the resident blocks are limited by threads, registers and shared memory (whichever runs out first).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..device import device_limits, get_cuda, has_gpu
+from ._launch import check_d
+from .forward import resolve_config
+
+
+def _signature(dtype):
+    from numba import float32, int64, types
+
+    nb = {np.dtype(np.float32): float32, np.dtype(np.float16): types.float16}[np.dtype(dtype)]
+    arr = types.Array(nb, 4, "C")
+    return (arr, arr, arr, arr, types.Array(float32, 3, "C"), int64, int64, int64, float32)
+
+
+def occupancy(threads: int, regs: int | None, shared_bytes: int, limits: dict) -> dict:
+    """Resident blocks per SM and theoretical occupancy, with the resource that limits it."""
+    warps = -(-threads // limits["warp"])
+    max_warps = limits["max_threads_per_sm"] // limits["warp"]
+    bounds = {"threads": max_warps // warps, "blocks": limits["max_blocks_per_sm"]}
+    if regs:  # registers are allocated per warp in units of 256
+        per_warp = -(-regs * limits["warp"] // 256) * 256
+        bounds["registers"] = limits["regs_per_sm"] // (per_warp * warps)
+    if shared_bytes:  # the driver reserves 1 KB of shared memory per block (compute capability >= 8.0)
+        bounds["shared memory"] = limits["shared_per_sm"] // (shared_bytes + 1024)
+    limiter = min(bounds, key=bounds.get)
+    blocks = bounds[limiter]
+    return {"blocks_per_sm": blocks, "occupancy": blocks * warps / max_warps, "limited_by": limiter}
+
+
+def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k=None, causal: bool = False,
+                dtype=np.float32, tile=None, asm: bool = False) -> dict:
+    """Registers/thread, spill (local) bytes/thread, shared bytes/block and theoretical occupancy of the
+    forward kernel that flash_attention(..., variant, block_q, block_k) would launch for head dim d.
+
+    With asm=True the dict also holds "ptx" (and "sass" when nvdisasm is available). GPU only for
+    registers, spills and assembly; the simulator reports what the tile shape determines.
+    """
+    check_d(d)
+    if tile is not None:
+        variant = "register"
+        config = tile.check(d, device_limits()["shared_per_block"])
+    else:
+        config = resolve_config(variant, d, block_q, block_k)
+    if variant == "register":
+        from . import register
+
+        kernel = register.build(d, config, bool(causal))
+        threads, shared = config.threads, config.shared_bytes(d)
+        info = {"variant": variant, "block_q": config.block_q, "block_k": config.block_k, "tr": config.tr,
+                "tc": config.tc, "micro_tile": dict(zip(("rows", "keys", "dims"), config.micro(d)))}
+    else:
+        from . import shared as shared_mod
+
+        bq, bk = config
+        kernel = shared_mod.build(d, bq, bk, bool(causal))
+        threads, shared = bq, shared_mod.shared_bytes(d, bk)
+        info = {"variant": variant, "block_q": bq, "block_k": bk}
+    info.update(d=d, threads_per_block=threads, shared_bytes_per_block=shared,
+                registers_per_thread=None, local_bytes_per_thread=None)
+    limits = device_limits()
+    if has_gpu():
+        sig = _signature(dtype)
+        kernel.compile(sig)
+        compiled = kernel.overloads[sig]  # the compiled kernel for this signature on this device
+        info["registers_per_thread"] = int(compiled.regs_per_thread)
+        info["local_bytes_per_thread"] = int(compiled.local_mem_per_thread)
+        info["shared_bytes_per_block"] = int(compiled.shared_mem_per_block)
+        if asm:
+            info["ptx"] = compiled.inspect_asm(limits["cc"])
+            try:
+                info["sass"] = compiled.inspect_sass()
+            except Exception as exc:  # nvdisasm missing, typically
+                info["sass"] = f"unavailable: {type(exc).__name__}: {exc}"
+        info["device"] = limits["name"]
+    else:
+        info["note"] = ("CUDA simulator: registers, spills, PTX and SASS come from the GPU compiler and need a "
+                        "real GPU; occupancy below counts threads and shared memory only (T4-like limits).")
+    info.update(occupancy(threads, info["registers_per_thread"], info["shared_bytes_per_block"], limits))
+    get_cuda()  # keep the import explicit: info is meaningless before the backend is chosen
+    return info

@@ -1,0 +1,317 @@
+"""variant="register": FlashAttention-2 forward with register tiling (lesson 09).
+
+One thread block owns block_q = Br query rows of one (batch, head) and loops over the keys in tiles of
+block_k = Bc. Its tr x tc threads are laid out like a GEMM's: thread (ty, tx) owns an RM x RN micro-tile
+of S = Q K^T (RM = Br/tr rows, RN = Bc/tc keys) and an RM x RD micro-tile of O (RD = d/tc dims). Per step
+of a product loop it reads RM + RN numbers from shared memory for RM*RN multiply-adds, instead of the
+textbook kernel's one read per multiply-add. A thread's rows, keys and dims come in runs of 4 adjacent
+ones ("vec"), so those reads compile to 16-byte vector loads (ld.shared.v4.f32).
+
+O, m and l live in `cuda.local.array`s of compile-time size indexed only by unrolled loop counters, so they
+stay in registers (kernel_info(...)["local_bytes_per_thread"] == 0 means no spills).
+
+Shared memory, one float32 buffer, sized to fit 48 KB:
+    Qt  d x (Br+4)    Q transposed, pre-scaled by scale*log2(e) so exp becomes exp2
+    Kt  d x (Bc+4)    K transposed; once S is computed the same space holds Pt = P transposed
+    V   Bc x (d+8)
+    red tc x (Br+4)   each thread's row maxima (then row sums), combined across the tc threads of a row
+(Paddings keep rows 16-byte aligned and spread the tile copies over the banks.) Tiles are copied from
+global memory by runs of 8 threads reading 8 adjacent floats of one row (a 32-byte sector), 4 rows per
+warp, so the transposed stores of a warp hit 32 different banks. No warp shuffles: reductions go through
+`red`, so the CUDA simulator runs this same code.
+
+Index arithmetic is unsigned (U = uint64): Numba adds a negative-index check to every signed index, which
+in the inner loops costs more instructions than the multiply-adds themselves.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import config, float32
+
+from ..device import get_cuda
+
+cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
+
+U = np.uint64
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+NEG = -1.0e30  # a finite "-inf" for masked scores: fastmath lets the compiler assume there are no infinities
+FASTMATH = {"contract", "afn", "arcp"}  # fused multiply-adds and fast exp2/log2/division; NaN/inf rules kept
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A register-kernel configuration: block_q x block_k tiles computed by tr x tc threads."""
+
+    block_q: int = 64
+    block_k: int = 32
+    tr: int = 16
+    tc: int = 8
+    prefetch: bool = False  # load the next K/V tile into registers while computing this one
+
+    @property
+    def threads(self) -> int:
+        return self.tr * self.tc
+
+    def micro(self, d: int):
+        """(RM, RN, RD): rows, keys and dims of O owned by each thread."""
+        return self.block_q // self.tr, self.block_k // self.tc, d // self.tc
+
+    def shared_floats(self, d: int) -> int:
+        br, bc = self.block_q, self.block_k
+        return d * (br + 4) + max(d * (bc + 4), bc * (br + 4)) + bc * (d + 8) + self.tc * (br + 4)
+
+    def shared_bytes(self, d: int) -> int:
+        return 4 * self.shared_floats(d)
+
+    def check(self, d: int, shared_limit: int = 48 * 1024):
+        """Raise ValueError unless the threads divide the tile evenly and shared memory fits."""
+        for name in ("block_q", "block_k", "tr", "tc"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if self.block_q % self.tr or self.block_k % self.tc or d % self.tc:
+            raise ValueError(f"tile {self}: tr must divide block_q, and tc must divide block_k and d={d}")
+        if self.threads > 1024:
+            raise ValueError(f"tile {self}: {self.threads} threads per block; at most 1024")
+        if self.shared_bytes(d) > shared_limit:
+            raise ValueError(f"tile {self} needs {self.shared_bytes(d)} bytes of shared memory at d={d}; "
+                             f"the limit per block is {shared_limit} bytes: use a smaller block_q or block_k")
+        return self
+
+
+# Preferred tiles per d, best first: from the tile sweep on an H200 (sm_90, the H100's SM),
+# flashlab/data/tile_sweep.csv (d = 16, 32: chosen by the same rule, not swept).
+PREFERRED = {
+    16: [Tile(128, 32, 32, 4), Tile(64, 32, 16, 8)],
+    32: [Tile(128, 32, 32, 4), Tile(64, 32, 16, 8)],
+    64: [Tile(128, 16, 32, 4), Tile(64, 16, 16, 4), Tile(64, 32, 16, 8)],
+    128: [Tile(32, 16, 8, 16), Tile(16, 16, 4, 16)],
+}
+
+
+def choose_tile(d: int, block_q=None, block_k=None, shared_limit: int = 48 * 1024,
+                shared_per_sm: int | None = None) -> Tile:
+    """The first preferred tile that fits the device; block_q / block_k override its sizes.
+
+    A tile must fit `shared_limit` bytes per block; when `shared_per_sm` is given, tiles that leave room
+    for two blocks per SM come first (on a T4, 64 KB per SM, one 48 KB block would leave the SM idle
+    at every barrier). With an override, the thread layout keeps tc = 8 (or fewer, dividing block_k and
+    d) and takes tr = block_q / 4, so each thread owns 4 rows.
+    """
+    if block_q is None and block_k is None:
+        fits = [t for t in PREFERRED[d] if t.shared_bytes(d) <= shared_limit]
+        roomy = [t for t in fits if shared_per_sm is None or shared_per_sm // (t.shared_bytes(d) + 1024) >= 2]
+        if roomy or fits:
+            return (roomy or fits)[0]
+    base = PREFERRED[d][0]
+    br, bc = block_q or base.block_q, block_k or base.block_k
+    tc = math.gcd(math.gcd(8, bc), d)
+    tr = max(1, br // 4) if br % 4 == 0 else br
+    return Tile(br, bc, tr, tc).check(d, shared_limit)
+
+
+def _vec(n: int) -> int:
+    """Length of a thread's runs of adjacent rows/keys/dims: 4 (one 16-byte load) when it divides n."""
+    return 4 if n % 4 == 0 else (2 if n % 2 == 0 else 1)
+
+
+@lru_cache(maxsize=None)
+def build(d: int, tile: Tile, causal: bool):
+    """Compile-time specialised kernel for (d, tile, causal). Numba compiles it on first launch,
+    once per input dtype (float32 or float16)."""
+    BR, BC, TR, TC = tile.block_q, tile.block_k, tile.tr, tile.tc
+    RM, RN, RD = tile.micro(d)  # ints: local array shapes must be signed constants
+    VM, VN, VD = _vec(RM), _vec(RN), _vec(RD)
+    # Thread (ty, tx) owns row   (ii*TR + ty)*VM + u  for ii < RM/VM, u < VM   (ty*RM + i when RM = VM)
+    #                   key    (jj*TC + tx)*VN + u  for jj < RN/VN, u < VN
+    #                   O dim  (jj*TC + tx)*VD + u  for jj < RD/VD, u < VD
+    # so a warp's vector loads cover consecutive 16-byte chunks: no bank conflicts.
+    D, NT = U(d), U(TR * TC)
+    QS, KS, PS, VS, RS = U(BR + 4), U(BC + 4), U(BR + 4), U(d + 8), U(BR + 4)  # padded row strides
+    KP = D * QS  # offsets of Kt/Pt, V and red in the one shared buffer
+    VO = KP + max(D * KS, U(BC) * PS)
+    RO = VO + U(BC) * VS
+    SH = int(RO + U(TC) * RS)
+    Q_LOADS, KV_LOADS = U(-(-BR * d // (TR * TC))), U(-(-BC * d // (TR * TC)))
+    UBR, UBC, UTR, UTC = U(BR), U(BC), U(TR), U(TC)
+    UVM, UVN, UVD = U(VM), U(VN), U(VD)
+    URM, URN, URD = U(RM), U(RN), U(RD)
+    XSTEP = U(4) if d % 4 == 0 else U(1)  # product loops unrolled 4 deep (inner loop of constant length)
+    CSTEP = U(4) if BC % 4 == 0 else U(1)
+    KV_REGS = int(KV_LOADS) if tile.prefetch else 1
+    PREFETCH = tile.prefetch
+    ALIGN = None if config.ENABLE_CUDASIM else 16  # the simulator has no aligned shared arrays
+    CAUSAL = causal
+
+    @cuda.jit(fastmath=FASTMATH)
+    def flash_fwd_register(q, k, v, o, lse, n_q, n_k, n_heads, scale_log2):
+        sh = cuda.shared.array(SH, float32, alignment=ALIGN)
+        t = U(cuda.threadIdx.x)
+        ty = t // UTC
+        tx = t % UTC
+        nq, nk = U(n_q), U(n_k)
+        q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBR  # last (heaviest, under causal) blocks first
+        bh = U(cuda.blockIdx.y)
+        qh, kh, vh = q[bh // U(n_heads), bh % U(n_heads)], k[bh // U(n_heads), bh % U(n_heads)], \
+            v[bh // U(n_heads), bh % U(n_heads)]  # this head's (N, d) matrices
+
+        # Q tile -> shared, transposed and scaled (S comes out in log2 units); rows past Nq are zeros.
+        for it in range(Q_LOADS):
+            e = it * NT + t
+            if e < UBR * D:
+                r = (e // U(8)) % UBR  # element e of the tile: row r, dim x (runs of 8 dims per row)
+                x = (e // U(8)) // UBR * U(8) + e % U(8)
+                val = float32(0.0)
+                if q0 + r < nq:
+                    val = float32(qh[q0 + r, x]) * scale_log2
+                sh[x * QS + r] = val
+
+        m = cuda.local.array(RM, float32)  # running row max (log2 units)
+        l = cuda.local.array(RM, float32)  # this thread's share of the running row sum
+        acc = cuda.local.array((RM, RD), float32)  # unnormalised O
+        s = cuda.local.array((RM, RN), float32)  # S, then P
+        a = cuda.local.array(RM, float32)
+        bk = cuda.local.array(RN, float32)
+        bv = cuda.local.array(RD, float32)
+        for i in range(URM):
+            m[i] = NEG
+            l[i] = 0.0
+            for j in range(URD):
+                acc[i, j] = 0.0
+
+        k_end = nk
+        if CAUSAL:
+            k_end = min(nk, q0 + UBR)  # key tiles after the block's last query are skipped
+        kreg = cuda.local.array(KV_REGS, float32)  # prefetched K/V values (PREFETCH only)
+        vreg = cuda.local.array(KV_REGS, float32)
+        if PREFETCH:
+            for it in range(KV_LOADS):
+                e = it * NT + t
+                c = (e // U(8)) % UBC
+                x = (e // U(8)) // UBC * U(8) + e % U(8)
+                kreg[it] = 0.0
+                vreg[it] = 0.0
+                if e < UBC * D and c < nk:
+                    kreg[it] = float32(kh[c, x])
+                    vreg[it] = float32(vh[c, x])
+        for k0 in range(U(0), k_end, UBC):
+            cuda.syncthreads()  # everyone is done with the previous tile's Pt and V
+            for it in range(KV_LOADS):  # each 8 threads read one 32-byte run of a row
+                e = it * NT + t
+                if e < UBC * D:
+                    c = (e // U(8)) % UBC
+                    x = (e // U(8)) // UBC * U(8) + e % U(8)
+                    kval = float32(0.0)
+                    vval = float32(0.0)  # zeros past Nk: 0 * garbage could be NaN
+                    if PREFETCH:
+                        kval = kreg[it]
+                        vval = vreg[it]
+                    elif k0 + c < nk:
+                        kval = float32(kh[k0 + c, x])
+                        vval = float32(vh[k0 + c, x])
+                    sh[KP + x * KS + c] = kval
+                    sh[VO + c * VS + x] = vval
+            cuda.syncthreads()
+            if PREFETCH:  # start the next tile's loads now; they land while this tile is computed
+                for it in range(KV_LOADS):
+                    e = it * NT + t
+                    c = k0 + UBC + (e // U(8)) % UBC
+                    x = (e // U(8)) // UBC * U(8) + e % U(8)
+                    kreg[it] = 0.0
+                    vreg[it] = 0.0
+                    if e < UBC * D and c < nk:
+                        kreg[it] = float32(kh[c, x])
+                        vreg[it] = float32(vh[c, x])
+
+            # S micro-tile = Q K^T: per x, RM + RN shared reads (vector loads) for RM*RN FMAs.
+            for i in range(URM):
+                for j in range(URN):
+                    s[i, j] = 0.0
+            for x0 in range(U(0), D, XSTEP):
+                for xx in range(XSTEP):
+                    x = x0 + xx
+                    for i in range(URM):
+                        a[i] = sh[x * QS + ((i // UVM) * UTR + ty) * UVM + i % UVM]
+                    for j in range(URN):
+                        bk[j] = sh[KP + x * KS + ((j // UVN) * UTC + tx) * UVN + j % UVN]
+                    for i in range(URM):
+                        for j in range(URN):
+                            s[i, j] += a[i] * bk[j]
+
+            if k0 + UBC > nk or (CAUSAL and k0 + UBC > q0 + U(1)):  # only edge tiles need masking
+                for i in range(URM):
+                    row = q0 + ((i // UVM) * UTR + ty) * UVM + i % UVM
+                    for j in range(URN):
+                        col = k0 + ((j // UVN) * UTC + tx) * UVN + j % UVN
+                        if col >= nk or (CAUSAL and col > row):
+                            s[i, j] = NEG
+            for i in range(URM):  # this thread's row maxima, shared with the row's other tc threads
+                mx = s[i, 0]
+                for j in range(U(1), URN):
+                    mx = max(mx, s[i, j])
+                sh[RO + tx * RS + ((i // UVM) * UTR + ty) * UVM + i % UVM] = mx
+            cuda.syncthreads()
+
+            for i in range(URM):
+                rl = ((i // UVM) * UTR + ty) * UVM + i % UVM  # row within the tile
+                m_new = m[i]
+                for t2 in range(UTC):
+                    m_new = max(m_new, sh[RO + t2 * RS + rl])
+                alpha = math.exp2(m[i] - m_new)  # rescales what was accumulated so far
+                m[i] = m_new
+                row_sum = float32(0.0)
+                for j in range(URN):
+                    p = math.exp2(s[i, j] - m_new)
+                    row_sum += p
+                    cl = ((j // UVN) * UTC + tx) * UVN + j % UVN
+                    sh[KP + cl * PS + rl] = p  # Pt overwrites Kt: every thread is past its S loop
+                l[i] = l[i] * alpha + row_sum
+                for j in range(URD):
+                    acc[i, j] *= alpha
+            cuda.syncthreads()
+
+            # O micro-tile += P V: per key c, RM + RD shared reads for RM*RD FMAs.
+            for c0 in range(U(0), UBC, CSTEP):
+                for cc in range(CSTEP):
+                    c = c0 + cc
+                    for i in range(URM):
+                        a[i] = sh[KP + c * PS + ((i // UVM) * UTR + ty) * UVM + i % UVM]
+                    for j in range(URD):
+                        bv[j] = sh[VO + c * VS + ((j // UVD) * UTC + tx) * UVD + j % UVD]
+                    for i in range(URM):
+                        for j in range(URD):
+                            acc[i, j] += a[i] * bv[j]
+
+        # l: add up the tc partial sums of each row, then normalise once and write O and lse.
+        cuda.syncthreads()
+        for i in range(URM):
+            sh[RO + tx * RS + ((i // UVM) * UTR + ty) * UVM + i % UVM] = l[i]
+        cuda.syncthreads()
+        oh, lh = o[bh // U(n_heads), bh % U(n_heads)], lse[bh // U(n_heads), bh % U(n_heads)]
+        for i in range(URM):
+            rl = ((i // UVM) * UTR + ty) * UVM + i % UVM
+            total = float32(0.0)
+            for t2 in range(UTC):
+                total += sh[RO + t2 * RS + rl]
+            if q0 + rl < nq:
+                inv = float32(1.0) / total
+                for j in range(URD):
+                    oh[q0 + rl, ((j // UVD) * UTC + tx) * UVD + j % UVD] = acc[i, j] * inv
+                if tx == U(0):
+                    lh[q0 + rl] = (m[i] + math.log2(total)) * LN2
+
+    return flash_fwd_register
+
+
+def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile):
+    """Launch on device arrays (B, H, N, d); o and lse are written."""
+    B, H, Nq, d = q.shape
+    kernel = build(d, tile, causal)
+    grid = ((Nq + tile.block_q - 1) // tile.block_q, B * H)
+    kernel[grid, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, np.float32(scale * LOG2E))
+    return kernel
