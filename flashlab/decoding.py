@@ -1,0 +1,119 @@
+"""Split-KV attention for decoding ("Flash-Decoding", lesson 14), in NumPy.
+
+When a model generates text it attends with one new query (or a few) to a long KV cache: Nq is 1 to a
+handful, Nk is thousands. FlashAttention-2 parallelises over query blocks, so with one query it has one
+block per (batch, head) and most of a GPU sits idle. Split-KV attention parallelises over the keys:
+
+1. split the Nk keys into chunks c = 0 .. n_splits-1 (the last chunk may be shorter);
+2. for each chunk, independently, compute the partial state of every query row
+       m_c = max_j S_j,   l_c = sum_j exp(S_j - m_c),   O_c = sum_j exp(S_j - m_c) V_j   (j in chunk c)
+   with O_c left unnormalised, as FA2 keeps O_i inside its loop;
+3. merge the partial states: the (m, l) half is `softmax.merge_softmax_states`, and O is rescaled by the
+   same factor exp(m_c - m) as l. At the end o = O / l and lse = m + log(l).
+
+The same three steps run as a Numba kernel in `flashlab.kernels.decoding` (one thread block per chunk,
+then a merge kernel). `default_num_splits` picks the number of chunks for both.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ._inputs import check_attention_inputs, compute_dtype
+from .softmax import merge_softmax_states
+
+MIN_CHUNK = 64  # fewer keys per chunk than this and the merge costs more than the extra parallelism saves
+
+
+def check_num_splits(num_splits, nk: int, batch_heads: int = 1) -> int:
+    """None -> default_num_splits(batch_heads, Nk); else an int in 1..Nk (a chunk needs at least one key)."""
+    if num_splits is None:
+        return default_num_splits(batch_heads, nk)
+    if isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, numbers.Integral):
+        raise TypeError(f"num_splits must be a positive integer or None; got {num_splits!r} "
+                        f"of type {type(num_splits).__name__}")
+    if not 1 <= num_splits <= nk:
+        raise ValueError(f"num_splits must be between 1 and Nk = {nk} (each chunk needs a key); got {num_splits}")
+    return int(num_splits)
+
+
+def chunk_bounds(nk: int, num_splits: int):
+    """[(start, stop)] of the key chunks: ceil(Nk / num_splits) keys each, the last one possibly shorter.
+
+    There are ceil(Nk / chunk) chunks, which can be fewer than num_splits (Nk=9, num_splits=4 -> chunks of
+    3: three chunks), so no chunk is ever empty.
+    """
+    chunk = math.ceil(nk / num_splits)
+    return [(s, min(s + chunk, nk)) for s in range(0, nk, chunk)]
+
+
+def default_num_splits(batch_heads: int, nk: int, n_sm: int = 132, min_chunk: int = MIN_CHUNK) -> int:
+    """Enough chunks that batch*heads*chunks thread blocks fill every SM about twice, but chunks of at
+    least `min_chunk` keys. (The Flash-Decoding post describes the same trade-off; this rule is ours.)"""
+    want = math.ceil(2 * n_sm / max(batch_heads, 1))
+    return max(1, min(want, nk // min_chunk))
+
+
+def chunk_partial(q, k_c, v_c, scale):
+    """Step 2 for one chunk: (m, l, O) of every query row over the keys k_c, v_c, in q's compute dtype.
+
+    q: (..., Nq, d), k_c: (..., n, d), v_c: (..., n, dv). m, l: (..., Nq); O: (..., Nq, dv), unnormalised.
+    """
+    ct = compute_dtype(q.dtype)
+    S = (q.astype(ct) @ np.swapaxes(k_c.astype(ct), -1, -2)) * ct.type(scale)
+    m = S.max(axis=-1)
+    P = np.exp(S - m[..., None])
+    return m, P.sum(axis=-1), P @ v_c.astype(ct)
+
+
+def merge_states(m_a, l_a, O_a, m_b, l_b, O_b):
+    """Merge the (m, l, O) states of two disjoint key chunks into the state of their union.
+
+    (m, l) merge as in `merge_softmax_states`; O is rescaled by the same factors exp(m_a - m), exp(m_b - m).
+    An empty chunk (m = -inf, l = 0, O = 0) merges as the identity.
+    """
+    m, l = merge_softmax_states(m_a, l_a, m_b, l_b)
+    m_safe = np.where(np.isneginf(m), 0, m)
+    O = np.exp(m_a - m_safe)[..., None] * O_a + np.exp(m_b - m_safe)[..., None] * O_b
+    return m, l, O
+
+
+def merge_partials(m, l, O):
+    """Step 3: fold the per-chunk states into (o, lse).
+
+    m, l: (..., n_splits, Nq); O: (..., n_splits, Nq, dv) (the chunk axis is the one before Nq).
+    Returns o = O / l (..., Nq, dv) and lse = m + log(l) (..., Nq).
+    """
+    m, l, O = np.asarray(m), np.asarray(l), np.asarray(O)
+    if m.ndim < 2 or m.shape != l.shape or O.shape[:-1] != m.shape:
+        raise ValueError(f"expected m, l of shape (..., n_splits, Nq) and O of shape (..., n_splits, Nq, dv); "
+                         f"got m {m.shape}, l {l.shape}, O {O.shape}")
+    state = (m[..., 0, :], l[..., 0, :], O[..., 0, :, :])
+    for c in range(1, m.shape[-2]):
+        state = merge_states(*state, m[..., c, :], l[..., c, :], O[..., c, :, :])
+    m_all, l_all, O_all = state
+    return O_all / l_all[..., None], m_all + np.log(l_all)
+
+
+def _batch_heads(q) -> int:
+    return int(np.prod(q.shape[:-2], dtype=np.int64))
+
+
+def split_kv_partials(q, k, v, *, scale=None, num_splits=None):
+    """Steps 1 and 2: (m, l, O) for every chunk, stacked on an axis before Nq (see merge_partials)."""
+    q, k, v, _, scale = check_attention_inputs(q, k, v, scale=scale)
+    parts = [chunk_partial(q, k[..., a:b, :], v[..., a:b, :], scale)
+             for a, b in chunk_bounds(k.shape[-2], check_num_splits(num_splits, k.shape[-2], _batch_heads(q)))]
+    return tuple(np.stack(x, axis=-2 if i < 2 else -3) for i, x in enumerate(zip(*parts)))
+
+
+def flash_decoding(q, k, v, *, scale=None, num_splits=None):
+    """Split-KV attention: every query sees every key (a KV cache holds only past tokens, so decoding needs
+    no causal mask). q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv). Returns (o, lse) like
+    `flash_attention_v2`: o in q's dtype, lse in the compute dtype. num_splits: chunks of keys (default: default_num_splits).
+    """
+    q, k, v, _, scale = check_attention_inputs(q, k, v, scale=scale)
+    o, lse = merge_partials(*split_kv_partials(q, k, v, scale=scale, num_splits=num_splits))
+    return o.astype(q.dtype), lse

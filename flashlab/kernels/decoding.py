@@ -1,0 +1,217 @@
+"""Split-KV attention ("Flash-Decoding") as two Numba-CUDA kernels (lesson 14).
+
+The NumPy version, with the algorithm in words, is `flashlab.decoding`. Here:
+
+`split` kernel, grid (n_splits, H, B): thread block c owns key chunk c of one (batch, head) and all Nq
+(a few) queries. It walks over its chunk in tiles of BK keys:
+    K tile -> shared memory (coalesced), then thread (qi, j) computes the score S[qi, j] = q_qi . k_j
+    the tile max and the tile sum of exp2(S - m_new) per query by a tree reduction in shared memory
+    thread (qi, x) keeps O[qi, x] in a register: O = alpha * O + sum_j P[qi, j] V[j, x]
+        (V is read straight from global memory: neighbouring threads read neighbouring x, coalesced)
+and writes its unnormalised partial state (m_c, l_c, O_c) to a float32 scratch array.
+
+`merge` kernel, grid (Nq, H, B), one thread per output dim x: m = max_c m_c, l = sum_c l_c 2^(m_c - m),
+o = sum_c O_c 2^(m_c - m) / l, lse = (m + log2 l) ln 2: the same merge as `decoding.merge_partials`.
+
+Scores are kept in log2 units (q is pre-scaled by scale * log2(e), so exp becomes exp2), like the
+forward kernels. No warp shuffles: every reduction goes through shared memory, so the CUDA simulator runs
+this same code. Nq is a compile-time constant (at most MAX_NQ): this kernel is for decoding; for many
+queries use `flash_attention`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .._inputs import check_block
+from ..decoding import check_num_splits, chunk_bounds, default_num_splits
+from ..device import device_limits, get_cuda, has_gpu
+from ._launch import check_kernel_inputs, empty, like_input, to_device
+
+cuda = None  # numba.cuda, bound when a kernel is first built (see device.py); a global for the simulator
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+NEG = -1.0e30  # a finite -inf for masked scores
+MAX_NQ = 16
+K_TILE_BYTES = 40 * 1024  # shared memory for one K tile of BK x (d + 1) floats
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(int(n), 1).bit_length() - 1)
+
+
+def key_tile(d: int, n_q: int, threads: int) -> int:
+    """BK, keys per tile: a power of two with n_q * BK <= threads (one score per thread) whose padded K tile
+    fits K_TILE_BYTES."""
+    nq_pow2 = 1 << (n_q - 1).bit_length()
+    return max(1, min(threads // nq_pow2, _pow2_floor(K_TILE_BYTES // (4 * (d + 1)))))
+
+
+@functools.lru_cache(maxsize=None)
+def build(d: int, n_q: int, threads: int):
+    """(split, merge) kernels for head dim d, n_q queries and `threads` threads per block."""
+    global cuda
+    cuda = get_cuda()
+    from numba import float32
+
+    D, NQ, T = d, n_q, threads
+    DP = d + 1  # a padded row of the K tile (a compile-time constant, as shared array shapes must be)
+    BK = key_tile(d, n_q, threads)
+    NS = NQ * BK  # threads that hold one score each
+    K_LOADS = (BK * D + T - 1) // T  # K-tile elements each thread copies
+    O_PER = (NQ * D + T - 1) // T  # O entries each thread owns
+
+    @cuda.jit(fastmath={"contract", "afn", "arcp"})
+    def split(q, k, v, m_part, l_part, o_part, n_k, chunk, scale_log2):
+        Qs = cuda.shared.array((NQ, D), float32)
+        Ks = cuda.shared.array((BK, DP), float32)  # +1: thread j reads row j, so rows fall in different banks
+        Ps = cuda.shared.array((NQ, BK), float32)  # scores, then probabilities
+        red = cuda.shared.array(NS, float32)  # tree reductions, one segment of BK per query
+        Ms = cuda.shared.array(NQ, float32)
+        Ls = cuda.shared.array(NQ, float32)
+        As = cuda.shared.array(NQ, float32)  # alpha = 2^(m_old - m_new) of the current tile
+        t = cuda.threadIdx.x
+        c, h, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+        k_begin = c * chunk
+        k_stop = min(k_begin + chunk, n_k)
+        qi_s = t // BK  # this thread's score: query qi_s, key j_s of the tile
+        j_s = t % BK
+
+        for e in range(t, NQ * D, T):
+            Qs[e // D, e % D] = float32(q[b, h, e // D, e % D]) * scale_log2
+        if t < NQ:
+            Ms[t] = NEG
+            Ls[t] = 0.0
+        acc = cuda.local.array(O_PER, float32)
+        for i in range(O_PER):
+            acc[i] = 0.0
+
+        for k0 in range(k_begin, k_stop, BK):
+            cuda.syncthreads()  # Qs/Ms written, or the previous tile's Ks, Ps and As no longer read
+            for i in range(K_LOADS):
+                e = i * T + t
+                if e < BK * D:
+                    r = e // D
+                    x = e % D
+                    Ks[r, x] = 0.0
+                    if k0 + r < k_stop:
+                        Ks[r, x] = float32(k[b, h, k0 + r, x])
+            cuda.syncthreads()
+            s = float32(NEG)
+            if t < NS and k0 + j_s < k_stop:
+                s = 0.0
+                for x in range(D):
+                    s += Qs[qi_s, x] * Ks[j_s, x]
+            if t < NS:
+                Ps[qi_s, j_s] = s
+                red[t] = s
+            cuda.syncthreads()
+            w = BK // 2
+            while w > 0:  # tile max of each query: red[qi * BK]
+                if t < NS and j_s < w:
+                    red[t] = max(red[t], red[t + w])
+                cuda.syncthreads()
+                w //= 2
+            m_old = float32(0.0)
+            m_new = float32(0.0)
+            if t < NS:
+                m_old = Ms[qi_s]
+                m_new = max(m_old, red[qi_s * BK])
+            cuda.syncthreads()  # everyone has read the max before red is reused
+            if t < NS:
+                p = math.exp2(Ps[qi_s, j_s] - m_new)  # masked keys: 2^(-1e30) = 0
+                Ps[qi_s, j_s] = p
+                red[t] = p
+            cuda.syncthreads()
+            w = BK // 2
+            while w > 0:  # tile sum of each query: red[qi * BK]
+                if t < NS and j_s < w:
+                    red[t] += red[t + w]
+                cuda.syncthreads()
+                w //= 2
+            if t < NS and j_s == 0:
+                alpha = math.exp2(m_old - m_new)
+                As[qi_s] = alpha
+                Ls[qi_s] = Ls[qi_s] * alpha + red[t]
+                Ms[qi_s] = m_new
+            cuda.syncthreads()
+            n_keys = min(BK, k_stop - k0)
+            for i in range(O_PER):  # O = alpha O + P V, thread owns entries (qi, x) = divmod(i*T + t, D)
+                e = i * T + t
+                if e < NQ * D:
+                    qi = e // D
+                    x = e % D
+                    o_acc = acc[i] * As[qi]
+                    for j in range(n_keys):
+                        o_acc += Ps[qi, j] * float32(v[b, h, k0 + j, x])
+                    acc[i] = o_acc
+
+        for i in range(O_PER):
+            e = i * T + t
+            if e < NQ * D:
+                o_part[b, h, c, e // D, e % D] = acc[i]
+        if t < NQ:
+            m_part[b, h, c, t] = Ms[t] * LN2  # stored in natural-log units, like decoding.py
+            l_part[b, h, c, t] = Ls[t]
+
+    @cuda.jit(fastmath={"contract", "afn", "arcp"})
+    def merge(m_part, l_part, o_part, o, lse, n_splits):
+        x = cuda.threadIdx.x
+        qi, h, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+        m = float32(NEG)  # log2 units again below
+        for c in range(n_splits):
+            m = max(m, m_part[b, h, c, qi] * LOG2E)
+        l = float32(0.0)
+        acc = float32(0.0)
+        for c in range(n_splits):
+            w = math.exp2(m_part[b, h, c, qi] * LOG2E - m)
+            l += l_part[b, h, c, qi] * w
+            acc += o_part[b, h, c, qi, x] * w
+        o[b, h, qi, x] = acc / l
+        if x == 0:
+            lse[b, h, qi] = (m + math.log2(l)) * LN2
+
+    return split, merge
+
+
+def default_threads() -> int:
+    return 128 if has_gpu() else 32  # the simulator runs one OS thread per CUDA thread
+
+
+def flash_decoding(q, k, v, *, scale=None, num_splits=None, threads=None, return_partials=False):
+    """Split-KV attention on the GPU (or the simulator): every query sees every key. Returns (o, lse).
+
+    q: (B, H, Nq, d) with Nq <= MAX_NQ; k, v: (B, H, Nk, d); float32 or float16, d in (16, 32, 64, 128);
+    NumPy arrays, numba device arrays or torch CUDA tensors. o has q's dtype, lse is float32 (B, H, Nq).
+    num_splits: key chunks (thread blocks) per (batch, head); default `default_num_splits` for this GPU.
+    threads: per block (default 128 on a GPU, 32 in the simulator). return_partials: also return the
+    chunks' float32 (m, l, O), shaped (B, H, n_splits, Nq[, d]) like `decoding.split_kv_partials`.
+    """
+    (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k, "k"), to_device(v, "v")
+    B, H, Nq, Nk, d, _, scale = check_kernel_inputs(q_d, k_d, v_d, scale=scale)
+    if Nq > MAX_NQ:
+        raise ValueError(f"q has Nq = {Nq} queries; the decoding kernel takes at most {MAX_NQ} "
+                         "(for more queries use flashlab.kernels.flash_attention)")
+    threads = check_block(threads, "threads") or default_threads()
+    if not (1 << (Nq - 1).bit_length()) <= threads <= 1024:
+        raise ValueError(f"threads must be between {1 << (Nq - 1).bit_length()} (Nq = {Nq} rounded up to a power "
+                         f"of two) and 1024; got {threads}")
+    if num_splits is None:
+        num_splits = default_num_splits(B * H, Nk, n_sm=device_limits()["sms"])
+    bounds = chunk_bounds(Nk, check_num_splits(num_splits, Nk))
+    n_splits, chunk = len(bounds), bounds[0][1] - bounds[0][0]
+    split, merge = build(d, Nq, threads)
+
+    new = lambda shape, dt: empty(shape, dt, kind, like=q)
+    m_part, l_part = new((B, H, n_splits, Nq), np.float32), new((B, H, n_splits, Nq), np.float32)
+    o_part = new((B, H, n_splits, Nq, d), np.float32)
+    o, lse = new((B, H, Nq, d), q_d.dtype), new((B, H, Nq), np.float32)
+    split[(n_splits, H, B), threads](q_d, k_d, v_d, m_part, l_part, o_part, Nk, chunk, np.float32(scale * LOG2E))
+    merge[(Nq, H, B), d](m_part, l_part, o_part, o, lse, n_splits)
+    out = (like_input(o, kind), like_input(lse, kind))
+    if return_partials:
+        out += tuple(like_input(x, kind) for x in (m_part, l_part, o_part))
+    return out

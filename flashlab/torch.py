@@ -1,0 +1,162 @@
+"""flashlab inside PyTorch: an autograd Function and a drop-in scaled_dot_product_attention (lesson 13).
+
+    from flashlab.torch import scaled_dot_product_attention as sdpa
+    y = sdpa(q, k, v, is_causal=True)          # like torch.nn.functional.scaled_dot_product_attention
+    y.sum().backward()                         # gradients from flashlab's FA2 backward
+
+CPU tensors run the NumPy FA2 (`flash_attention_v2` / `flash_attention_v2_backward`); CUDA tensors run the
+Numba kernels (`flashlab.kernels`). The forward saves q, k, v, o and the log-sum-exp lse (one number per
+query row) for the backward, which recomputes P from lse: no Nq x Nk tensor is kept between the passes.
+
+This module is named `torch` inside the flashlab package. Its `import torch` lines are absolute imports
+(flashlab itself imports its own modules relatively), so they find the real PyTorch; they sit inside the
+functions so that `import flashlab` never imports torch.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["FlashAttentionFunction", "scaled_dot_product_attention", "flash_attention"]
+
+_CPU_DTYPES = ("float16", "float32", "float64")
+_CUDA_DTYPES = ("float16", "float32")
+
+
+def _function_class():
+    """Build the autograd Function on first use (torch is imported only then)."""
+    import torch
+    from torch.autograd.function import once_differentiable
+
+    class FlashAttentionFunction(torch.autograd.Function):
+        """o = softmax(scale * q k^T [causal mask]) v, with flashlab's FlashAttention-2 forward and backward.
+
+        apply(q, k, v, is_causal=False, scale=None): q (B, Nq, d) or (B, H, Nq, d); k, v (..., Nk, d|dv).
+        Saves (q, k, v, o, lse) with lse of shape (B[, H], Nq); look at `o.grad_fn.saved_tensors`.
+        """
+
+        @staticmethod
+        def forward(ctx, q, k, v, is_causal=False, scale=None):
+            _check_tensors(q, k, v)
+            o, lse = _forward(q, k, v, bool(is_causal), scale)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.is_causal, ctx.scale = bool(is_causal), scale
+            return o
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale)
+            need = ctx.needs_input_grad
+            return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None)
+
+    FlashAttentionFunction.__module__ = __name__
+    FlashAttentionFunction.__qualname__ = "FlashAttentionFunction"
+    return FlashAttentionFunction
+
+
+def _check_tensors(q, k, v):
+    import torch
+
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+        if x.dim() not in (3, 4):
+            raise ValueError(f"{name} must have 3 dims (batch, N, d) or 4 dims (batch, heads, N, d); "
+                             f"got shape {tuple(x.shape)}")
+        allowed = _CUDA_DTYPES if x.is_cuda else _CPU_DTYPES
+        if str(x.dtype).replace("torch.", "") not in allowed:
+            raise TypeError(f"{name} has dtype {x.dtype}; flashlab takes {', '.join('torch.' + a for a in allowed)} "
+                            f"on {'CUDA' if x.is_cuda else 'the CPU'} (convert with {name}.float())")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if not (q.dim() == k.dim() == v.dim()):
+        raise ValueError(f"q, k and v must have the same number of dims; got shapes "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"flashlab runs on CPU or CUDA tensors; got device {q.device}")
+
+
+def _to_numpy(x):
+    return x.detach().contiguous().numpy()
+
+
+def _forward(q, k, v, causal, scale):
+    """(o, lse) as tensors on q's device: the NumPy FA2 on the CPU, the Numba kernel on CUDA."""
+    import torch
+
+    if q.is_cuda:
+        from .kernels import flash_attention
+
+        four = q.dim() == 4
+        q4, k4, v4 = (x if four else x.unsqueeze(1) for x in (q, k, v))
+        o, lse = flash_attention(q4.detach(), k4.detach(), v4.detach(), causal=causal, scale=scale)
+        return (o, lse) if four else (o.squeeze(1), lse.squeeze(1))
+    from .tiled import flash_attention_v2
+
+    o, lse = flash_attention_v2(_to_numpy(q), _to_numpy(k), _to_numpy(v), causal=causal, scale=scale)
+    return torch.from_numpy(o), torch.from_numpy(lse)
+
+
+def _backward(q, k, v, o, lse, do, causal, scale):
+    import torch
+
+    if q.is_cuda:
+        from .kernels import flash_attention_backward
+
+        four = q.dim() == 4
+        args = [x if four else x.unsqueeze(1) for x in (q, k, v, o, lse, do)]
+        grads = flash_attention_backward(*(x.detach() for x in args), causal=causal, scale=scale)
+        return grads if four else tuple(g.squeeze(1) for g in grads)
+    from .tiled import flash_attention_v2_backward
+
+    grads = flash_attention_v2_backward(*(_to_numpy(x) for x in (q, k, v, o, lse, do)), causal=causal, scale=scale)
+    return tuple(torch.from_numpy(g) for g in grads)
+
+
+def flash_attention(q, k, v, *, causal=False, scale=None):
+    """(o, lse) for torch tensors, without autograd: handy for looking at the log-sum-exp."""
+    _check_tensors(q, k, v)
+    return _forward(q, k, v, bool(causal), scale)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                                 enable_gqa=False):
+    """A drop-in for torch.nn.functional.scaled_dot_product_attention, backed by flashlab's FA2.
+
+    Supported: 3-dim (batch, N, d) or 4-dim (batch, heads, N, d) tensors of one shape family, is_causal
+    (top-left aligned, as torch), scale (default 1/sqrt(d)), Nq != Nk, a different dv. Not supported, with
+    a NotImplementedError that says so: attn_mask, dropout_p > 0, grouped-query attention (different head
+    counts for query and key/value).
+    """
+    if attn_mask is not None:
+        raise NotImplementedError(
+            f"flashlab's scaled_dot_product_attention does not take attn_mask (got a {type(attn_mask).__name__}"
+            f"{' of shape ' + str(tuple(attn_mask.shape)) if hasattr(attn_mask, 'shape') else ''}); for causal "
+            "masking pass is_causal=True, otherwise use torch.nn.functional.scaled_dot_product_attention")
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"flashlab's scaled_dot_product_attention has no dropout; got dropout_p={dropout_p!r}, "
+                                  "expected 0.0 (e.g. pass dropout_p=0.0 or call model.eval())")
+    if getattr(query, "dim", lambda: 0)() == 4 and getattr(key, "dim", lambda: 0)() == 4 \
+            and query.shape[1] != key.shape[1]:
+        raise NotImplementedError(f"grouped-query attention (query with {query.shape[1]} heads, key/value with "
+                                  f"{key.shape[1]}; enable_gqa={enable_gqa}) is not supported: repeat key and "
+                                  "value along the head dim first, e.g. key.repeat_interleave(g, dim=1)")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be True or False; got {is_causal!r}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise TypeError(f"scale must be a finite number or None; got {scale!r}")
+    return _get_function().apply(query, key, value, is_causal, scale)
+
+
+def _get_function():
+    cls = globals().get("FlashAttentionFunction")
+    if cls is None:
+        cls = globals()["FlashAttentionFunction"] = _function_class()  # built once
+    return cls
+
+
+def __getattr__(name):  # `flashlab.torch.FlashAttentionFunction` builds the class on first access
+    if name == "FlashAttentionFunction":
+        return _get_function()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

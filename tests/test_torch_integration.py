@@ -1,0 +1,207 @@
+"""flashlab.torch: the autograd Function and the SDPA drop-in against torch's own scaled_dot_product_attention.
+
+CPU tensors (the NumPy FA2 forward and backward) always; CUDA tensors (the Numba kernels) when a GPU exists.
+"""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import flashlab  # noqa: E402
+from flashlab.torch import FlashAttentionFunction, flash_attention, scaled_dot_product_attention as sdpa  # noqa: E402
+
+
+def rel(a, b) -> float:
+    """||a - b|| / ||b||, with ||b|| floored at 1e-3 * sqrt(size): a gradient that is exactly 0 in exact
+    arithmetic (causal, one query) comes out of torch as rounding noise ~1e-8."""
+    a, b = a.detach().cpu().double().numpy(), b.detach().cpu().double().numpy()
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-3 * np.sqrt(b.size)))
+
+
+def qkv(rng, q_shape, nk, dv=None, dtype=torch.float32, device="cpu", logit_scale=1.0):
+    """Fresh random q, k, v (leaf tensors requiring grad) from the test's own NumPy stream."""
+    k_shape = q_shape[:-2] + (nk, q_shape[-1])
+    v_shape = q_shape[:-2] + (nk, dv or q_shape[-1])
+    arrays = [rng.standard_normal(s) * f for s, f in ((q_shape, logit_scale), (k_shape, 1), (v_shape, 1))]
+    return [torch.tensor(a, dtype=dtype, device=device, requires_grad=True) for a in arrays]
+
+
+def both(q, k, v, causal, scale=None):
+    """Outputs and gradients (for one random dO) of flashlab and of torch on the same inputs."""
+    out = sdpa(q, k, v, is_causal=causal, scale=scale)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    do = torch.randn_like(ref)
+    return (out, *torch.autograd.grad(out, (q, k, v), do)), (ref, *torch.autograd.grad(ref, (q, k, v), do))
+
+
+SHAPES = [  # q shape, Nk, dv: 3-dim and 4-dim, ragged N (not multiples of any block), Nq != Nk, dv != d
+    ((2, 17, 16), 17, None),
+    ((3, 13, 8), 29, 5),
+    ((1, 2, 31, 16), 9, None),
+    ((2, 3, 40, 32), 40, 24),
+    ((1, 1, 1, 8), 50, None),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_shape,nk,dv", SHAPES)
+def test_forward_and_gradients_match_torch_float32(rng, q_shape, nk, dv, causal):
+    q, k, v = qkv(rng, q_shape, nk, dv)
+    ours, ref = both(q, k, v, causal)
+    assert ours[0].shape == ref[0].shape and ours[0].dtype == torch.float32
+    assert rel(ours[0], ref[0]) < 1e-5
+    for name, g, r in zip(("dq", "dk", "dv"), ours[1:], ref[1:]):
+        assert g.shape == r.shape and g.dtype == r.dtype, name
+        assert rel(g, r) < 1e-4, name  # the issue asks for 1e-2; float32 does far better
+
+
+def test_float64_gradcheck(rng):
+    """torch's own finite-difference check of the backward, in float64, causal, ragged, dv != d."""
+    for causal in (False, True):
+        q, k, v = qkv(rng, (1, 2, 5, 3), 7, 4, dtype=torch.float64)
+        assert torch.autograd.gradcheck(lambda a, b, c: sdpa(a, b, c, is_causal=causal), (q, k, v))
+
+
+@pytest.mark.parametrize("q_shape,nk", [((2, 3, 19, 16), 19), ((2, 11, 8), 23)])
+def test_lse_is_saved_with_one_number_per_row_and_no_n_by_n_tensor(rng, q_shape, nk):
+    q, k, v = qkv(rng, q_shape, nk, logit_scale=4.0)
+    o = FlashAttentionFunction.apply(q, k, v, True)
+    saved = o.grad_fn.saved_tensors
+    nq = q_shape[-2]
+    assert [tuple(t.shape) for t in saved] == [tuple(q.shape), tuple(k.shape), tuple(v.shape), tuple(o.shape),
+                                               q_shape[:-1]]
+    assert all(t.numel() < nq * nk for t in saved[-1:])  # lse: Nq numbers per (batch, head)
+    _, ref_lse = flashlab.reference_attention(*(t.detach().numpy() for t in (q, k, v)), causal=True)
+    assert flashlab.relative_error(saved[-1].numpy(), ref_lse) < 1e-6
+    o2, lse2 = flash_attention(q, k, v, causal=True)
+    assert torch.equal(o2, o.detach()) and torch.equal(lse2, saved[-1])
+
+
+def test_scale_and_large_logits(rng):
+    q, k, v = qkv(rng, (2, 2, 21, 16), 21, logit_scale=30.0)  # scores in the hundreds: overflow without max
+    for scale in (None, 0.05, 2.0):
+        ours, ref = both(q, k, v, True, scale)
+        assert all(torch.isfinite(x).all() for x in ours)
+        assert rel(ours[0], ref[0]) < 1e-5
+        assert all(rel(g, r) < 1e-3 for g, r in zip(ours[1:], ref[1:]))
+
+
+def test_float16_and_float64_inputs(rng):
+    q, k, v = qkv(rng, (2, 2, 12, 16), 12, dtype=torch.float64)
+    ours, ref = both(q, k, v, True)
+    assert ours[0].dtype == torch.float64 and rel(ours[0], ref[0]) < 1e-12
+    assert all(g.dtype == torch.float64 and rel(g, r) < 1e-10 for g, r in zip(ours[1:], ref[1:]))
+    q16, k16, v16 = (t.detach().half() for t in (q, k, v))
+    out = sdpa(q16, k16, v16, is_causal=True)
+    assert out.dtype == torch.float16 and rel(out, ref[0]) < 1e-2
+
+
+def test_only_requested_gradients_are_returned(rng):
+    q, k, v = qkv(rng, (1, 9, 8), 9)
+    k.requires_grad_(False)
+    sdpa(q, k, v, is_causal=True).sum().backward()
+    assert q.grad is not None and v.grad is not None and k.grad is None
+
+
+def test_model_with_flashlab_attention_matches_torch(rng):
+    from flashlab.gpt import GPT, GPTConfig
+
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    cfg = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    ref_model, our_model = GPT(cfg), GPT(cfg)
+    our_model.load_state_dict(ref_model.state_dict())
+    our_model.use_attention(sdpa)
+    idx = torch.randint(11, (3, 13))
+    targets = torch.randint(11, (3, 13))
+    (ref_logits, ref_loss), (our_logits, our_loss) = ref_model(idx, targets), our_model(idx, targets)
+    assert rel(our_logits, ref_logits) < 1e-5 and abs(our_loss.item() - ref_loss.item()) < 1e-5
+    ref_loss.backward()
+    our_loss.backward()
+    for (name, p_ref), p_ours in zip(ref_model.named_parameters(), our_model.parameters()):
+        assert rel(p_ours.grad, p_ref.grad) < 1e-4, name
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda q, k, v: sdpa(q, k, v, attn_mask=torch.ones(9, 9, dtype=torch.bool)), "attn_mask"),
+    (lambda q, k, v: sdpa(q, k, v, dropout_p=0.1), "dropout"),
+    (lambda q, k, v: sdpa(q, k[:, :1], v[:, :1], enable_gqa=True), "grouped-query"),
+])
+def test_unsupported_options_raise_clearly(rng, call, match):
+    q, k, v = qkv(rng, (1, 2, 9, 8), 9)
+    with pytest.raises(NotImplementedError, match=match):
+        call(q, k, v)
+
+
+@pytest.mark.parametrize("make,err,match", [
+    (lambda q, k, v: (q[0, 0], k[0, 0], v[0, 0]), ValueError, "got shape \\(9, 8\\)"),
+    (lambda q, k, v: (q[None], k[None], v[None]), ValueError, "got shape \\(1, 1, 2, 9, 8\\)"),
+    (lambda q, k, v: (q.bfloat16(), k.bfloat16(), v.bfloat16()), TypeError, "bfloat16"),
+    (lambda q, k, v: (q, k[0], v[0]), ValueError, "same number of dims"),
+    (lambda q, k, v: (q.detach().numpy(), k, v), TypeError, "torch.Tensor"),
+    (lambda q, k, v: (q, k[..., :5], v), ValueError, "feature dim"),
+])
+def test_bad_inputs_name_the_problem(rng, make, err, match):
+    q, k, v = qkv(rng, (1, 2, 9, 8), 9)
+    with pytest.raises(err, match=match):
+        sdpa(*make(q, k, v))
+
+
+def test_is_causal_must_be_bool(rng):
+    q, k, v = qkv(rng, (1, 4, 8), 4)
+    with pytest.raises(TypeError, match="is_causal"):
+        sdpa(q, k, v, is_causal="yes")
+
+
+def test_import_flashlab_does_not_import_torch_and_module_finds_real_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, flashlab; assert 'torch' not in sys.modules; import flashlab.torch as ft; "
+            "assert 'torch' not in sys.modules; F = ft.FlashAttentionFunction; import torch; "
+            "assert issubclass(F, torch.autograd.Function) and torch.__file__.find('flashlab') < 0")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------------------------- CUDA tensors
+def _gpu_ready():
+    return torch.cuda.is_available() and flashlab.device.has_gpu()
+
+
+gpu = pytest.mark.skipif(not _gpu_ready(), reason="needs a CUDA GPU (torch.cuda and numba-cuda)")
+
+
+def cuda_vs_float64(q, k, v, causal):
+    """flashlab on CUDA tensors, and torch's SDPA in float64 on the CPU as the reference (torch's own
+    float32 GPU kernels may use TF32 tensor cores, so they are no float32-exact reference)."""
+    out = sdpa(q, k, v, is_causal=causal)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref_in = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*ref_in, is_causal=causal)
+    return (out, *grads), (ref, *torch.autograd.grad(ref, ref_in, do.cpu().double()))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_shape,nk", [((2, 3, 130, 64), 130), ((2, 77, 32), 200), ((1, 4, 256, 128), 100)])
+def test_cuda_tensors_match_float64(rng, q_shape, nk, causal):
+    q, k, v = qkv(rng, q_shape, nk, device="cuda")
+    ours, ref = cuda_vs_float64(q, k, v, causal)
+    assert ours[0].is_cuda and ours[0].dtype == torch.float32 and all(g.is_cuda for g in ours[1:])
+    assert rel(ours[0], ref[0]) < 1e-5
+    for name, g, r in zip(("dq", "dk", "dv"), ours[1:], ref[1:]):
+        assert rel(g, r) < 1e-4, name
+    lse = FlashAttentionFunction.apply(q, k, v, causal).grad_fn.saved_tensors[-1]
+    _, ref_lse = flashlab.reference_attention(*(t.detach().cpu().numpy() for t in (q, k, v)), causal=causal)
+    assert tuple(lse.shape) == q_shape[:-1] and flashlab.relative_error(lse.cpu().numpy(), ref_lse) < 1e-5
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_float16(rng):
+    q, k, v = qkv(rng, (2, 4, 100, 64), 100, dtype=torch.float16, device="cuda")
+    ours, ref = cuda_vs_float64(q, k, v, True)
+    assert ours[0].dtype == torch.float16 and rel(ours[0], ref[0]) < 1e-2
+    assert all(g.dtype == torch.float16 and rel(g, r) < 2e-2 for g, r in zip(ours[1:], ref[1:]))
