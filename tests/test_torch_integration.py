@@ -193,7 +193,8 @@ def test_cuda_tensors_match_float64(rng, q_shape, nk, causal):
     assert rel(ours[0], ref[0]) < 1e-5
     for name, g, r in zip(("dq", "dk", "dv"), ours[1:], ref[1:]):
         assert rel(g, r) < 1e-4, name
-    lse = FlashAttentionFunction.apply(q, k, v, causal).grad_fn.saved_tensors[-1]
+    o = FlashAttentionFunction.apply(q, k, v, causal)  # keep o alive: torch frees a saved output with it
+    lse = o.grad_fn.saved_tensors[-1]
     _, ref_lse = flashlab.reference_attention(*(t.detach().cpu().numpy() for t in (q, k, v)), causal=causal)
     assert tuple(lse.shape) == q_shape[:-1] and flashlab.relative_error(lse.cpu().numpy(), ref_lse) < 1e-5
 

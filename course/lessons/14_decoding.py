@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 14 · Decoding: one query against a long KV cache
+# # 14 · Decoding, one query against a long KV cache
 #
 # **After this lesson you can**
 # - explain why FlashAttention-2 leaves most of a GPU idle when a model generates text one token at a time;
