@@ -2,6 +2,7 @@
 
     o, lse = flash_attention(q, k, v, causal=False, variant="register")
     dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do)
+    o = flash_decoding(q, k, v)                # split-KV attention for a few queries (lesson 14)
     kernel_info(q.shape, variant="register")   # registers, spills, shared memory, occupancy, PTX/SASS
 
 Inputs are (B, H, N, d) NumPy arrays, numba device arrays or torch CUDA tensors (no copies); outputs come
@@ -9,15 +10,9 @@ back in the same kind. Variants: "shared" (lesson 08: one thread per query row, 
 memory) and "register" (lesson 09: FA2 with register tiling).
 """
 from ._launch import SUPPORTED_D
+from .backward import flash_attention_backward
+from .decoding import flash_decoding
 from .forward import VARIANTS, flash_attention
 from .info import kernel_info
 
-try:  # written separately (issue 4, backward); the forward works without it
-    from .backward import flash_attention_backward
-except ImportError as _exc:  # pragma: no cover - only while the backward is missing
-    _missing = _exc
-
-    def flash_attention_backward(*args, **kwargs):
-        raise NotImplementedError(f"the backward kernel is not available: {_missing}")
-
-__all__ = ["flash_attention", "flash_attention_backward", "kernel_info", "VARIANTS", "SUPPORTED_D"]
+__all__ = ["flash_attention", "flash_attention_backward", "flash_decoding", "kernel_info", "VARIANTS", "SUPPORTED_D"]
