@@ -236,7 +236,7 @@ def doctor(file=None) -> dict:
             except Exception as exc:
                 say("CUDA toolkit", f"unknown ({type(exc).__name__}: {exc})")
         else:
-            say("gpu", "none: kernels run in Numba's CUDA simulator (correct but ~1000x slower)")
+            say("gpu", "none: kernels run in Numba's CUDA simulator (correct, but ~0.1 ms per thread: many orders of magnitude slower than a GPU)")
         say("smoke kernel", _smoke(cuda))
     except Exception as exc:
         say("smoke kernel", f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

@@ -45,8 +45,11 @@ flashlab.check("block_sizes", block_sizes)
 # `S_ij` (rows x block keys, already scaled) and values `V_j` arrives:
 #
 # - `m_new = max(m_i, rowmax(S_ij))`
-# - `P = exp(S_ij - m_new)`, `l_new = exp(m_i - m_new) * l_i + rowsum(P)`
-# - `O_new = (l_i * exp(m_i - m_new) * O_i + P @ V_j) / l_new`
+# - `P = exp(S_ij - m_new[:, None])`, `l_new = exp(m_i - m_new) * l_i + rowsum(P)`
+# - `O_new = ((l_i * exp(m_i - m_new))[:, None] * O_i + P @ V_j) / l_new[:, None]`
+#
+# (`m_i`, `l_i` hold one value per row, shape (r,); `[:, None]` makes them (r, 1) so they scale rows,
+# not columns.)
 #
 # Masking shows up as `-inf` scores. A row that has seen no key yet has `m = -inf, l = 0, O = 0`, and it
 # stays that way if this block hides all its keys too; avoid computing `-inf - (-inf)`.

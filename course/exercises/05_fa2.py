@@ -46,10 +46,10 @@ flashlab.check("kv_blocks_to_visit", kv_blocks_to_visit)
 # For each query block i: start from `O_i = 0, l_i = 0, m_i = -inf`; for each key block j it must visit:
 #
 # - `S_ij = Q_i K_j^T / sqrt(d)`, masked to `-inf` above the diagonal when causal,
-# - `m_new = max(m_i, rowmax(S_ij))`, `P = exp(S_ij - m_new)`,
-# - `l_i = exp(m_i - m_new) * l_i + rowsum(P)`, `O_i = exp(m_i - m_new) * O_i + P V_j` (**not** divided),
+# - `m_new = max(m_i, rowmax(S_ij))`, `P = exp(S_ij - m_new[:, None])`,
+# - `l_i = exp(m_i - m_new) * l_i + rowsum(P)`, `O_i = exp(m_i - m_new)[:, None] * O_i + P @ V_j` (**not** divided),
 #
-# then, after the inner loop, `O_i / l_i` and `lse_i = m_i + log(l_i)`. Every query row sees key 0, so
+# then, after the inner loop, `O_i / l_i[:, None]` and `lse_i = m_i + log(l_i)`. Every query row sees key 0, so
 # `l_i > 0` at the end; inside the loop a row can still have `m = -inf`. Under causal masking, key blocks
 # that start after the block's last row must be skipped, not even loaded.
 #

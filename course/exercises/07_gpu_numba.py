@@ -66,6 +66,8 @@ flashlab.check("block_sums", block_sums)
 # %% [markdown]
 # ## 2. A tiled transpose
 #
+# A warp's memory accesses are **coalesced** when consecutive threads touch consecutive addresses: the
+# hardware then serves all 32 threads with a few wide transactions instead of one per thread.
 # `out = a.T` for a float32 matrix `a` of shape `(rows, cols)`. A direct `out[c, r] = a[r, c]` reads rows
 # of `a` with consecutive threads (coalesced) but writes columns of `out` (every thread of a warp touches a
 # different 32-byte segment). Going through shared memory fixes that: a block of `TILE x TILE` threads

@@ -29,7 +29,7 @@ import flashlab
 # 4. its registers fit: a thread keeps about
 #    `RM*RD + RM*RN + 3*RM + RN + RD + 24` registers (O and S micro-tiles, m, l and a row operand, the
 #    operand vectors, and ~24 for addresses and counters), and a thread may have at most `max_regs`
-#    (255 on every GPU since Kepler). Past that, the compiler spills to local memory.
+#    (255 on every GPU since compute capability 3.5). Past that, the compiler spills to local memory.
 
 # %%
 def tile_fits(d, block_q, block_k, tr, tc, shared_limit=48 * 1024, max_regs=255):

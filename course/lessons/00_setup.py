@@ -4,7 +4,7 @@
 # **After this lesson you can**
 # - say where each part of the course runs: NumPy on the CPU, kernels on a CUDA GPU, or the same kernels
 #   in Numba's CUDA simulator;
-# - read the report of `flashlab.doctor()` (the cell above ran it);
+# - read the report of `flashlab.doctor()` (the setup cell at the top ran it);
 # - grade an exercise inside a notebook with `flashlab.check`, and a whole folder from a shell;
 # - switch the fast mode on and off.
 
@@ -18,10 +18,11 @@
 # | the same kernels, simulated | 07 onwards | the CPU, one Python thread per GPU thread | nothing: chosen automatically without a GPU |
 #
 # The simulator runs your kernel *exactly as written*, thread by thread, so it is good for finding
-# bugs (you can even `print` inside a kernel) and hopeless for timing: it is roughly a thousand times
-# slower than a GPU. Lessons 00–06 do not need a GPU at all.
+# bugs (you can even `print` inside a kernel) and hopeless for timing: each simulated thread costs about
+# a tenth of a millisecond (lesson 07 measures it), so a launch a GPU finishes in microseconds can take
+# minutes. Lessons 00–06 do not need a GPU at all.
 #
-# `flashlab.doctor()` in the first cell reported which backend was picked. The same facts are available
+# `flashlab.doctor()` in the setup cell at the top reported which backend was picked. The same facts are available
 # from code:
 
 # %%

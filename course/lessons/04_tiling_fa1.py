@@ -75,11 +75,12 @@ except SRAMOverflowError as err:
 # %% [markdown]
 # ## HBM traffic against SRAM size
 #
-# Count per (query block, key block) step: FA1 reads $Q_i, O_i, m_i, l_i$ and writes $O_i, m_i, l_i$, so
-# every query row moves about $2d + 2d$ elements **once per key block**, $T_c = \lceil N/B_c\rceil$
-# times. $K$ and $V$ are read once. Total:
+# Count per (query block, key block) step: FA1 reads $Q_i, O_i, m_i, l_i$ ($2d+2$ elements per query
+# row) and writes $O_i, m_i, l_i$ ($d+2$), so every query row moves $3d+4$ elements **once per key
+# block**, $T_c = \lceil N/B_c\rceil$ times. $K$ and $V$ are read once; initialising $O, l, m$ and
+# producing lse add $N(d+5)$. Total:
 #
-# $$ \text{traffic} \approx 2Nd + T_c \cdot N \cdot (2d + 4) \approx \frac{N^2 \cdot 4d}{B_c} \approx \frac{16\,N^2 d^2}{M}, $$
+# $$ \text{traffic} = 2Nd + T_c \cdot N \cdot (3d + 4) + N(d+5) \approx \frac{3N^2 d}{B_c} \approx \frac{12\,N^2 d^2}{M}, $$
 #
 # which is the paper's $\Theta(N^2 d^2 / M)$ (Theorem 2). Naive attention moves $\Theta(N^2 + Nd)$, so
 # FA1 moves less once $M$ is a constant factor above $d^2$: the curves below cross there. The star is an

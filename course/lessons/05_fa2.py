@@ -72,8 +72,8 @@ viz.plot_io_compare(ios);
 # ## Causal masking: skip whole blocks
 #
 # With a causal mask, query $i$ sees keys $j \le i$. A tile entirely above the diagonal would be all
-# $-\infty$: FA2 does not visit it at all (its inner loop stops at the block holding the row's last
-# visible key). Only the tiles on the diagonal need a mask inside:
+# $-\infty$: FA2 does not visit it at all (its inner loop stops at the block holding the last key
+# visible to the block's last row). Only the tiles on the diagonal need a mask inside:
 
 # %%
 viz.plot_causal_blocks(256, 256, 32, 32);

@@ -29,12 +29,12 @@ rng = np.random.default_rng(0)
 viz.plot_saved_for_backward(2 ** np.arange(8, 17), d=64);
 
 # %% [markdown]
-# At N = 16K, P is 512 MB per head in float16; lse is 64 KB.
+# At N = 16K, P is 512 MiB per head in float16; lse is 64 KiB.
 #
 # ## The gradients
 #
 # With $dO$ the gradient of the loss with respect to $O$ and scale $s = 1/\sqrt d$
-# (FlashAttention-2, arXiv 2307.08691, Section 2.3):
+# (FlashAttention-2, arXiv 2307.08691, Section 2.2):
 #
 # $$ dV = P^\top dO, \qquad dP = dO\,V^\top, \qquad dS_{ij} = P_{ij}\,(dP_{ij} - D_i), \qquad
 #    dQ = s\, dS\, K, \qquad dK = s\, dS^\top Q, $$
@@ -87,7 +87,8 @@ print(f"standard backward: {io_std.elements_read + io_std.elements_written:,} el
       f"(formula: {t_std['read'] + t_std['write']:,}); FA2 backward: {io_bwd.elements_read + io_bwd.elements_written:,}")
 
 # %% [markdown]
-# FA2's backward moves $\Theta(N^2 d^2 / M)$ (Theorem 5 of the same paper). Both grow as $N^2$ for a
+# FlashAttention's backward (Algorithm 4) moves $\Theta(N^2 d^2 / M)$ (Theorem 5 of the same paper); FA2's
+# backward has the same loops over the same tiles, so the same count holds. Both grow as $N^2$ for a
 # fixed SRAM, so which one moves less depends on $M$ against $d^2$, just as in lesson 04:
 
 # %%
@@ -95,7 +96,7 @@ ns, d_head = 2 ** np.arange(9, 17), 64
 fig, ax = plt.subplots(figsize=(6.5, 3.8))
 std = [sum(formula_traffic("naive_backward", int(m), int(m), d_head).values()) for m in ns]
 ax.plot(ns, std, "--", color="#d62728", lw=2, label="standard backward (≈ 7N² + 8Nd)")
-for M, style in ((16384, ":"), (65536, "-."), (98304, "-")):  # 98304 float16 elements = 192 KB, one A100 SM
+for M, style in ((16384, ":"), (65536, "-."), (98304, "-")):  # 98304 float16 elements = 192 KiB, one A100 SM
     fa = [sum(formula_traffic("fa2_backward", int(m), int(m), d_head, M=M).values()) for m in ns]
     ax.plot(ns, fa, style, marker="o", ms=3, color="#9467bd", label=f"FA2 backward, M = {M}")
 ax.set(yscale="log", xlabel="sequence length N", ylabel=f"elements moved through HBM (d = {d_head})")

@@ -54,7 +54,7 @@ def add(x, y, out):
         out[i] = x[i] + y[i]
 
 
-n, tpb = flashlab.size(1_000_000, 100), 32
+n, tpb = (flashlab.size(1_000_000, 100) if ON_GPU else 100), 32  # the simulator costs ~0.1 ms per thread
 x, y = np.arange(n, dtype=np.float32), np.ones(n, np.float32)
 x_d, y_d = cuda.to_device(x), cuda.to_device(y)  # copy to GPU memory once
 out_d = cuda.device_array(n, np.float32)
@@ -69,7 +69,7 @@ print(f"{blocks} blocks of {tpb} threads; correct:", np.array_equal(out_d.copy_t
 # ## Shared memory and barriers
 #
 # Threads of one block can talk through **shared memory**: on-chip SRAM, a few dozen KB per block
-# (48 KB is all a numba-cuda kernel can ask for), about as fast as registers for the whole block. It is
+# (48 KB is all a numba-cuda kernel can ask for), far faster than HBM but slower than registers. It is
 # the SRAM of the FlashAttention papers: where tiles of K and V live while a block works on them.
 #
 # When one thread reads what another wrote, the write must happen first. `cuda.syncthreads()` is a
@@ -112,8 +112,8 @@ for barrier in (True, False):
 
 # %% [markdown]
 # Without the barrier, a thread may read its partner's element before the partner wrote it. On a GPU the
-# result depends on timing (a warp's 32 threads run in lockstep, so it often *looks* right for blocks of
-# up to 32 threads and breaks later); in the simulator threads run one after another, so the mistake is
+# result depends on timing (the 32 threads of a warp often, but since Volta not always, execute together,
+# so it may *look* right for blocks of up to 32 threads and break later); in the simulator threads run one after another, so the mistake is
 # almost always visible. flashlab's `racecheck()` (used by the exercise checker) watches every shared
 # array in the simulator and names the thread and element of each race; on a GPU the tool for the same
 # job is `compute-sanitizer --tool racecheck`.

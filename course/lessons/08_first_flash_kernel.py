@@ -86,13 +86,13 @@ if ON_GPU:
                      "torch SDPA fp32": lambda: F.scaled_dot_product_attention(qt, kt, vt)}.items():
         speeds[name] = flops / (time_cuda(fn, warmup=2, reps=20)["median_ms"] * 1e-3) / 1e12
 else:
-    speeds = {"flashlab shared": 3.7, "torch SDPA fp32": 32.6}  # recorded on the project's H100
+    speeds = {"flashlab shared": 9.4, "torch SDPA fp32": 32.3}  # recorded on an H100 (benchmarks/results/h100/forward.csv)
 for name, tf in speeds.items():
     print(f"{name:16s} {tf:6.1f} TFLOP/s")
 print(f"the textbook kernel reaches {speeds['flashlab shared'] / speeds['torch SDPA fp32']:.0%} of SDPA")
 
 # %% [markdown]
-# About a tenth of PyTorch. Where does the time go?
+# Under a third of PyTorch. Where does the time go?
 #
 # ## Suspect 1: bytes from HBM
 #
@@ -111,8 +111,8 @@ print("H100 ridge point for FP32: 67 TFLOP/s / 3.35 TB/s = 20 FLOP/byte")
 
 # %% [markdown]
 # With `block_q = 64` the kernel does about 32 FLOPs per byte it moves, above the FP32 ridge point of an
-# H100: by the roofline of lesson 01 it could run at the full FP32 rate, 67 TFLOP/s. At 3.7 TFLOP/s it
-# moves less than 0.2 TB/s of the 3.35 available. HBM is not the problem; the chip is.
+# H100: by the roofline of lesson 01 it could run at the full FP32 rate, 67 TFLOP/s. At 9.4 TFLOP/s it
+# moves about 0.3 TB/s of the 3.35 available. HBM is not the problem; the chip is.
 #
 # ## Suspect 2: the work inside the SM
 #

@@ -43,8 +43,8 @@ print(f"forward FLOPs at B={B} H={H} N={N} d={d}: {attention_flops(B, H, N, N, d
 #
 # The register kernel's configuration is `(block_q, block_k, tr, tc)`: tile size and thread layout. The
 # best one depends on the GPU (registers, shared memory per SM, SM count) and on d, so we measure. On a GPU
-# this cell times a few shapes live; otherwise it shows the sweep recorded on the project's H100 by
-# `benchmarks/bench_kernels.py` (`flashlab/data/tile_sweep.csv`).
+# this cell times a few shapes live; otherwise it shows the sweep recorded on the project's H200 (the
+# H100's SM with faster memory) by `benchmarks/bench_kernels.py` (`flashlab/data/tile_sweep.csv`).
 
 # %%
 rows = gviz.load_tile_sweep()
@@ -79,8 +79,9 @@ print(f"{len(rows)} configurations" + ("" if ON_GPU else " (recorded)" if rows e
 
 # %% [markdown]
 # Each cell is one tile shape, showing the best of the thread layouts tried for it (★ marks the fastest
-# overall). Switch the metric: the fastest tile is rarely the one with the highest occupancy, and a tile
-# with spilled registers (`local_bytes` > 0) is never the fastest. (Without widgets, or in the fast mode,
+# overall). Switch the metric: the fastest tile is rarely the one with the highest occupancy. (In the
+# recorded sweep no tile spills, `local_bytes` = 0 everywhere; a spilling tile would lose, as lesson 09
+# measured.) (Without widgets, or in the fast mode,
 # a grid of the main metrics.)
 
 # %%
@@ -99,7 +100,7 @@ gviz.tile_explorer(rows);
 results, source = gviz.load_forward_results()
 at = {r["impl"]: r["tflops"] for r in results if r.get("N") == N and r.get("d") == d}
 points = {}
-for impl, block_q in (("flashlab shared fp32", 64), ("flashlab register fp32", 64), ("torch SDPA fp32", 64)):
+for impl, block_q in (("flashlab shared fp32", 64), ("flashlab register fp32", 128), ("torch SDPA fp32", 64)):
     if impl in at and np.isfinite(at[impl]):
         points[impl] = (gviz.kernel_intensity(N, d, block_q), at[impl] * 1e12)
 if "torch SDPA fp16" in at:
@@ -116,7 +117,9 @@ gviz.plot_kernel_roofline(points);
 # python benchmarks/bench_kernels.py        # forward, backward, memory and the tile sweep; CSVs + plot
 # ```
 #
-# Its results (or, when they are not in the repository, the recorded H100 numbers):
+# Its results: the run committed in `benchmarks/results/forward.csv` (an H200, the H100's SM with faster
+# memory; see the README there), or, when that file is missing, the H100 numbers recorded in
+# `benchmarks/results/h100/`:
 
 # %%
 gviz.plot_vs_torch(results, N=N, d=d, source=f"from {source}");

@@ -87,8 +87,8 @@ for name, block in (("per-tensor", None), ("block of 128 rows", 128)):
     print(f"{name:18s} error on the second block: {err:.3f}")
 
 # %% [markdown]
-# With one scale for everything, the second block's values fall below e4m3's smallest subnormal and round
-# to zero: 100% error. With its own scale, the block keeps e4m3's usual few percent.
+# With one scale for everything, almost all of the second block's values fall below half of e4m3's
+# smallest subnormal and round to zero: about 97% error. With its own scale, the block keeps e4m3's usual few percent.
 #
 # ## 2. Incoherent processing: spreading an outlier
 #
@@ -181,7 +181,7 @@ print(f"N = {ns[-1]}:", {m: f"{v:.1e}" for m, v in last.items()},
 # | --- | --- |
 # | load $K_j$, $V_j$ into shared memory | TMA (an asynchronous copy engine) |
 # | $S = Q K_j^\top$, then $O \mathrel{+}= P V_j$ | tensor cores (asynchronous WGMMA instructions) |
-# | softmax of $S$: max, exp, sum | special-function units, much slower: 3.9 TFLOP/s against 989 for FP16 matmul |
+# | softmax of $S$: max, exp, sum | exp on the special-function units (max and sum on the FP32 units), much slower: 3.9 TFLOP/s of special functions against 989 for FP16 matmul |
 #
 # `flashlab.timeline` simulates one thread block of FA3: two query tiles (one per consumer warpgroup)
 # stream over K/V blocks, each unit does one job at a time, and a job starts as soon as its inputs are

@@ -57,8 +57,8 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# At N = 16384 the three-step version keeps about 12 GiB per layer for P alone; FlashAttention keeps
-# 6 MiB of lse. The lse is what ties the two passes together, so our Function must save it.
+# At N = 16384 the three-step version keeps 96 GiB per layer for P alone (1 GiB per head); FlashAttention
+# keeps 6 MiB of lse. The lse is what ties the two passes together, so our Function must save it.
 #
 # ## 2. The autograd Function
 #
@@ -72,7 +72,8 @@ plt.show()
 #   dQ = scale · dS K, dK = scale · dSᵀ Q, all block by block, as in lesson 06.
 #
 # flashlab's version sends CPU tensors to the NumPy code of lessons 05–06 and CUDA tensors to the GPU
-# kernels. Its CPU path, without the argument checks:
+# kernels. Its two helpers, without the argument checks (the `if q.is_cuda` branch calls the GPU kernels;
+# the rest is the CPU path):
 
 # %%
 from flashlab import torch as flashlab_torch
@@ -230,7 +231,7 @@ print(tok.decode(out[0]))
 # %% [markdown]
 # ## 6. On a GPU
 #
-# The same call on CUDA tensors runs the Numba kernels of lessons 08–09 (forward) and the FA2 backward
+# The same call on CUDA tensors runs the register kernel of lesson 09 (forward) and the FA2 backward
 # kernel, with the lse saved in float32. The kernels need d in (16, 32, 64, 128) and the same width for V.
 # In the simulator this would take minutes, so it runs only where there is a GPU:
 

@@ -116,8 +116,8 @@ plt.show()
 # ## 3. How many chunks?
 #
 # More chunks fill more SMs, but each adds a state (Nq · (d + 2) numbers) to write and merge, and chunks of
-# a few keys waste the block's threads. Decoding reads each key and value once and does ~2 FLOPs per byte
-# read: it is memory-bound (lesson 01), so the goal is to keep every SM streaming K and V. A simple model:
+# a few keys waste the block's threads. Decoding reads each key and value once and does about 1 FLOP per
+# byte read in float16 (4d FLOPs per key for the 4d bytes of its K and V rows; half that in float32): it is memory-bound (lesson 01), so the goal is to keep every SM streaming K and V. A simple model:
 # every block streams its chunk at 1/n_SM of the GPU's bandwidth, blocks run in waves of n_SM, and the
 # merge reads every state once. `decoding.default_num_splits` takes enough chunks to fill the SMs about
 # twice, with at least 64 keys each.
@@ -144,7 +144,7 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# A model, not a measurement: it ignores launch overhead (two launches instead of one, a few µs each), the
+# A model, not a measurement: it ignores launch overhead (two launches instead of one: a few µs each from CUDA C++, about 26 µs each through Numba), the
 # real per-SM bandwidth, and how many blocks share an SM. It shows the shape of the trade-off: time falls
 # like 1/n_splits until the SMs are full, then flattens at total bytes / bandwidth, with saw teeth where
 # one block too many starts another wave. With B·H = 128 the GPU is already nearly full without a split.
@@ -219,7 +219,7 @@ if flashlab.device.has_gpu():
         print(f"Nk={nk:6d}: FA2 kernel {fa2 * 1e3:8.1f} µs ({gb / fa2 * 1e3:6.0f} GB/s)   "
               f"split-KV {split * 1e3:7.1f} µs ({gb / split * 1e3:6.0f} GB/s)   {fa2 / split:4.1f}x")
 else:
-    print("No GPU here: the simulator runs the kernels correctly but ~1000x slower, so there is nothing to time.")
+    print("No GPU here: the simulator runs the kernels correctly but at ~0.1 ms per thread, so there is nothing to time.")
 
 # %% [markdown]
 # ## Summary

@@ -506,7 +506,7 @@ def _why_not(d, bq, bk, tr, tc, shared_limit, max_regs):
           hint="Check, in order: the threads divide the tile (tr | block_q, tc | block_k, tc | d); tr * tc <= "
                "1024; shared bytes <= shared_limit (<=, not <); the register estimate <= max_regs.")
 def check_tile_fits(t, fn):
-    cases = [("the default tile, d = 64", 64, 64, 32, 16, 8, 48 * 1024, 255),
+    cases = [("the Tile() dataclass default, d = 64", 64, 64, 32, 16, 8, 48 * 1024, 255),
              ("d = 128 and a big tile: too much shared memory", 128, 64, 64, 16, 8, 48 * 1024, 255),
              ("exactly at the shared-memory limit", 64, 64, 32, 16, 8, shared_bytes(64, 64, 32, 8), 255),
              ("one byte short", 64, 64, 32, 16, 8, shared_bytes(64, 64, 32, 8) - 1, 255),

@@ -24,18 +24,21 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 SWEEP_CSV = Path(__file__).resolve().parent.parent / "data" / "tile_sweep.csv"
 FORWARD_CSV = ROOT / "benchmarks" / "results" / "forward.csv"
 
-#: Forward TFLOP/s measured on the project's H100 (NVIDIA H100 80GB HBM3, torch 2.11, numba-cuda 0.30.4),
-#: B=1, H=16, float32 unless noted; CUDA-event medians of 20 runs. Used when no benchmark CSV is present.
+#: Forward TFLOP/s measured on an H100 (NVIDIA H100 80GB HBM3, torch 2.11, numba-cuda 0.30.4), B=1, H=16,
+#: float32 unless noted; CUDA-event medians of 20 runs (benchmarks/results/h100/forward.csv, torch rows at
+#: N=4096 d=128 from shared/anchors.md). Used when no benchmark CSV is present.
 RECORDED = [
-    {"N": 4096, "d": 64, "impl": "torch SDPA fp32", "tflops": 32.6},
-    {"N": 4096, "d": 64, "impl": "torch manual fp32", "tflops": 20.1},
-    {"N": 4096, "d": 64, "impl": "torch SDPA fp16", "tflops": 407.0},
-    {"N": 4096, "d": 64, "impl": "flashlab shared fp32", "tflops": 3.7},
-    {"N": 1024, "d": 64, "impl": "torch SDPA fp32", "tflops": 23.3},
-    {"N": 1024, "d": 64, "impl": "flashlab shared fp32", "tflops": 2.4},
+    {"N": 4096, "d": 64, "impl": "torch SDPA fp32", "tflops": 32.33},
+    {"N": 4096, "d": 64, "impl": "torch manual fp32", "tflops": 20.26},
+    {"N": 4096, "d": 64, "impl": "torch SDPA fp16", "tflops": 373.7},
+    {"N": 4096, "d": 64, "impl": "flashlab shared fp32", "tflops": 9.41},
+    {"N": 4096, "d": 64, "impl": "flashlab register fp32", "tflops": 27.07},
+    {"N": 1024, "d": 64, "impl": "torch SDPA fp32", "tflops": 25.04},
+    {"N": 1024, "d": 64, "impl": "flashlab shared fp32", "tflops": 5.96},
+    {"N": 1024, "d": 64, "impl": "flashlab register fp32", "tflops": 10.81},
     {"N": 4096, "d": 128, "impl": "torch SDPA fp32", "tflops": 44.9},
 ]
-RECORDED_SOURCE = "the project's H100 run (anchors), CUDA-event medians"
+RECORDED_SOURCE = "an H100 run (benchmarks/results/h100), CUDA-event medians"
 
 _BLOCK_COLORS = plt.get_cmap("tab10").colors
 

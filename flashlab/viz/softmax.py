@@ -25,7 +25,7 @@ def plot_overflow(ax=None):
     ax.set_yscale("log")
     ax.set_xlabel("x")
     ax.set_ylabel("exp(x)")
-    ax.set_title("exp overflows: float16 at 11, float32 at 89")
+    ax.set_title("exp overflows: float16 at ≈11.1, float32 at ≈88.7")
     ax.legend(fontsize=8)
     return fig
 
