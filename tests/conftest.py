@@ -1,8 +1,11 @@
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+
+from flashlab.build import parse_cells, strip_solutions
 
 # Property tests: enough examples to hit tails, causal and float16 often; no deadline (CI is a slow 2-core box).
 settings.register_profile("flashlab", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -18,6 +21,18 @@ def random_qkv(rng, batch, nq, nk, d, dv, dtype, logit_scale=1.0):
     k = rng.standard_normal(batch + (nk, d))
     v = rng.standard_normal(batch + (nk, dv))
     return q.astype(dtype), k.astype(dtype), v.astype(dtype)
+
+
+EXERCISE_SOURCES = Path(__file__).resolve().parent.parent / "course" / "exercises"
+
+
+def load_exercise(stem, keep=True):
+    """The functions an exercise source defines, with its solutions kept (or blanked out, keep=False)."""
+    ns = {}
+    for kind, src in parse_cells((EXERCISE_SOURCES / f"{stem}.py").read_text()):
+        if kind == "code" and src.lstrip().startswith(("def ", "import ", "from ")):
+            exec(compile(strip_solutions(src, keep), f"{stem}.py", "exec"), ns)
+    return ns
 
 
 @pytest.fixture

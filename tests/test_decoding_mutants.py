@@ -1,26 +1,18 @@
 """Checkers of lessons 13 and 14 accept the solutions and reject plausible wrong ones ("mutants")."""
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import flashlab
-from flashlab.build import parse_cells, strip_solutions
 from flashlab.grading import EXERCISES, check
+from conftest import load_exercise
 
 torch = pytest.importorskip("torch")
 
-SOURCES = Path(__file__).resolve().parent.parent / "course" / "exercises"
 SEEDS = (1, 2, 3)
 NAMES = ("attention_function", "chunk_partial", "merge_partials")
 
 
-def load(stem, keep=True):
-    ns = {}
-    for kind, src in parse_cells((SOURCES / f"{stem}.py").read_text()):
-        if kind == "code" and src.lstrip().startswith(("def ", "import ", "from ")):
-            exec(compile(strip_solutions(src, keep), f"{stem}.py", "exec"), ns)
-    return ns
 
 
 MUTANTS = {}
@@ -141,8 +133,8 @@ def merge_without_max(m, l, O):  # exp(m_c) overflows when chunks' maxima are la
 
 
 # ------------------------------------------------------------------------------------------------ tests
-SOLUTIONS = {"attention_function": load("13_real_model")["attention_function"],
-             **{n: load("14_decoding")[n] for n in ("chunk_partial", "merge_partials")}}
+SOLUTIONS = {"attention_function": load_exercise("13_real_model")["attention_function"],
+             **{n: load_exercise("14_decoding")[n] for n in ("chunk_partial", "merge_partials")}}
 
 
 def test_registered_with_lessons_and_three_mutants_each():
@@ -169,4 +161,4 @@ def test_mutants_fail(name, seed):
 @pytest.mark.parametrize("stem,name", [("13_real_model", "attention_function"), ("14_decoding", "chunk_partial"),
                                        ("14_decoding", "merge_partials")])
 def test_blank_is_not_implemented(stem, name):
-    assert check(name, load(stem, keep=False)[name], seed=0, quiet=True).status == "not implemented"
+    assert check(name, load_exercise(stem, keep=False)[name], seed=0, quiet=True).status == "not implemented"

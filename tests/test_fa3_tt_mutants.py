@@ -1,42 +1,18 @@
-"""Checkers of lessons 11 and 12 accept the solutions and reject plausible wrong ones ("mutants").
-
-Until flashlab/grading/__init__.py imports lesson11_12, these exercises are registered only while these
-tests run, so the other grading tests (which expect mutants for every registered exercise) are unaffected.
-"""
-from pathlib import Path
+"""Checkers of lessons 11 and 12 accept the solutions and reject plausible wrong ones ("mutants")."""
 
 import numpy as np
 import pytest
 
 import flashlab.grading as grading
-from flashlab.build import parse_cells, strip_solutions
 from flashlab.fp8 import hadamard, round_e4m3
+from conftest import load_exercise
 
 NAMES = ("fp8_block_quantize", "fp8_incoherent", "tt_causal_pairing", "tt_pipeline_time")
-_was_registered = NAMES[0] in grading.EXERCISES
-from flashlab.grading import lesson11_12  # noqa: E402,F401  (registers the four exercises)
+MINE = {n: grading.EXERCISES[n] for n in NAMES}  # registered when flashlab.grading imports lesson11_12
 
-MINE = {n: grading.EXERCISES[n] for n in NAMES}
-if not _was_registered:
-    for n in NAMES:
-        del grading.EXERCISES[n]
-
-SOURCES = Path(__file__).resolve().parent.parent / "course" / "exercises"
 SEEDS = (1, 2, 3)
 
 
-def load(stem, keep=True):
-    ns = {}
-    for kind, src in parse_cells((SOURCES / f"{stem}.py").read_text()):
-        if kind == "code" and src.lstrip().startswith(("def ", "import ", "from ")):
-            exec(compile(strip_solutions(src, keep), f"{stem}.py", "exec"), ns)
-    return ns
-
-
-@pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    for n in NAMES:
-        monkeypatch.setitem(grading.EXERCISES, n, MINE[n])
 
 
 def _blocks(x, block, scale_of, rounder=round_e4m3):
@@ -86,7 +62,7 @@ MUTANTS = {
 
 @pytest.mark.parametrize("name", NAMES)
 def test_solution_passes(name):
-    fn = load(MINE[name].lesson)[name]
+    fn = load_exercise(MINE[name].lesson)[name]
     for seed in SEEDS:
         r = grading.check(name, fn, seed=seed, quiet=True)
         assert r.passed, str(r)
@@ -94,7 +70,7 @@ def test_solution_passes(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_blank_is_not_implemented(name):
-    r = grading.check(name, load(MINE[name].lesson, keep=False)[name], seed=1, quiet=True)
+    r = grading.check(name, load_exercise(MINE[name].lesson, keep=False)[name], seed=1, quiet=True)
     assert r.status == "not implemented", str(r)
 
 

@@ -4,30 +4,21 @@ The solutions are the ones in course/exercises/ (the same code the solution note
 is a mistake a learner could make; each must fail its check, for several random seeds.
 """
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from flashlab.build import parse_cells, strip_solutions
 from flashlab.grading import EXERCISES, check
+from conftest import load_exercise
 
-SOURCES = Path(__file__).resolve().parent.parent / "course" / "exercises"
 SEEDS = (1, 2, 3)
 
 
-def load(stem: str, keep: bool = True) -> dict:
-    """The functions an exercise source defines, with solutions kept (or blanked out)."""
-    ns = {}
-    for kind, src in parse_cells((SOURCES / f"{stem}.py").read_text()):
-        if kind == "code" and src.lstrip().startswith(("def ", "import ", "from ")):
-            exec(compile(strip_solutions(src, keep), f"{stem}.py", "exec"), ns)
-    return ns
 
 
 # Lessons 01-06; later lessons keep their mutants beside their own tests.
 MINE = sorted(name for name, ex in EXERCISES.items() if ex.lesson[:2] in {"01", "02", "03", "04", "05", "06"})
-SOLUTIONS = {name: load(EXERCISES[name].lesson)[name] for name in MINE}
+SOLUTIONS = {name: load_exercise(EXERCISES[name].lesson)[name] for name in MINE}
 MUTANTS = {}  # exercise name -> [mutant functions]
 
 
@@ -357,5 +348,5 @@ def test_mutants_fail(name, seed):
 
 @pytest.mark.parametrize("name", MINE)
 def test_blank_is_not_implemented(name):
-    blank = load(EXERCISES[name].lesson, keep=False)[name]
+    blank = load_exercise(EXERCISES[name].lesson, keep=False)[name]
     assert check(name, blank, seed=0, quiet=True).status == "not implemented"
