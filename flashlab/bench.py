@@ -32,7 +32,7 @@ def _events():
 
     if not has_gpu():
         raise RuntimeError("GPU timing needs a CUDA GPU; in the simulator, time with time.perf_counter instead "
-                           "(and expect ~1000x slower kernels)")
+                           "(the simulator costs ~0.1 ms per thread)")
     cuda = get_cuda()
     return (lambda: cuda.event(timing=True)), cuda.event_elapsed_time, cuda.synchronize
 

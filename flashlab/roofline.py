@@ -129,18 +129,10 @@ def measure_gpu(name=None):
         a = torch.randn(n, n, dtype=torch.float16, device=dev)
         b = torch.randn(n, n, dtype=torch.float16, device=dev)
 
-        def timed(fn, repeats=5):
-            fn()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            best = math.inf
-            for _ in range(repeats):
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                best = min(best, start.elapsed_time(end) / 1e3)
-            return best
+        from .bench import time_cuda
+
+        def timed(fn):  # best of 5 after a warm-up, in seconds
+            return time_cuda(fn, warmup=1, reps=5)["min_ms"] / 1e3
 
         bw = 2 * x.numel() * x.element_size() / timed(lambda: y.copy_(x))
         fl = 2 * n**3 / timed(lambda: a @ b)

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from .._inputs import causal_mask
 from ..reference import reference_attention
 from .core import Failed, NotImplementedYet, tolerance
 
@@ -135,7 +136,7 @@ def _lse_hint(Q, K, causal, lse):
     """Recognise the two classic lse slips: returning m alone or log(l) alone."""
     S = (Q.astype(np.float64) @ K.astype(np.float64).T) / math.sqrt(Q.shape[-1])
     if causal:
-        S = np.where(np.arange(K.shape[0])[None, :] <= np.arange(Q.shape[0])[:, None], S, -np.inf)
+        S = np.where(causal_mask(Q.shape[0], K.shape[0]), S, -np.inf)
     m = S.max(axis=-1)
     log_l = np.log(np.exp(S - m[:, None]).sum(axis=-1))
     lse = np.asarray(lse, dtype=np.float64)
