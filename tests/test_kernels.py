@@ -105,6 +105,20 @@ def test_tile_choice_follows_device_limits():
     assert choose_tile(64, block_q=32, block_k=64).block_q == 32
 
 
+@pytest.mark.parametrize("options", [{"unroll": 8}, {"unroll": 16, "max_registers": 96}])
+def test_register_build_options_compute_the_same(rng, options):
+    # the variants benchmarks/register_experiments.py times (deeper unrolling, a register cap) stay correct
+    from flashlab.device import get_cuda
+    from flashlab.kernels import register
+
+    cuda = get_cuda()
+    q, k, v = rand_qkv(rng, 1, 2, 13, 19, 16, np.float32)
+    o, lse = cuda.device_array(q.shape, np.float32), cuda.device_array(q.shape[:3], np.float32)
+    register.launch(*(cuda.to_device(x) for x in (q, k, v)), o, lse, 2, 0.25, True, Tile(8, 8, 2, 4), **options)
+    ro, rl = fl.reference_attention(q, k, v, causal=True)
+    assert fl.relative_error(o.copy_to_host(), ro) < 1e-5 and fl.relative_error(lse.copy_to_host(), rl) < 1e-5
+
+
 def test_d32_and_batch_and_scale(rng):
     q, k, v = rand_qkv(rng, 2, 1, 9, 12, 32, np.float32)
     o, lse = flash_attention(q, k, v, scale=0.3, tile=Tile(8, 8, 2, 4))

@@ -121,9 +121,13 @@ def _vec(n: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def build(d: int, tile: Tile, causal: bool):
+def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int | None = None):
     """Compile-time specialised kernel for (d, tile, causal). Numba compiles it on first launch,
-    once per input dtype (float32 or float16)."""
+    once per input dtype (float32 or float16).
+
+    unroll: steps of the two product loops per loop iteration (4 measured best; deeper unrolling adds
+    registers, benchmarks/register_experiments.py); max_registers: a cap for the compiler (None: its own
+    choice; a low cap spills)."""
     BR, BC, TR, TC = tile.block_q, tile.block_k, tile.tr, tile.tc
     RM, RN, RD = tile.micro(d)  # ints: local array shapes must be signed constants
     VM, VN, VD = _vec(RM), _vec(RN), _vec(RD)
@@ -141,14 +145,16 @@ def build(d: int, tile: Tile, causal: bool):
     UBR, UBC, UTR, UTC = U(BR), U(BC), U(TR), U(TC)
     UVM, UVN, UVD = U(VM), U(VN), U(VD)
     URM, URN, URD = U(RM), U(RN), U(RD)
-    XSTEP = U(4) if d % 4 == 0 else U(1)  # product loops unrolled 4 deep (inner loop of constant length)
-    CSTEP = U(4) if BC % 4 == 0 else U(1)
+    XSTEP = U(math.gcd(unroll, d))  # product loops unrolled `unroll` deep (an inner loop of constant length)
+    CSTEP = U(math.gcd(unroll, BC))
     KV_REGS = int(KV_LOADS) if tile.prefetch else 1
     PREFETCH = tile.prefetch
     ALIGN = None if config.ENABLE_CUDASIM else 16  # the simulator has no aligned shared arrays
     CAUSAL = causal
 
-    @cuda.jit(fastmath=FASTMATH)
+    options = {"max_registers": max_registers} if max_registers and not config.ENABLE_CUDASIM else {}
+
+    @cuda.jit(fastmath=FASTMATH, **options)
     def flash_fwd_register(q, k, v, o, lse, n_q, n_k, n_heads, scale_log2):
         sh = cuda.shared.array(SH, float32, alignment=ALIGN)
         t = U(cuda.threadIdx.x)
@@ -308,10 +314,10 @@ def build(d: int, tile: Tile, causal: bool):
     return flash_fwd_register
 
 
-def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile):
-    """Launch on device arrays (B, H, N, d); o and lse are written."""
+def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile, **options):
+    """Launch on device arrays (B, H, N, d); o and lse are written. options: build's unroll, max_registers."""
     B, H, Nq, d = q.shape
-    kernel = build(d, tile, causal)
+    kernel = build(d, tile, causal, **options)
     grid = ((Nq + tile.block_q - 1) // tile.block_q, B * H)
     kernel[grid, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, np.float32(scale * LOG2E))
     return kernel
