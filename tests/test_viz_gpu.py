@@ -87,3 +87,42 @@ def test_other_figures_draw():
             "registers_per_thread": 96}
     to_png(gviz.plot_occupancy_bars({"a": info, "b": dict(info, occupancy=0.25)}))
     to_png(gviz.plot_kernel_roofline({"k": (30.0, 3e12)}))
+
+
+def write_issue_profile(path, variants):
+    """A profile CSV in benchmarks/profile_issue.py's long format: {variant: {key: value}}."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["gpu", "variant", "N", "d", "key", "value"])
+        w.writeheader()
+        for variant, rec in variants.items():
+            w.writerows({"gpu": "Fake GPU", "variant": variant, "N": 4096, "d": 64, "key": k, "value": v}
+                        for k, v in rec.items())
+
+
+def test_issue_summary_is_busy_times_ffma_share(tmp_path):
+    rec = {"tflops": 20.0, "inst": 200.0, "kind:FFMA": 120.0, "kind:shared memory": 30.0,
+           "kind:other (moves etc.)": 50.0, "issue_active_pct": 80.0, "warps_per_scheduler": 3.5,
+           "stall_selected": 1.0, "stall_wait": 0.4, "stall_barrier": 0.9}
+    write_issue_profile(tmp_path / "p.csv", {"register": rec})
+    profile = gviz.load_issue_profile(tmp_path / "p.csv")
+    s = gviz.issue_summary(profile["register"])
+    assert s["ffma_share"] == pytest.approx(0.6) and s["issue_busy"] == pytest.approx(0.8)
+    assert s["predicted_peak_fraction"] == pytest.approx(0.48) and s["per_ffma"] == pytest.approx(200 / 120)
+    assert list(s["stalls"]) == ["barrier", "wait"]  # largest first; "selected" is not a stall
+    assert profile["register"]["gpu"] == "Fake GPU" and profile["register"]["N"] == 4096
+    assert gviz.load_issue_profile(tmp_path / "missing.csv") == {}
+
+
+def test_recorded_issue_profile_is_consistent():
+    profile = gviz.load_issue_profile()
+    assert set(profile) == {"shared", "register"}
+    for rec in profile.values():
+        kinds = sum(v for k, v in rec.items() if k.startswith("kind:"))
+        assert kinds == pytest.approx(rec["inst"], rel=1e-3)  # the kinds partition the instructions
+        # 2 FLOPs per FFMA lane: the FFMAs executed are the algorithm's 4 B H N^2 d FLOPs (B = 1, H = 16)
+        assert 64 * rec["kind:FFMA"] == pytest.approx(4 * 16 * rec["N"] ** 2 * rec["d"], rel=0.02)
+        s = gviz.issue_summary(rec)
+        assert s["predicted_peak_fraction"] == pytest.approx(s["tflops"] / 67, abs=0.03)  # H100 FP32 peak
+    fig = gviz.plot_issue_profile(profile, peak_tflops=67)
+    assert len(fig.axes) == 2
+    to_png(fig)

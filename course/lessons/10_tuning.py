@@ -5,6 +5,7 @@
 # - time a GPU kernel honestly: CUDA events, warm-up, median;
 # - sweep the tile shape of the register kernel and read the result (speed, registers, occupancy);
 # - place flashlab's kernels and PyTorch's on a roofline and say which limit each one meets;
+# - read a profile of issue slots and explain how far a compute-bound kernel is from the FP32 peak;
 # - compare flashlab with PyTorch from a benchmark run, and say what the comparison does and does not show.
 
 # %%
@@ -107,6 +108,59 @@ if "torch SDPA fp16" in at:
     points["torch SDPA fp16"] = (gviz.kernel_intensity(N, d, 128, bytes_per_element=2), at["torch SDPA fp16"] * 1e12)
 print("from", source)
 gviz.plot_kernel_roofline(points);
+
+# %% [markdown]
+# ## Inside the SM: where the issue slots go
+#
+# Compute-bound, then, but how far from the FP32 roof, and why? Each SM of an H100 has four schedulers,
+# and each can issue one warp instruction per cycle. The FP32 peak is every scheduler issuing an FFMA (a
+# fused multiply-add: 2 FLOPs for each of 32 threads) on every cycle. Anything else a scheduler issues,
+# and every cycle it issues nothing, is lost. So, to a good approximation:
+#
+#     fraction of the FP32 peak  =  (fraction of cycles a scheduler issues)  x  (FFMA share of what it issues)
+#
+# Nsight Compute (`ncu`) measures both. `benchmarks/profile_issue.py` profiles one launch of each
+# kernel at B = 1, H = 16, N = 4096, d = 64 and saves the counts in `flashlab/data/issue_profile.csv`
+# (recorded on an H100; run the script on a machine where `ncu` may read the GPU's counters to profile
+# yours). Left: the instructions issued per FFMA, by kind. Right: the two factors, their product, and the
+# measured speed as a fraction of the peak.
+
+# %%
+from flashlab.roofline import PUBLISHED_FP32
+
+profile = gviz.load_issue_profile()
+for name, rec in profile.items():
+    s = gviz.issue_summary(rec)
+    stalls = ", ".join(f"{k} {v:.2f}" for k, v in list(s["stalls"].items())[:3])
+    print(f"{name:8s} {s['tflops']:5.1f} TFLOP/s: issues on {s['issue_busy']:.0%} of cycles, "
+          f"{s['ffma_share']:.0%} of it FFMA -> {s['predicted_peak_fraction']:.0%} of peak "
+          f"({s['warps_per_scheduler']:.1f} warps per scheduler; top waits: {stalls})")
+if profile:
+    gviz.plot_issue_profile(profile, peak_tflops=PUBLISHED_FP32["H100"] / 1e12);
+
+# %% [markdown]
+# How to read it:
+#
+# - **The textbook kernel** issues about 2.9 instructions per FFMA. It rescales its row of O after every
+#   key, one FMUL per element (0.5 per FFMA); integer work on its indices and comparisons (ALU) costs
+#   another 0.6, loop control 0.4.
+#   And its schedulers sit idle half the time: with about 2 warps each, nobody is ready while a warp waits
+#   for its next K/V tile from HBM (ncu's "long scoreboard" stall) or for the previous FFMA of its dot
+#   product, a chain of d dependent multiply-adds ("wait").
+# - **The register kernel** issues 1.7 instructions per FFMA and keeps the schedulers busy three cycles in
+#   four; its most common "stall", not_selected, means a warp was ready but another got the slot: the
+#   schedulers themselves are the limit. Its micro-tiles cut the shared-memory loads to 0.12 per FFMA,
+#   and the softmax runs once per tile, not once per key. What is left is bookkeeping: index arithmetic
+#   and loop control (about 0.45 per FFMA), copying tiles, and the row max and sum exchanged through
+#   shared memory.
+#
+# The product of the two factors matches the measured speed to within two points of the peak, so this
+# picture accounts for where the time goes. It also prices the next 1.5x: at the same issue rate the FFMA
+# share would have to rise from 58% to about 85%, that is, three quarters of the 0.74 other instructions
+# per FFMA would have to go. Deeper unrolling and register caps do not get there (they add registers or
+# spill; the measurements are in `benchmarks/results/README.md`), and any kernel that tries must still fit
+# O, S and the softmax state of its rows into registers. For scale: cuBLAS's FP32 matrix product (no
+# TF32), with no softmax to do, reaches about 77% of the peak on an H100 (`benchmarks/results/README.md`).
 
 # %% [markdown]
 # ## Against PyTorch

@@ -5,9 +5,10 @@ lesson 07  plot_thread_map, plot_reduction_tree, plot_launch_cost
 lesson 08  plot_shared_kernel_map, plot_occupancy_bars
 lesson 09  plot_micro_tiles, plot_reads_per_fma
 lesson 10  load_tile_sweep, plot_tile_sweep, tile_explorer, kernel_intensity, plot_kernel_roofline,
-           load_forward_results, plot_vs_torch
+           load_forward_results, plot_vs_torch, load_issue_profile, issue_summary, plot_issue_profile
 
-Recorded data: flashlab/data/tile_sweep.csv (benchmarks/bench_kernels.py's sweep) and
+Recorded data: flashlab/data/tile_sweep.csv (benchmarks/bench_kernels.py's sweep),
+flashlab/data/issue_profile.csv (benchmarks/profile_issue.py, Nsight Compute) and
 benchmarks/results/forward.csv when present; otherwise the numbers of the project's H100 run (RECORDED).
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ._base import explore, own_axes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SWEEP_CSV = Path(__file__).resolve().parent.parent / "data" / "tile_sweep.csv"
+ISSUE_CSV = Path(__file__).resolve().parent.parent / "data" / "issue_profile.csv"
 FORWARD_CSV = ROOT / "benchmarks" / "results" / "forward.csv"
 
 #: Forward TFLOP/s measured on an H100 (NVIDIA H100 80GB HBM3, torch 2.11, numba-cuda 0.30.4), B=1, H=16,
@@ -347,4 +349,90 @@ def plot_vs_torch(rows, N=4096, d=64, ax=None, source=""):
     ax.set_xscale("log")
     ax.set_xlabel("TFLOP/s (log scale)")
     ax.set_title(f"Forward, B=1, H=16, N={N}, d={d}" + (f"\n{source}" if source else ""), fontsize=9)
+    return fig
+
+
+def load_issue_profile(path=None) -> dict:
+    """{variant: {key: value, "gpu": name, "N": .., "d": ..}} from benchmarks/profile_issue.py's CSV
+    (flashlab/data/issue_profile.csv by default); {} when the file is missing."""
+    path = Path(path) if path else ISSUE_CSV
+    if not path.exists():
+        return {}
+    out = {}
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            rec = out.setdefault(r["variant"], {"gpu": r["gpu"], "N": int(r["N"]), "d": int(r["d"])})
+            rec[r["key"]] = float(r["value"])
+    return out
+
+
+def issue_summary(rec: dict) -> dict:
+    """The numbers behind "fraction of FP32 peak = issue slots busy x FFMA share" for one profiled kernel.
+
+    issue_busy: fraction of cycles a scheduler issued an instruction; ffma_share: FFMA among the issued
+    (warp) instructions; per_ffma: instructions issued per FFMA; predicted_peak_fraction: their product,
+    the FFMAs a scheduler completes per cycle, where 1.0 is the FP32 peak; stalls: ncu's reasons a warp
+    was not issued, in warps per issued instruction, largest first.
+    """
+    ffma = rec["kind:FFMA"]
+    busy = rec["issue_active_pct"] / 100
+    share = ffma / rec["inst"]
+    return {"issue_busy": busy, "ffma_share": share, "per_ffma": rec["inst"] / ffma,
+            "predicted_peak_fraction": busy * share, "tflops": rec["tflops"],
+            "warps_per_scheduler": rec["warps_per_scheduler"],
+            "stalls": dict(sorted(((k[6:], v) for k, v in rec.items()  # "selected" is 1 by definition
+                                   if k.startswith("stall_") and k != "stall_selected"), key=lambda kv: -kv[1]))}
+
+
+_KIND_COLORS = {"FFMA": "#2ca02c", "FADD/FMUL": "#98df8a", "IMAD (index math)": "#ff7f0e",
+                "ALU: integer/compare/max": "#ffbb78", "shared memory": "#1f77b4", "global memory": "#aec7e8",
+                "MUFU: exp2/convert": "#9467bd", "uniform/branch/barrier": "#8c564b", "other (moves etc.)": "#c7c7c7"}
+
+
+def plot_issue_profile(profile: dict, peak_tflops=None, ax=None):
+    """Left: instructions issued per FFMA, by kind, for each profiled kernel. Right: issue slots busy and
+    FFMA share, whose product predicts the fraction of the FP32 peak (with `peak_tflops`, the measured
+    TFLOP/s / peak is drawn beside it)."""
+    from ._base import subplots
+
+    names = [n for n in ("shared", "register") if n in profile] + \
+        [n for n in profile if n not in ("shared", "register")]
+    if ax is None:
+        fig, (left, right) = subplots(1, 2, width=12, height=0.9 * len(names) + 2.6,
+                                      gridspec_kw={"width_ratios": [1.5, 1]})
+    else:
+        fig, left, right = ax[0].figure, ax[0], ax[1]
+    y = np.arange(len(names))[::-1]
+    for yi, n in zip(y, names):
+        rec, start = profile[n], 0.0
+        for kind, color in _KIND_COLORS.items():
+            w = rec.get("kind:" + kind, 0.0) / rec["kind:FFMA"]
+            left.barh(yi, w, left=start, color=color, edgecolor="white", lw=0.5,
+                      label=kind if yi == y[0] else None)
+            start += w
+        left.text(start, yi, f" {start:.2f}", va="center", fontsize=8)
+    left.set_yticks(y, [f"{n}\n{profile[n]['tflops']:.1f} TFLOP/s" for n in names])
+    left.set_xlabel("warp instructions issued per FFMA")
+    left.set_xlim(0, 1.2 * max(profile[n]["inst"] / profile[n]["kind:FFMA"] for n in names))
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)
+    left.set_title("What the schedulers issue (FFMA is the useful work)", fontsize=9)
+
+    h = 0.25
+    for yi, n in zip(y, names):
+        s = issue_summary(profile[n])
+        bars = [("issue slots busy", s["issue_busy"], "#7f7f7f"), ("FFMA share", s["ffma_share"], "#2ca02c"),
+                ("busy x share", s["predicted_peak_fraction"], "#1f77b4")]
+        if peak_tflops:
+            bars.append(("measured / peak", s["tflops"] / peak_tflops, "#d62728"))
+        for i, (label, value, color) in enumerate(bars):
+            yy = yi + h * (len(bars) / 2 - i - 0.5) * 0.8
+            right.barh(yy, value, height=h * 0.75, color=color, label=label if yi == y[0] else None)
+            right.text(value, yy, f" {value:.0%}", va="center", fontsize=7)
+    right.set_yticks(y, names)
+    right.set_xlim(0, 1.15)
+    right.set_xlabel("fraction")
+    right.legend(fontsize=7, loc="lower right")
+    gpu = next(iter(profile.values()))["gpu"]
+    right.set_title(f"Fraction of the FP32 peak ({gpu})", fontsize=9)
+    fig.tight_layout()
     return fig
