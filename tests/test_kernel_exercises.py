@@ -42,6 +42,7 @@ KERNEL_EXERCISES = {  # exercise -> (source stem, function name)
     "in_registers": ("09_register_fa2", "in_registers"),
     "tile_fits": ("10_tuning", "tile_fits"),
     "median_time": ("10_tuning", "median_time"),
+    "predicted_tflops": ("10_tuning", "predicted_tflops"),
 }
 
 # exercise -> [(what the learner got wrong, [(old, new), ...], needs the simulator's race check)]
@@ -109,6 +110,13 @@ MUTANTS = {
         ("warm-up timed too", [("    for _ in range(warmup):\n        fn()\n", "    reps = reps + warmup\n")], False),
         ("no warm-up", [("    for _ in range(warmup):\n        fn()\n", "")], False),
         ("the minimum", [("return statistics.median(samples)", "return min(samples)")], False),
+    ],
+    "predicted_tflops": [
+        ("FLOPs per FFMA forgotten", [("sms * 4 * 32 * 2 * clock_ghz", "sms * 4 * 32 * clock_ghz")], False),
+        ("percentage used as a fraction", [("(issue_busy_pct / 100)", "issue_busy_pct")], False),
+        ("one scheduler per SM", [("sms * 4 * 32 * 2", "sms * 32 * 2")], False),
+        ("share of non-FFMA instructions", [("(ffma / issued)", "(1 - ffma / issued)")], False),
+        ("busy fraction left out", [("* (issue_busy_pct / 100) ", "")], False),
     ],
 }
 

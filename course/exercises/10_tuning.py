@@ -1,9 +1,10 @@
 # %% [markdown]
 # # Exercises 10: budgets and benchmarks
 #
-# Goes with lesson [10 tuning and benchmarking](../notebooks/10_tuning.ipynb). Two tools a kernel tuner
-# needs: a quick test of whether a tile shape fits the GPU's budgets at all, and a timing function that
-# measures the kernel rather than the compiler or a hiccup of the machine.
+# Goes with lesson [10 tuning and benchmarking](../notebooks/10_tuning.ipynb). Three tools a kernel tuner
+# needs: a quick test of whether a tile shape fits the GPU's budgets at all, a timing function that
+# measures the kernel rather than the compiler or a hiccup of the machine, and the arithmetic that turns
+# a profile of issue slots into the speed it predicts.
 
 # %%
 import statistics
@@ -85,3 +86,33 @@ print(f"{median_time(lambda: np.linalg.inv(np.eye(64)), time.perf_counter) * 1e6
 
 # %%
 flashlab.check("median_time", median_time)
+
+# %% [markdown]
+# ## 3. From an issue profile to TFLOP/s
+#
+# Lesson 10's "Inside the SM" section: each SM has 4 schedulers, each issues at most one warp instruction
+# per cycle, and an FFMA instruction does a multiply-add (2 FLOPs) on each of a warp's 32 threads. A
+# profiler reports, for one launch, `ffma` FFMA instructions out of `issued` warp instructions, and that
+# the schedulers issued on `issue_busy_pct` percent of the cycles. Write `predicted_tflops`: the TFLOP/s
+# of a kernel whose useful work is its FFMAs, on a GPU with `sms` SMs running at `clock_ghz` GHz.
+# (With the H100's 132 SMs at 1.98 GHz, 100% busy and only FFMAs, you get its FP32 peak, about 67.)
+
+# %%
+def predicted_tflops(ffma, issued, issue_busy_pct, sms, clock_ghz):
+    """Predicted TFLOP/s = FP32 peak x (fraction of cycles issuing) x (FFMA share of the issued)."""
+    ### BEGIN SOLUTION
+    peak = sms * 4 * 32 * 2 * clock_ghz * 1e9  # FLOP/s: schedulers x lanes x FLOPs per FFMA x cycles/s
+    return peak * (issue_busy_pct / 100) * (ffma / issued) / 1e12
+    ### END SOLUTION
+
+
+# %%
+from flashlab.viz import gpu as gviz  # noqa: E402
+
+profile = gviz.load_issue_profile().get("register")
+if profile:  # the register kernel, profiled on an H100 (flashlab/data/issue_profile.csv)
+    guess = predicted_tflops(profile["kind:FFMA"], profile["inst"], profile["issue_active_pct"], 132, 1.98)
+    print(f"predicted {guess:.1f} TFLOP/s; measured {profile['tflops']:.1f} under the profiler")
+
+# %%
+flashlab.check("predicted_tflops", predicted_tflops)

@@ -189,4 +189,5 @@ gviz.plot_vs_torch(results, N=N, d=d, source=f"from {source}");
 #   absolute numbers move from run to run.
 #
 # **Exercises:** [10_tuning](../exercises/10_tuning.ipynb): decide whether a tile fits the shared-memory
-# and register budgets, and write a timing function that a compile or a hiccup cannot fool.
+# and register budgets, write a timing function that a compile or a hiccup cannot fool, and turn an
+# issue-slot profile into the TFLOP/s it predicts.

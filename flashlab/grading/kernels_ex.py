@@ -562,3 +562,38 @@ def check_median_time(t, fn):
         if gpu.calls != warmup + reps:
             raise t.fail(f"fn() was called {gpu.calls} times; expected warmup + reps = {warmup + reps}")
         t.scalar(out, float(np.median(durations[warmup:])), "the median time", tol=1e-9)
+
+
+def predicted_tflops_reference(ffma, issued, issue_busy_pct, sms, clock_ghz):
+    return sms * 4 * 32 * 2 * clock_ghz * 1e9 * (issue_busy_pct / 100) * (ffma / issued) / 1e12
+
+
+_TFLOPS_SLIPS = [(0.5, "each FFMA is 2 FLOPs (a multiply and an add) per thread"),
+                 (100.0, "issue_busy_pct is a percentage: divide it by 100"),
+                 (0.25, "each SM has 4 schedulers, each issuing one instruction per cycle"),
+                 (1e3, "the answer is in TFLOP/s (1e12 FLOP/s); clock_ghz is in GHz (1e9 cycles/s)"),
+                 (1e-3, "the answer is in TFLOP/s (1e12 FLOP/s); clock_ghz is in GHz (1e9 cycles/s)")]
+
+
+@exercise("predicted_tflops", lesson=L10,
+          hint="peak FLOP/s = sms * 4 schedulers * 32 threads * 2 FLOPs * clock_ghz * 1e9; multiply by "
+               "issue_busy_pct / 100 and by ffma / issued, then divide by 1e12.")
+def check_predicted_tflops(t, fn):
+    cases = [("the H100 at its FP32 peak", 1e9, 1e9, 100.0, 132, 1.98),
+             ("flashlab's register kernel on an H100", 1.0758e9, 1.8687e9, 75.63, 132, 1.98),
+             ("the textbook kernel on an H100", 1.0821e9, 3.1721e9, 49.16, 132, 1.98),
+             ("a T4 (40 SMs, 1.59 GHz), half busy", 3e8, 5e8, 50.0, 40, 1.59)]
+    for _ in range(4):
+        issued = float(t.rng.uniform(1e8, 1e10))
+        cases.append(("random profile", float(issued * t.rng.uniform(0.1, 1.0)), issued,
+                      float(t.rng.uniform(5, 100)), int(t.rng.integers(10, 200)), float(t.rng.uniform(0.8, 2.5))))
+    for label, ffma, issued, busy, sms, ghz in cases:
+        t.case(label, ffma=ffma, issued=issued, issue_busy_pct=busy, sms=sms, clock_ghz=ghz)
+        out = t.call(ffma, issued, busy, sms, ghz)
+        want = predicted_tflops_reference(ffma, issued, busy, sms, ghz)
+        if isinstance(out, (int, float, np.integer, np.floating)) and not isinstance(out, (bool, np.bool_)) \
+                and want and np.isfinite(float(out)):
+            for ratio, why in _TFLOPS_SLIPS:
+                if abs(float(out) / want - ratio) < 1e-6 * ratio:
+                    raise t.fail(f"you returned {float(out):.4g}, {ratio:g} times the answer {want:.4g}: {why}")
+        t.scalar(out, want, "the predicted TFLOP/s", tol=1e-9)
