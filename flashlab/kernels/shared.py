@@ -3,9 +3,10 @@
 One thread per query row: a block of block_q threads owns block_q rows of one (batch, head). The block
 walks over the keys in tiles of block_k rows of K and V, copied cooperatively into shared memory; each
 thread keeps its row of Q, its row of O and its m, l in registers and runs the online softmax one key
-at a time. It is correct and simple, and slow: every multiply-add needs one shared-memory read (all
-threads read the same K and V element, a broadcast), and each thread does all d multiply-adds of
-its row alone. Lesson 09's register variant fixes both.
+at a time. It is correct and simple, and slow (lessons 08 and 10 profile it): each thread does all d
+multiply-adds of its row alone, as a dependent chain, with few other warps to hide the waits; it rescales
+its row of O after every key; and every multiply-add needs a float from shared memory (all threads read
+the same K and V element, a broadcast). Lesson 09's register variant fixes all three.
 """
 from __future__ import annotations
 
