@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ._base import explore, own_axes
+from ._base import explore, own_axes, subplots
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SWEEP_CSV = Path(__file__).resolve().parent.parent / "data" / "tile_sweep.csv"
@@ -384,7 +384,8 @@ def issue_summary(rec: dict) -> dict:
                                    if k.startswith("stall_") and k != "stall_selected"), key=lambda kv: -kv[1]))}
 
 
-_KIND_COLORS = {"FFMA": "#2ca02c", "FADD/FMUL": "#98df8a", "IMAD (index math)": "#ff7f0e",
+_KIND_COLORS = {  # the kinds benchmarks/profile_issue.py writes
+    "FFMA": "#2ca02c", "FADD/FMUL": "#98df8a", "IMAD (index math)": "#ff7f0e",
                 "ALU: integer/compare/max": "#ffbb78", "shared memory": "#1f77b4", "global memory": "#aec7e8",
                 "MUFU: exp2/convert": "#9467bd", "uniform/branch/barrier": "#8c564b", "other (moves etc.)": "#c7c7c7"}
 
@@ -393,8 +394,6 @@ def plot_issue_profile(profile: dict, peak_tflops=None, ax=None):
     """Left: instructions issued per FFMA, by kind, for each profiled kernel. Right: issue slots busy and
     FFMA share, whose product predicts the fraction of the FP32 peak (with `peak_tflops`, the measured
     TFLOP/s / peak is drawn beside it)."""
-    from ._base import subplots
-
     names = [n for n in ("shared", "register") if n in profile] + \
         [n for n in profile if n not in ("shared", "register")]
     if ax is None:
@@ -405,9 +404,9 @@ def plot_issue_profile(profile: dict, peak_tflops=None, ax=None):
     y = np.arange(len(names))[::-1]
     for yi, n in zip(y, names):
         rec, start = profile[n], 0.0
-        for kind, color in _KIND_COLORS.items():
-            w = rec.get("kind:" + kind, 0.0) / rec["kind:FFMA"]
-            left.barh(yi, w, left=start, color=color, edgecolor="white", lw=0.5,
+        for kind in (k[5:] for k in rec if k.startswith("kind:")):  # in the order the profiler wrote them
+            w = rec["kind:" + kind] / rec["kind:FFMA"]
+            left.barh(yi, w, left=start, color=_KIND_COLORS.get(kind, "#7f7f7f"), edgecolor="white", lw=0.5,
                       label=kind if yi == y[0] else None)
             start += w
         left.text(start, yi, f" {start:.2f}", va="center", fontsize=8)
