@@ -18,6 +18,7 @@ import argparse
 import csv
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,9 @@ def main():
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--out", default=str(ROOT / "flashlab" / "data" / "issue_profile.csv"))
     a = ap.parse_args()
+    if shutil.which("ncu") is None:
+        sys.exit("ncu (Nsight Compute) is not on PATH: install the CUDA toolkit's Nsight Compute, or add its "
+                 "folder to PATH (often /usr/local/cuda/bin)")
     sys.path.insert(0, str(ROOT))
     from flashlab.device import device_limits
 

@@ -119,6 +119,16 @@ def test_register_build_options_compute_the_same(rng, options):
     assert fl.relative_error(o.copy_to_host(), ro) < 1e-5 and fl.relative_error(lse.copy_to_host(), rl) < 1e-5
 
 
+@pytest.mark.parametrize("options, word", [({"unroll": 0}, "unroll"), ({"unroll": 2.5}, "unroll"),
+                                           ({"max_registers": 8}, "max_registers"),
+                                           ({"max_registers": 300}, "max_registers")])
+def test_register_build_options_are_checked(options, word):
+    from flashlab.kernels import register
+
+    with pytest.raises(ValueError, match=word):
+        register.build(16, Tile(8, 8, 2, 4), False, **options)
+
+
 def test_d32_and_batch_and_scale(rng):
     q, k, v = rand_qkv(rng, 2, 1, 9, 12, 32, np.float32)
     o, lse = flash_attention(q, k, v, scale=0.3, tile=Tile(8, 8, 2, 4))

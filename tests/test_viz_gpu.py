@@ -111,6 +111,8 @@ def test_issue_summary_is_busy_times_ffma_share(tmp_path):
     assert list(s["stalls"]) == ["barrier", "wait"]  # largest first; "selected" is not a stall
     assert profile["register"]["gpu"] == "Fake GPU" and profile["register"]["N"] == 4096
     assert gviz.load_issue_profile(tmp_path / "missing.csv") == {}
+    with pytest.raises(ValueError, match="profile_issue.py"):
+        gviz.plot_issue_profile({})
 
 
 def test_recorded_issue_profile_is_consistent():

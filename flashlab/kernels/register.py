@@ -128,6 +128,12 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     unroll: steps of the two product loops per loop iteration (4 measured best; deeper unrolling adds
     registers, benchmarks/register_experiments.py); max_registers: a cap for the compiler (None: its own
     choice; a low cap spills)."""
+    if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
+        raise ValueError(f"unroll must be a positive integer (steps per loop iteration); got {unroll!r}")
+    if max_registers is not None and (isinstance(max_registers, bool) or not isinstance(max_registers, int)
+                                      or not 16 <= max_registers <= 255):
+        raise ValueError(f"max_registers must be None or an integer from 16 to 255 (a thread's limit); "
+                         f"got {max_registers!r}")
     BR, BC, TR, TC = tile.block_q, tile.block_k, tile.tr, tile.tc
     RM, RN, RD = tile.micro(d)  # ints: local array shapes must be signed constants
     VM, VN, VD = _vec(RM), _vec(RN), _vec(RD)
@@ -152,7 +158,7 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     ALIGN = None if config.ENABLE_CUDASIM else 16  # the simulator has no aligned shared arrays
     CAUSAL = causal
 
-    options = {"max_registers": max_registers} if max_registers and not config.ENABLE_CUDASIM else {}
+    options = {"max_registers": max_registers} if max_registers is not None and not config.ENABLE_CUDASIM else {}
 
     @cuda.jit(fastmath=FASTMATH, **options)
     def flash_fwd_register(q, k, v, o, lse, n_q, n_k, n_heads, scale_log2):

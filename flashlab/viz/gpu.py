@@ -394,6 +394,9 @@ def plot_issue_profile(profile: dict, peak_tflops=None, ax=None):
     """Left: instructions issued per FFMA, by kind, for each profiled kernel. Right: issue slots busy and
     FFMA share, whose product predicts the fraction of the FP32 peak (with `peak_tflops`, the measured
     TFLOP/s / peak is drawn beside it)."""
+    if not profile:
+        raise ValueError("profile is empty: pass load_issue_profile()'s result after running "
+                         "benchmarks/profile_issue.py (it needs Nsight Compute, ncu)")
     names = [n for n in ("shared", "register") if n in profile] + \
         [n for n in profile if n not in ("shared", "register")]
     if ax is None:
