@@ -103,6 +103,14 @@ def has_gpu() -> bool:
     return _choose() == "gpu"
 
 
+def kernel_size(full, fast):
+    """A size for a kernel launch in a lesson: `full` on a real GPU (unless FLASHLAB_FAST is set), `fast`
+    in the CUDA simulator, which runs each thread in Python and would take hours at the GPU's sizes."""
+    from .config import size
+
+    return size(full, fast) if has_gpu() else fast
+
+
 def get_cuda():
     """The `numba.cuda` module, imported after the backend is chosen. Raises with the fix if unusable."""
     _choose()

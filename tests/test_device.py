@@ -114,3 +114,15 @@ def test_gpu_timing_excludes_warmup_and_is_positive():
     t = bench.time_cuda(lambda: add_one[(1 << 20) // 256, 256](x), warmup=2, reps=20)
     assert len(t["samples_ms"]) == 20 and 0 < t["min_ms"] <= t["median_ms"] <= t["max_ms"]
     assert t["median_ms"] < 50  # the first (compiling) call took far longer and was not timed
+
+
+def test_kernel_size_is_small_in_the_simulator_and_full_on_a_gpu(monkeypatch):
+    monkeypatch.delenv("FLASHLAB_FAST", raising=False)
+    assert device.kernel_size(1000, 16) == (1000 if device.has_gpu() else 16)
+    monkeypatch.setattr(device, "has_gpu", lambda: True)
+    assert device.kernel_size(1000, 16) == 1000
+    monkeypatch.setenv("FLASHLAB_FAST", "1")
+    assert device.kernel_size(1000, 16) == 16  # the fast mode wins on a GPU too
+    monkeypatch.setattr(device, "has_gpu", lambda: False)
+    monkeypatch.delenv("FLASHLAB_FAST")
+    assert device.kernel_size(1000, 16) == 16

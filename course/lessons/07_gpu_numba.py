@@ -54,7 +54,7 @@ def add(x, y, out):
         out[i] = x[i] + y[i]
 
 
-n, tpb = (flashlab.size(1_000_000, 100) if ON_GPU else 100), 32  # the simulator costs ~0.1 ms per thread
+n, tpb = device.kernel_size(1_000_000, 100), 32  # the simulator costs ~0.1 ms per thread
 x, y = np.arange(n, dtype=np.float32), np.ones(n, np.float32)
 x_d, y_d = cuda.to_device(x), cuda.to_device(y)  # copy to GPU memory once
 out_d = cuda.device_array(n, np.float32)

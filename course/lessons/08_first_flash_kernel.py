@@ -54,12 +54,11 @@ gviz.plot_shared_kernel_map(nq=32, nk=48, block_q=8, block_k=16, current_tile=1)
 # causal block cannot see; otherwise it is this.) It is correct for any N, causal or not:
 
 # %%
-B, H, d = 1, 2, flashlab.size(64, 16)
-for nq, nk, causal in [(flashlab.size(1000, 37), flashlab.size(1000, 21), False),
-                       (flashlab.size(777, 30), flashlab.size(1000, 30), True)]:
+size = device.kernel_size  # GPU sizes on a GPU; small ones in the simulator (it runs threads in Python)
+B, H, d = 1, 2, size(64, 16)
+for nq, nk, causal in [(size(1000, 37), size(1000, 21), False), (size(777, 30), size(1000, 30), True)]:
     q, k, v = (rng.standard_normal((B, H, n, d)).astype(np.float32) for n in (nq, nk, nk))
-    o, lse = flash_attention(q, k, v, causal=causal, variant="shared", block_q=flashlab.size(64, 16),
-                             block_k=flashlab.size(32, 8))
+    o, lse = flash_attention(q, k, v, causal=causal, variant="shared", block_q=size(64, 16), block_k=size(32, 8))
     o_ref, lse_ref = reference_attention(q, k, v, causal=causal)
     print(f"Nq={nq:4d} Nk={nk:4d} causal={causal!s:5}: O error {relative_error(o, o_ref):.1e}, "
           f"lse error {relative_error(lse, lse_ref):.1e}")

@@ -68,7 +68,7 @@ def sums_dynamic(x, w, out, r):
             out[i, j] = acc[j]
 
 
-n_steps, threads = flashlab.size(4096, 8), flashlab.size(65536, 32)
+n_steps, threads = device.kernel_size(4096, 8), device.kernel_size(65536, 32)  # small in the simulator
 x, w = cuda.to_device(rng.standard_normal(n_steps).astype(np.float32)), cuda.to_device(np.ones(R, np.float32))
 outs = {name: cuda.device_array((threads, R), np.float32) for name in ("unrolled", "dynamic")}
 sums_unrolled[threads // 32, 32](x, w, outs["unrolled"])
@@ -134,8 +134,8 @@ gviz.plot_reads_per_fma();
 # It gives the same answers as the textbook kernel:
 
 # %%
-B, H, d = 1, 2, flashlab.size(64, 16)
-nq, nk = flashlab.size(1000, 19), flashlab.size(1000, 24)
+B, H, d = 1, 2, device.kernel_size(64, 16)
+nq, nk = device.kernel_size(1000, 19), device.kernel_size(1000, 24)
 q, k, v = (rng.standard_normal((B, H, n, d)).astype(np.float32) for n in (nq, nk, nk))
 tile = None if ON_GPU else Tile(16, 8, 4, 4)  # a tiny tile keeps the simulated launch short
 for causal in (False, True):
