@@ -198,3 +198,21 @@ def test_cli_grades_a_folder_of_submissions(tmp_path):
 def test_cli_reports_a_missing_path():
     res = _grade("no/such/folder")
     assert res.returncode == 2 and "no/such/folder" in res.stderr
+
+
+def test_one_grading_module_per_lesson_named_like_the_lesson():
+    """flashlab/grading holds the machinery plus one module per lesson, l<lesson stem>.py, and every
+    exercise registered there names that module's lesson."""
+    import pkgutil
+
+    import flashlab.grading as grading
+
+    lessons = {p.stem for p in (ROOT / "course" / "lessons").glob("[0-9][0-9]_*.py")}
+    machinery = {"core", "attention", "cli", "notebook", "simcheck"}
+    modules = {m.name for m in pkgutil.iter_modules(grading.__path__)} - machinery
+    assert modules, "no lesson modules found"
+    for name in modules:
+        assert name.startswith("l") and name[1:] in lessons, f"grading/{name}.py is not named l<lesson stem>"
+    for ex in EXERCISES.values():
+        module = ex.run.__module__.rsplit(".", 1)[-1]
+        assert module == "l" + ex.lesson, f"exercise {ex.name} (lesson {ex.lesson}) lives in {module}.py"

@@ -162,7 +162,7 @@ def test_mutant_is_rejected(name, label, edits, sim_only):
 def test_racecheck_names_the_race():
     from numba import float32
 
-    from flashlab.grading.kernels_ex import racecheck
+    from flashlab.grading.simcheck import racecheck
     from flashlab.device import get_cuda
 
     if not SIM:
@@ -183,7 +183,7 @@ def test_racecheck_names_the_race():
 
 
 def test_tile_fits_model_matches_the_kernel():
-    from flashlab.grading.kernels_ex import shared_bytes
+    from flashlab.grading.l10_tuning import shared_bytes
     from flashlab.kernels.register import Tile
 
     for d, bq, bk, tr, tc in [(64, 64, 32, 16, 8), (128, 32, 16, 8, 8), (16, 16, 64, 4, 8), (32, 128, 16, 32, 4)]:

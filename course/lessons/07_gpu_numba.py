@@ -21,7 +21,7 @@ from numba import float32
 
 import flashlab
 from flashlab import device
-from flashlab.grading.kernels_ex import racecheck
+from flashlab.grading.simcheck import racecheck
 from flashlab.viz import gpu as gviz
 
 cuda = device.get_cuda()  # numba.cuda, after flashlab picked the GPU or the simulator

@@ -9,7 +9,7 @@ import pkgutil
 
 from .core import EXERCISES, RESULTS, Result, check, exercise, tolerance
 
-_MACHINERY = {"core", "attention", "cli", "notebook"}
+_MACHINERY = {"core", "attention", "cli", "notebook", "simcheck"}
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in _MACHINERY:
         importlib.import_module(f".{_module.name}", __name__)

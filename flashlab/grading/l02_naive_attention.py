@@ -1,7 +1,6 @@
 """Lesson 02, naive attention: the three steps, and the HBM traffic they cause."""
 from __future__ import annotations
 
-import numpy as np
 
 from ..iomodel import formula_traffic
 from ..reference import reference_attention
