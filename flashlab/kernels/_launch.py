@@ -52,6 +52,56 @@ def to_device(x, name: str):
     return cuda.to_device(arr), "numpy"
 
 
+def to_device_words(x, name: str):
+    """(device array, kind, dtype name) for the tensor kernel, which reads 32-bit words: float32 arrays as they
+    are, float16 / bfloat16 ones as uint32 words holding two values of the last axis (a view, no copy).
+    torch CUDA tensors of all three dtypes; NumPy and numba arrays of float16 and float32."""
+    if _is_torch(x):
+        import torch
+
+        if not x.is_cuda:
+            raise TypeError(f"{name} is a torch tensor on the CPU; pass {name}.cuda()")
+        dtype = str(x.dtype).replace("torch.", "")
+        if dtype in ("float16", "bfloat16"):
+            _check_pairs(name, tuple(x.shape), x.stride(-1) if x.dim() else 1)
+            return get_cuda().as_cuda_array(x.detach().view(torch.int32)).view(np.uint32), "torch", dtype
+        if dtype != "float32":
+            raise TypeError(f"{name} has dtype {x.dtype}; the tensor kernel takes torch.float16, torch.bfloat16 "
+                            "or torch.float32")
+    dev, kind = to_device(x, name)
+    dtype = np.dtype(dev.dtype).name
+    if dtype == "float16":
+        _check_pairs(name, tuple(dev.shape), dev.strides[-1] // 2 if len(dev.shape) else 1)
+        return dev.view(np.uint32), kind, dtype
+    return dev, kind, dtype  # float32, or a dtype the checks reject with a clear message
+
+
+def _check_pairs(name, shape, last_stride):
+    if len(shape) != 4:
+        raise ValueError(f"{name} must have 4 dims (B, H, N, d); got shape {shape}")
+    if shape[-1] % 2 or last_stride != 1:
+        raise ValueError(f"{name}: the tensor kernel reads 16-bit values in pairs along d, so d must be even and "
+                         f"{name}'s last dim contiguous; got shape {shape} with last-dim stride {last_stride}")
+
+
+def empty_words(shape, dtype: str, kind: str, like=None):
+    """(output, its 32-bit words for the kernel): an uninitialised output of `dtype` in the caller's kind of
+    memory, and the same memory as uint32 pairs (16-bit dtypes) or as is (float32)."""
+    cuda = get_cuda()
+    if kind == "torch":
+        import torch
+
+        t = torch.empty(tuple(shape), dtype=getattr(torch, dtype), device=like.device)
+        out = cuda.as_cuda_array(t if dtype == "float32" else t.view(torch.int32))
+        words = out if dtype == "float32" else out.view(np.uint32)
+        out._flashlab_tensor = t
+        return out, words
+    if dtype == "bfloat16":
+        raise TypeError("bfloat16 outputs need torch tensors (NumPy has no bfloat16)")
+    out = cuda.device_array(tuple(shape), dtype=np.dtype(dtype))
+    return out, (out if dtype == "float32" else out.view(np.uint32))
+
+
 def _is_device_array(cuda, x) -> bool:
     from numba import config
 
@@ -114,13 +164,18 @@ def _check_4d_dtype(arrays):
                             f"(convert with {name}.astype(np.float32))")
 
 
-def check_kernel_inputs(q, k, v, *, causal=False, scale=None):
+def check_kernel_inputs(q, k, v, *, causal=False, scale=None, words=False):
     """Validate device arrays q, k, v (B, H, N, d); returns (B, H, Nq, Nk, d, causal, scale).
 
     Same messages as the NumPy API (flashlab._inputs), plus: exactly 4 dims, float16/float32,
-    v's d equal to q's, d in SUPPORTED_D.
+    v's d equal to q's, d in SUPPORTED_D. words=True: the arrays are the tensor kernel's uint32 pairs of
+    16-bit values (their dtype was checked already), so d is twice their last dim.
     """
-    shells = [(n, shell(a, n)) for n, a in (("q", q), ("k", k), ("v", v))]
+    if words:
+        shapes = {n: tuple(int(x) for x in a.shape) for n, a in (("q", q), ("k", k), ("v", v))}
+        shells = [(n, np.broadcast_to(np.zeros((), np.float16), s[:-1] + (2 * s[-1],))) for n, s in shapes.items()]
+    else:
+        shells = [(n, shell(a, n)) for n, a in (("q", q), ("k", k), ("v", v))]
     qs, ks, vs, causal, scale = check_attention_inputs(*(s for _, s in shells), causal=causal, scale=scale)
     _check_4d_dtype(shells)
     if vs.shape[-1] != qs.shape[-1]:

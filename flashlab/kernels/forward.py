@@ -7,14 +7,19 @@ from .._inputs import check_block
 from ..device import device_limits
 from ._launch import check_kernel_inputs, empty, like_input, to_device
 
-VARIANTS = ("shared", "register")
+VARIANTS = ("shared", "register", "tensor")
 
 
-def resolve_config(variant: str, d: int, block_q=None, block_k=None):
-    """The launch configuration a call would use: a register.Tile, or (block_q, block_k) for "shared"."""
+def resolve_config(variant: str, d: int, block_q=None, block_k=None, precision=None):
+    """The launch configuration a call would use: a register.Tile, a tensor.TensorTile, or (block_q, block_k)
+    for "shared"."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
     block_q, block_k = check_block(block_q, "block_q"), check_block(block_k, "block_k")
+    if variant == "tensor":
+        from .tensor import choose_tile as choose_tensor_tile
+
+        return choose_tensor_tile(d, precision or "f16", block_q, block_k)
     limits = device_limits()
     limit = limits["shared_per_block"]
     if variant == "register":
@@ -29,18 +34,30 @@ def resolve_config(variant: str, d: int, block_q=None, block_k=None):
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", block_q=None, block_k=None,
-                    tile=None):
+                    tile=None, precision=None):
     """FlashAttention forward on the GPU (or the CUDA simulator). Returns (o, lse).
 
     q: (B, H, Nq, d), k and v: (B, H, Nk, d), float32 or float16, d in (16, 32, 64, 128); NumPy arrays,
     numba device arrays or torch CUDA tensors (no copies). o has q's dtype, lse is float32 (B, H, Nq);
     both come back as the kind of array q was. causal: query i sees keys j <= i (top-left aligned).
-    scale defaults to 1/sqrt(d). variant: "register" (fast) or "shared" (textbook).
+    scale defaults to 1/sqrt(d). variant: "register" (FP32 units), "shared" (textbook) or "tensor" (tensor
+    cores: float16, bfloat16 (torch tensors) and float32, see kernels/tensor.py; `precision` picks "3xtf32"
+    (default, fp32 accuracy) or "tf32" for float32 inputs, and "k8" builds float16 from the sm_75 mma shape).
     block_q / block_k override the tile shape; `tile` (a register.Tile) sets the register kernel's
     thread layout as well (used by the tile sweep).
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
+    if variant == "tensor":
+        from .tensor import forward
+
+        if tile is not None:
+            raise ValueError("tile= configures the register kernel; for variant='tensor' use block_q / block_k")
+        block_q, block_k = check_block(block_q, "block_q"), check_block(block_k, "block_k")
+        return forward(q, k, v, causal=causal, scale=scale, block_q=block_q, block_k=block_k, precision=precision)
+    if precision is not None:
+        raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r} with "
+                         f"variant={variant!r}")
     (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k, "k"), to_device(v, "v")
     B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale)
     config = tile.check(d, device_limits()["shared_per_block"]) if tile is not None else \

@@ -1,0 +1,310 @@
+"""Tensor cores from pure-Python Numba kernels: warp-level PTX instructions as device functions (lesson 15).
+
+numba-cuda has no tensor-core API, but a Numba `@intrinsic` can emit any PTX instruction as inline
+assembly. Each function below is one such instruction (or a short fixed sequence), callable from a
+`@cuda.jit` kernel like any device function:
+
+    d0, d1, d2, d3 = mma_f16_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   # sm_80+
+    d0, d1, d2, d3 = mma_bf16_m16n8k16(...)                                      # sm_80+
+    d0, d1, d2, d3 = mma_f16_m16n8k8(a0, a1, b0, c0, c1, c2, c3)                  # sm_75+ (Colab's T4)
+    d0, d1, d2, d3 = mma_f16_m16n8k8x2(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   # k16 as two k8, sm_75+
+    d0, d1, d2, d3 = mma_tf32_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   # sm_80+
+    r = pack_f16x2(lo, hi); r = pack_bf16x2(lo, hi)     # two fp32 -> one register of two 16-bit values
+    x = round_tf32(x)                                   # fp32 rounded to tf32 (cvt.rna), still an fp32
+    x = shfl_xor(x, mask)                               # the value held by lane (lane ^ mask)
+    r0, r1, r2, r3 = ldmatrix_x4(shared, i)             # four 8x8 16-bit matrices from shared memory
+    r0, r1, r2, r3 = ldmatrix_x4_trans(shared, i)       # the same, each transposed (for V in P @ V)
+
+All mma accumulate in fp32. a*/b* of the 16-bit forms are uint32 registers holding two values (the lower
+index in the low half, as `pack_*` make them); tf32 operands are float32 values (the hardware reads their
+top 19 bits). Which lane holds which element is the fragment layout of flashlab.fragments.
+
+Without a GPU, Numba's CUDA simulator runs kernels as Python, one OS thread per CUDA thread. There, each
+function here is an exact emulation of the warp-collective instruction: the 32 lanes of the warp meet,
+exchange their fragments, the product is computed once by flashlab.fragments.warp_mma, and each lane gets
+its own registers of the result. So the same kernel source runs, and is tested, on both.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from numba import config
+
+from .. import fragments as F
+from ..device import get_cuda
+
+get_cuda()  # choose the GPU or the simulator first: that choice decides which functions this module holds
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+# PTX of each mma: d = a @ b + c; ${n} are the operands in order (outputs first).
+_MMA = {
+    "f16_m16n8k16": ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};", 4, 2),
+    "bf16_m16n8k16": ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                      "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};", 4, 2),
+    "f16_m16n8k8": ("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+                    "{$0,$1,$2,$3}, {$4,$5}, {$6}, {$7,$8,$9,$10};", 2, 1),
+    "tf32_m16n8k8": ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                     "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};", 4, 2),
+    # m16n8k16 as two m16n8k8 (columns 0-7 of A with rows 0-7 of B, then 8-15): the k16 step on sm_75
+    "f16_m16n8k8x2": ("{ .reg .f32 x0, x1, x2, x3; "
+                      "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {x0,x1,x2,x3}, {$4,$5}, {$8}, {$10,$11,$12,$13}; "
+                      "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, {$6,$7}, {$9}, {x0,x1,x2,x3}; }",
+                      4, 2),
+}
+# (shape, operand dtype) of each, for the emulation
+_MODEL = {"f16_m16n8k16": ("m16n8k16", "float16"), "bf16_m16n8k16": ("m16n8k16", "bfloat16"),
+          "f16_m16n8k8": ("m16n8k8", "float16"), "tf32_m16n8k8": ("m16n8k8", "tf32")}
+# Minimum compute capability of each instruction (PTX ISA, "Warp-level matrix multiply-accumulate").
+MIN_CC = {"f16_m16n8k16": (8, 0), "bf16_m16n8k16": (8, 0), "f16_m16n8k8": (7, 5), "f16_m16n8k8x2": (7, 5),
+          "tf32_m16n8k8": (8, 0),
+          "pack_bf16x2": (8, 0), "round_tf32": (8, 0)}
+
+PACK_F16X2 = "{ .reg .b16 lo, hi; cvt.rn.f16.f32 lo, $1; cvt.rn.f16.f32 hi, $2; mov.b32 $0, {lo, hi}; }"
+PACK_BF16X2 = "cvt.rn.bf16x2.f32 $0, $2, $1;"  # the first source goes to the upper half
+ROUND_TF32 = "cvt.rna.tf32.f32 $0, $1;"
+# ldmatrix reads four 8x8 matrices of 16-bit values from shared memory; lane 8*i + r gives the address of
+# row r of matrix i (16 bytes, 16-byte aligned). The address must be in the shared window: cvta converts.
+_LDMATRIX = ("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, $4; cvt.u32.u64 s, a; "
+             "ldmatrix.sync.aligned.m8n8.x4%s.shared.b16 {$0,$1,$2,$3}, [s]; }")
+LDMATRIX_X4, LDMATRIX_X4_TRANS = _LDMATRIX % "", _LDMATRIX % ".trans"
+SHFL_XOR = "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;"  # all 32 lanes take part
+
+
+# ------------------------------------------------------------------------------------------- GPU
+def _gpu_functions():
+    from llvmlite import ir
+    from numba import types
+
+    try:
+        from numba.cuda.extending import intrinsic
+    except ImportError:  # older numba-cuda
+        from numba.core.extending import intrinsic
+
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+
+    def mma_codegen(ptx, n_in, tf32):
+        def codegen(context, builder, signature, llargs):
+            ins = [builder.bitcast(x, i32) if tf32 else x for x in llargs[:n_in]] + list(llargs[n_in:])
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * n_in + [f32] * 4)
+            cons = ",".join(["=f"] * 4 + ["r"] * n_in + ["f"] * 4)
+            res = builder.call(ir.InlineAsm(fnty, ptx, cons), ins)
+            return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in range(4)])
+        return codegen
+
+    def mma_intrinsic(ptx, n_a, n_b, tf32):
+        n_in = n_a + n_b
+        operand = types.float32 if tf32 else types.uint32
+        sig = types.UniTuple(types.float32, 4)(*([operand] * n_in + [types.float32] * 4))
+        if n_in == 6:  # A in 4 registers, B in 2 (m16n8k16, and tf32 m16n8k8)
+            def typer(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+                return sig, mma_codegen(ptx, n_in, tf32)
+        else:  # fp16 m16n8k8: A in 2 registers, B in 1
+            def typer(typingctx, a0, a1, b0, c0, c1, c2, c3):
+                return sig, mma_codegen(ptx, n_in, tf32)
+        return intrinsic(typer)
+
+    @intrinsic
+    def pack_f16x2(typingctx, lo, hi):
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(i32, [f32, f32])
+            return builder.call(ir.InlineAsm(fnty, PACK_F16X2, "=r,f,f"), args)
+        return types.uint32(types.float32, types.float32), codegen
+
+    @intrinsic
+    def pack_bf16x2(typingctx, lo, hi):
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(i32, [f32, f32])
+            return builder.call(ir.InlineAsm(fnty, PACK_BF16X2, "=r,f,f"), args)
+        return types.uint32(types.float32, types.float32), codegen
+
+    @intrinsic
+    def round_tf32(typingctx, x):
+        def codegen(context, builder, signature, args):
+            bits = builder.call(ir.InlineAsm(ir.FunctionType(i32, [f32]), ROUND_TF32, "=r,f", side_effect=True), args)
+            return builder.bitcast(bits, f32)
+        return types.float32(types.float32), codegen
+
+    @intrinsic
+    def shfl_xor(typingctx, value, mask):
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(f32, [f32, i32])
+            return builder.call(ir.InlineAsm(fnty, SHFL_XOR, "=f,f,r"), [args[0], args[1]])
+        return types.float32(types.float32, types.int32), codegen
+
+    def ldmatrix_intrinsic(ptx):
+        def typer(typingctx, array, index):
+            def codegen(context, builder, signature, args):
+                data = context.make_array(signature.args[0])(context, builder, args[0]).data
+                address = builder.ptrtoint(builder.gep(data, [args[1]]), ir.IntType(64))
+                fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)])
+                res = builder.call(ir.InlineAsm(fnty, ptx, "=r,=r,=r,=r,l", side_effect=True), [address])
+                return context.make_tuple(builder, signature.return_type,
+                                          [builder.extract_value(res, i) for i in range(4)])
+            return types.UniTuple(types.uint32, 4)(array, types.intp), codegen
+        return intrinsic(typer)
+
+    fns = {f"mma_{name}": mma_intrinsic(ptx, n_a, n_b, name.startswith("tf32"))
+           for name, (ptx, n_a, n_b) in _MMA.items()}
+    fns.update(pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, round_tf32=round_tf32, shfl_xor=shfl_xor,
+               ldmatrix_x4=ldmatrix_intrinsic(LDMATRIX_X4), ldmatrix_x4_trans=ldmatrix_intrinsic(LDMATRIX_X4_TRANS))
+    return fns
+
+
+# ------------------------------------------------------------------------------------- simulator
+WAIT_LIMIT = 60.0  # seconds a lane waits for the rest of its warp before the emulation reports a hang
+
+
+class WarpDivergence(RuntimeError):
+    """Lanes of one warp did not all reach the same warp-collective instruction."""
+
+
+class _Warp:
+    """The meeting point of one warp's lanes in the simulator: each collective call deposits a value; the
+    last lane to arrive computes every lane's result once; all lanes leave with their own."""
+
+    def __init__(self, n_lanes: int, warp: int):
+        self.n, self.warp = n_lanes, warp
+        self.cond = threading.Condition()
+        self.slots = [None] * n_lanes
+        self.count = self.gen = 0
+        self.result = None
+
+    def _lanes_gone(self, me) -> bool:
+        """True when a thread of this warp has finished its kernel: it can never arrive."""
+        mine = [t for t in threading.enumerate()
+                if getattr(t, "_manager", None) is me._manager and int(t.thread_id) // 32 == self.warp]
+        return len(mine) < self.n or not all(t.is_alive() for t in mine)
+
+    def collective(self, lane, op, value, combine):
+        me = threading.current_thread()
+        with self.cond:
+            self.slots[lane] = (op, value)
+            self.count += 1
+            gen = self.gen
+            if self.count == self.n:
+                ops = {s[0] for s in self.slots}
+                try:
+                    if len(ops) > 1:
+                        raise WarpDivergence(f"lanes of warp {self.warp} reached different warp instructions "
+                                             f"at once ({', '.join(sorted(ops))}): every lane must run the same ones")
+                    self.result = combine([s[1] for s in self.slots])
+                except Exception as exc:  # every lane reports it, not only the one that computed
+                    self.result = exc
+                self.count, self.gen = 0, self.gen + 1
+                self.cond.notify_all()
+            else:
+                start = time.monotonic()
+                while self.gen == gen:
+                    self.cond.wait(0.05)
+                    if getattr(me, "abort", False):
+                        raise RuntimeError("another thread of this block failed")
+                    waited = time.monotonic() - start
+                    if self.gen == gen and (waited > WAIT_LIMIT or (waited > 0.5 and self._lanes_gone(me))):
+                        raise WarpDivergence(
+                            f"{op}: lane {lane} of warp {self.warp} waited for the other lanes, but only "
+                            f"{self.count} of {self.n} arrived. A warp instruction must be executed by all 32 lanes "
+                            "together: no lane may return early or skip it inside an `if`.")
+            if isinstance(self.result, Exception):
+                raise type(self.result)(str(self.result))
+            return self.result[lane]
+
+
+def _lane_and_warp(op):
+    me = threading.current_thread()
+    manager = getattr(me, "_manager", None)
+    if manager is None:
+        raise RuntimeError(f"{op} is a warp instruction: call it inside a kernel launched on the simulator")
+    threads = int(np.prod(manager._block_dim))
+    w, lane = divmod(int(me.thread_id), 32)
+    n = min(32, threads - 32 * w)
+    if n < 32 and op.startswith("mma"):
+        raise WarpDivergence(f"{op} needs a full warp of 32 lanes; warp {w} of this block has {n} threads "
+                             "(use a multiple of 32 threads per block)")
+    warps = manager.__dict__.setdefault("_flashlab_warps", {})
+    warp = warps.get(w) or warps.setdefault(w, _Warp(n, w))
+    return lane, warp
+
+
+def _sim_mma(name):
+    shape, dtype = _MODEL[name]
+    _, n_a, n_b = _MMA[name]
+
+    def lane_elements(regs):
+        regs = np.asarray(regs, dtype=np.float32 if dtype == "tf32" else np.uint32)
+        if dtype == "tf32":
+            return regs
+        lo, hi = F.unpack16(regs)
+        return F.from_bits16(np.stack([lo, hi], axis=-1).reshape(-1), dtype)
+
+    def combine(values):
+        a = np.stack([lane_elements(v[0]) for v in values])
+        b = np.stack([lane_elements(v[1]) for v in values])
+        c = np.stack([np.asarray(v[2], np.float32) for v in values])
+        d = F.warp_mma(a, b, c, shape, dtype)
+        return [tuple(np.float32(x) for x in row) for row in d]
+
+    def mma(*regs):
+        if len(regs) != n_a + n_b + 4:
+            raise TypeError(f"mma_{name} takes {n_a + n_b + 4} registers; got {len(regs)}")
+        lane, warp = _lane_and_warp(f"mma_{name}")
+        return warp.collective(lane, f"mma_{name}", (regs[:n_a], regs[n_a:n_a + n_b], regs[n_a + n_b:]), combine)
+
+    mma.__name__ = f"mma_{name}"
+    return mma
+
+
+def _sim_functions():
+    def pack_f16x2(lo, hi):
+        return np.uint32(F.pack16(F.to_bits16(lo, "float16"), F.to_bits16(hi, "float16")))
+
+    def pack_bf16x2(lo, hi):
+        return np.uint32(F.pack16(F.to_bits16(lo, "bfloat16"), F.to_bits16(hi, "bfloat16")))
+
+    def round_tf32(x):
+        return np.float32(F.round_tf32(x))
+
+    def shfl_xor(value, mask):
+        lane, warp = _lane_and_warp("shfl_xor")
+        return warp.collective(lane, f"shfl_xor({int(mask)})", value,
+                               lambda vals: [vals[i ^ int(mask)] for i in range(len(vals))])
+
+    def ldmatrix(trans):
+        def combine(values):  # values[lane] = (array, index of its row's first 32-bit word)
+            rows = np.stack([np.asarray(a[int(i):int(i) + 4], np.uint32) for a, i in values])  # (32, 4 words)
+            lo, hi = F.unpack16(rows)
+            halves = np.stack([lo, hi], axis=-1).reshape(4, 8, 8)  # matrix, row, column (16-bit values)
+            if trans:
+                halves = halves.transpose(0, 2, 1)
+            regs = F.pack16(halves[..., 0::2], halves[..., 1::2])  # (matrix, row, column pair)
+            lane = np.arange(32)
+            return [tuple(np.uint32(regs[m, L // 4, L % 4]) for m in range(4)) for L in lane]
+
+        def load(array, index):
+            lane, warp = _lane_and_warp("ldmatrix")
+            return warp.collective(lane, "ldmatrix" + (".trans" if trans else ""), (array, index), combine)
+        return load
+
+    fns = {f"mma_{name}": _sim_mma(name) for name in _MMA if name != "f16_m16n8k8x2"}
+    k8 = fns["mma_f16_m16n8k8"]
+
+    def mma_f16_m16n8k8x2(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        return k8(a2, a3, b1, *k8(a0, a1, b0, c0, c1, c2, c3))
+
+    fns.update(mma_f16_m16n8k8x2=mma_f16_m16n8k8x2)
+    fns.update(pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, round_tf32=round_tf32, shfl_xor=shfl_xor,
+               ldmatrix_x4=ldmatrix(False), ldmatrix_x4_trans=ldmatrix(True))
+    return fns
+
+
+_FNS = _sim_functions() if SIMULATOR else _gpu_functions()
+mma_f16_m16n8k16 = _FNS["mma_f16_m16n8k16"]
+mma_bf16_m16n8k16 = _FNS["mma_bf16_m16n8k16"]
+mma_f16_m16n8k8 = _FNS["mma_f16_m16n8k8"]
+mma_f16_m16n8k8x2 = _FNS["mma_f16_m16n8k8x2"]
+mma_tf32_m16n8k8 = _FNS["mma_tf32_m16n8k8"]
+pack_f16x2, pack_bf16x2 = _FNS["pack_f16x2"], _FNS["pack_bf16x2"]
+round_tf32, shfl_xor = _FNS["round_tf32"], _FNS["shfl_xor"]
+ldmatrix_x4, ldmatrix_x4_trans = _FNS["ldmatrix_x4"], _FNS["ldmatrix_x4_trans"]
