@@ -6,10 +6,12 @@
 Measures, all in the same run (CUDA events, median of >= 20 after warm-up, compilation excluded):
   forward  TFLOP/s at B=1, H=16, N in {1024, 4096, 16384}, d in {64, 128}, float32: flashlab "shared" and
            "register" vs torch SDPA (float32 and float16) and manual attention (matmul, softmax, matmul)
+  tensor   the tensor-core variant in float16, bfloat16 and float32 (3xTF32 and 1xTF32), causal and not,
+           against torch SDPA in the same dtype
   backward flashlab.kernels.flash_attention_backward (when present) vs torch SDPA's backward
   memory   peak device memory of forward (+ backward) as N grows: linear means no N x N buffer
   sweep    tile shapes (block_q, block_k, threads) of the register kernel -> flashlab/data/tile_sweep.csv
-Writes forward.csv, backward.csv, memory.csv, env.json, summary.md and forward.png to --out
+Writes forward.csv, tensor.csv, backward.csv, memory.csv, env.json, summary.md and forward.png to --out
 (default benchmarks/results/) and prints the tables.
 """
 from __future__ import annotations
@@ -80,6 +82,52 @@ def flashlab_forward(variant, q, k, v, tile=None):
     if variant == "register":
         return lambda: register.launch(qd, kd, vd, o, lse, H, scale, False, config)
     return lambda: shared.launch(qd, kd, vd, o, lse, H, scale, False, *config)
+
+
+def flashlab_tensor(q, k, v, precision, causal):
+    """A closure launching the tensor-core kernel on pre-converted arrays (torch tensors in, no copies)."""
+    from flashlab.kernels import _launch, tensor
+
+    qd, kd, vd = (_launch.to_device_words(x, name)[0] for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    B, H, n, d = q.shape
+    dtype = str(q.dtype).replace("torch.", "")
+    _, o = _launch.empty_words((B, H, n, d), dtype, "torch", like=q)
+    lse = _launch.empty_words((B, H, n), "float32", "torch", like=q)[1]
+    tile = tensor.choose_tile(d, precision)
+    return lambda: tensor.launch(qd, kd, vd, o, lse, H, 1 / math.sqrt(d), causal, tile, precision)
+
+
+TENSOR_PRECISIONS = {"float16": ["f16"], "bfloat16": ["bf16"], "float32": ["3xtf32", "tf32"]}
+
+
+def bench_tensor(sizes, ds, reps, causals=(False, True)):
+    """The tensor-core variant against torch SDPA in the same dtype (and the register kernel in fp32)."""
+    import torch
+    import torch.nn.functional as F
+
+    rows = []
+    for d in ds:
+        for n in sizes:
+            for causal in causals:
+                flops = attention_flops(1, 16, n, n, d, causal=causal)
+                base = qkv(1, 16, n, d, torch.float32, seed=4)
+                for dtype, precisions in TENSOR_PRECISIONS.items():
+                    q, k, v = (x.to(getattr(torch, dtype)) for x in base)
+                    ms_t, tf_t = measure(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), flops, reps)
+                    impls = {f"flashlab tensor {p}": flashlab_tensor(q, k, v, p, causal) for p in precisions}
+                    if dtype == "float32" and not causal:
+                        impls["flashlab register"] = flashlab_forward("register", q, k, v)
+                    for name, fn in impls.items():
+                        ms, tf = measure(fn, flops, reps)
+                        rows.append({"N": n, "d": d, "causal": int(causal), "dtype": dtype, "impl": name,
+                                     "ms": round(ms, 4), "tflops": round(tf, 2), "torch_tflops": round(tf_t, 2),
+                                     "ratio": round(tf / tf_t, 3)})
+                        print(f"  tensor N={n:6d} d={d:3d} causal={int(causal)} {dtype:8s} {name:26s} {ms:8.3f} ms "
+                              f"{tf:7.2f} TFLOP/s  (SDPA {tf_t:7.2f}: {tf / tf_t:5.2f}x)", flush=True)
+                    del q, k, v, impls
+                del base
+                torch.cuda.empty_cache()
+    return rows
 
 
 def torch_ops(q, k, v):
@@ -262,7 +310,7 @@ def plot(rows, env, path):
     fig.savefig(path, dpi=120)
 
 
-def markdown(env, fwd, bwd, mem, sweep_rows, cmd) -> str:
+def markdown(env, fwd, bwd, mem, sweep_rows, cmd, ten=()) -> str:
     lines = [f"Command: `{cmd}`", "", "| " + " | ".join(env) + " |", "|" + " --- |" * len(env),
              "| " + " | ".join(map(str, env.values())) + " |", ""]
 
@@ -274,6 +322,7 @@ def markdown(env, fwd, bwd, mem, sweep_rows, cmd) -> str:
         lines.append("")
 
     table(fwd, "Forward (B=1, H=16, float32 unless named; TFLOP/s = 4*B*H*N^2*d / time)")
+    table(list(ten), "Tensor cores (B=1, H=16; ratio = flashlab / torch SDPA in the same dtype, same run)")
     table(bwd, "Backward (TFLOP/s = 2.5x forward FLOPs / time; SDPA: (fwd+bwd) - fwd)")
     table(mem, "Peak device memory above inputs, MiB (H=16, d=64)")
     table(sweep_rows, "Register-kernel tile sweep (N=4096, B=1, H=16, float32)")
@@ -284,7 +333,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="N <= 4096, d = 64, a short sweep")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for the results")
-    ap.add_argument("--parts", default="forward,backward,memory,sweep", help="comma-separated subset")
+    ap.add_argument("--parts", default="forward,tensor,backward,memory,sweep", help="comma-separated subset")
     ap.add_argument("--reps", type=int, default=20, help="timed repetitions per measurement (>= 20)")
     ap.add_argument("--sweep-csv", default=str(ROOT / "flashlab" / "data" / "tile_sweep.csv"))
     args = ap.parse_args(argv)
@@ -304,6 +353,8 @@ def main(argv=None):
     write_csv(out / "forward.csv", fwd)  # each part is saved as soon as it is done
     if fwd:
         plot(fwd, env, out / "forward.png")
+    ten = bench_tensor(sizes, ds, args.reps) if "tensor" in parts else []
+    write_csv(out / "tensor.csv", ten)
     mem = bench_memory([1024, 2048, 4096, 8192] + ([] if args.quick else [16384])) if "memory" in parts else []
     write_csv(out / "memory.csv", mem)
     bwd = bench_backward(sizes, ds, args.reps) if "backward" in parts else []
@@ -313,7 +364,7 @@ def main(argv=None):
         Path(args.sweep_csv).parent.mkdir(parents=True, exist_ok=True)
         write_csv(Path(args.sweep_csv), sw)
     cmd = "python benchmarks/bench_kernels.py" + (" --quick" if args.quick else "")
-    md = markdown(env, fwd, bwd, mem, sw, cmd)
+    md = markdown(env, fwd, bwd, mem, sw, cmd, ten)
     (out / "summary.md").write_text(md + "\n")
     print(md)
     return 0

@@ -14,6 +14,8 @@ assembly. Each function below is one such instruction (or a short fixed sequence
     x = shfl_xor(x, mask)                               # the value held by lane (lane ^ mask)
     r0, r1, r2, r3 = ldmatrix_x4(shared, i)             # four 8x8 16-bit matrices from shared memory
     r0, r1, r2, r3 = ldmatrix_x4_trans(shared, i)       # the same, each transposed (for V in P @ V)
+    cp_async16(shared, i, array2d, row, col, nbytes)    # 16 bytes global -> shared, asynchronously (sm_80+)
+    cp_async_commit(); cp_async_wait(1)                 # close a group of copies; wait for all but 1 group
 
 All mma accumulate in fp32. a*/b* of the 16-bit forms are uint32 registers holding two values (the lower
 index in the low half, as `pack_*` make them); tf32 operands are float32 values (the hardware reads their
@@ -59,7 +61,7 @@ _MODEL = {"f16_m16n8k16": ("m16n8k16", "float16"), "bf16_m16n8k16": ("m16n8k16",
           "f16_m16n8k8": ("m16n8k8", "float16"), "tf32_m16n8k8": ("m16n8k8", "tf32")}
 # Minimum compute capability of each instruction (PTX ISA, "Warp-level matrix multiply-accumulate").
 MIN_CC = {"f16_m16n8k16": (8, 0), "bf16_m16n8k16": (8, 0), "f16_m16n8k8": (7, 5), "f16_m16n8k8x2": (7, 5),
-          "tf32_m16n8k8": (8, 0),
+          "tf32_m16n8k8": (8, 0), "cp_async16": (8, 0),
           "pack_bf16x2": (8, 0), "round_tf32": (8, 0)}
 
 PACK_F16X2 = "{ .reg .b16 lo, hi; cvt.rn.f16.f32 lo, $1; cvt.rn.f16.f32 hi, $2; mov.b32 $0, {lo, hi}; }"
@@ -70,6 +72,13 @@ ROUND_TF32 = "cvt.rna.tf32.f32 $0, $1;"
 _LDMATRIX = ("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, $4; cvt.u32.u64 s, a; "
              "ldmatrix.sync.aligned.m8n8.x4%s.shared.b16 {$0,$1,$2,$3}, [s]; }")
 LDMATRIX_X4, LDMATRIX_X4_TRANS = _LDMATRIX % "", _LDMATRIX % ".trans"
+# cp.async copies 16 bytes from global to shared memory without passing through registers; the copies of
+# one thread form groups (commit_group), and wait_group n waits until at most n of its groups are pending.
+# A source size of 0 writes 16 zero bytes (rows past the end of the input).
+CP_ASYNC = ("{ .reg .u64 s, g; .reg .u32 d; cvta.to.shared.u64 s, $0; cvt.u32.u64 d, s; "
+            "cvta.to.global.u64 g, $1; cp.async.cg.shared.global [d], [g], 16, $2; }")
+CP_ASYNC_COMMIT = "cp.async.commit_group;"
+CP_ASYNC_WAIT = "cp.async.wait_group %d;"
 SHFL_XOR = "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;"  # all 32 lanes take part
 
 
@@ -77,6 +86,7 @@ SHFL_XOR = "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;"  # all 32 lanes ta
 def _gpu_functions():
     from llvmlite import ir
     from numba import types
+    from numba.cuda import cgutils
 
     try:
         from numba.cuda.extending import intrinsic
@@ -140,16 +150,52 @@ def _gpu_functions():
                 data = context.make_array(signature.args[0])(context, builder, args[0]).data
                 address = builder.ptrtoint(builder.gep(data, [args[1]]), ir.IntType(64))
                 fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)])
-                res = builder.call(ir.InlineAsm(fnty, ptx, "=r,=r,=r,=r,l", side_effect=True), [address])
+                res = builder.call(ir.InlineAsm(fnty, ptx, "=r,=r,=r,=r,l,~{memory}", side_effect=True), [address])
                 return context.make_tuple(builder, signature.return_type,
                                           [builder.extract_value(res, i) for i in range(4)])
             return types.UniTuple(types.uint32, 4)(array, types.intp), codegen
         return intrinsic(typer)
 
+    @intrinsic
+    def cp_async16(typingctx, dst, dst_index, src, row, col, src_bytes):
+        sig = types.void(dst, types.intp, src, types.intp, types.intp, types.int32)
+
+        def codegen(context, builder, signature, args):
+            dst_ptr = builder.gep(context.make_array(signature.args[0])(context, builder, args[0]).data, [args[1]])
+            src_ary = context.make_array(signature.args[2])(context, builder, args[2])
+            src_ptr = cgutils.get_item_pointer(context, builder, signature.args[2], src_ary, [args[3], args[4]])
+            i64 = ir.IntType(64)
+            fnty = ir.FunctionType(ir.VoidType(), [i64, i64, i32])
+            builder.call(ir.InlineAsm(fnty, CP_ASYNC, "l,l,r,~{memory}", side_effect=True),
+                         [builder.ptrtoint(dst_ptr, i64), builder.ptrtoint(src_ptr, i64), args[5]])
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def cp_async_commit(typingctx):
+        def codegen(context, builder, signature, args):
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), CP_ASYNC_COMMIT, "~{memory}",
+                                      side_effect=True), [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @intrinsic
+    def cp_async_wait(typingctx, pending):
+        if not isinstance(pending, types.IntegerLiteral):
+            return None  # n must be a literal integer: PTX takes it as an immediate
+        n = pending.literal_value
+
+        def codegen(context, builder, signature, args):
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), CP_ASYNC_WAIT % n, "~{memory}",
+                                      side_effect=True), [])
+            return context.get_dummy_value()
+        return types.void(types.int64), codegen
+
     fns = {f"mma_{name}": mma_intrinsic(ptx, n_a, n_b, name.startswith("tf32"))
            for name, (ptx, n_a, n_b) in _MMA.items()}
     fns.update(pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, round_tf32=round_tf32, shfl_xor=shfl_xor,
-               ldmatrix_x4=ldmatrix_intrinsic(LDMATRIX_X4), ldmatrix_x4_trans=ldmatrix_intrinsic(LDMATRIX_X4_TRANS))
+               ldmatrix_x4=ldmatrix_intrinsic(LDMATRIX_X4), ldmatrix_x4_trans=ldmatrix_intrinsic(LDMATRIX_X4_TRANS),
+               cp_async16=cp_async16, cp_async_commit=cp_async_commit, cp_async_wait=cp_async_wait)
     return fns
 
 
@@ -287,6 +333,17 @@ def _sim_functions():
             return warp.collective(lane, "ldmatrix" + (".trans" if trans else ""), (array, index), combine)
         return load
 
+    def cp_async16(dst, dst_index, src, row, col, src_bytes):
+        """The copy happens at once: a kernel that waits and syncs before reading sees the same data."""
+        i, c = int(dst_index), int(col)
+        dst[i:i + 4] = src[int(row), c:c + 4] if int(src_bytes) else 0
+
+    def cp_async_commit():
+        pass
+
+    def cp_async_wait(pending):
+        pass
+
     fns = {f"mma_{name}": _sim_mma(name) for name in _MMA if name != "f16_m16n8k8x2"}
     k8 = fns["mma_f16_m16n8k8"]
 
@@ -295,7 +352,8 @@ def _sim_functions():
 
     fns.update(mma_f16_m16n8k8x2=mma_f16_m16n8k8x2)
     fns.update(pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, round_tf32=round_tf32, shfl_xor=shfl_xor,
-               ldmatrix_x4=ldmatrix(False), ldmatrix_x4_trans=ldmatrix(True))
+               ldmatrix_x4=ldmatrix(False), ldmatrix_x4_trans=ldmatrix(True),
+               cp_async16=cp_async16, cp_async_commit=cp_async_commit, cp_async_wait=cp_async_wait)
     return fns
 
 
@@ -308,3 +366,4 @@ mma_tf32_m16n8k8 = _FNS["mma_tf32_m16n8k8"]
 pack_f16x2, pack_bf16x2 = _FNS["pack_f16x2"], _FNS["pack_bf16x2"]
 round_tf32, shfl_xor = _FNS["round_tf32"], _FNS["shfl_xor"]
 ldmatrix_x4, ldmatrix_x4_trans = _FNS["ldmatrix_x4"], _FNS["ldmatrix_x4_trans"]
+cp_async16, cp_async_commit, cp_async_wait = _FNS["cp_async16"], _FNS["cp_async_commit"], _FNS["cp_async_wait"]

@@ -4,7 +4,9 @@ One thread block owns block_q = 16 * warps query rows of one (batch, head); each
 works alone on its rows, as in the FA2 paper (Section 3.3: no communication between warps for S and P).
 For each tile of block_k keys:
 
-    1. the block copies the K and V tiles to shared memory (row-major, rows padded by 16 bytes);
+    1. the block copies the K and V tiles to shared memory (row-major, rows padded by 16 bytes) with
+       cp.async, one tile ahead: tile j+1 travels from global memory while tile j is being used (two
+       shared-memory stages; the sm_75 build, which has no cp.async, copies through registers);
     2. each warp computes its 16 x block_k piece of S = Q K^T with mma.sync: Q's fragments sit in registers
        for the whole loop, K's come from shared memory (ldmatrix for 16-bit types);
     3. the online softmax runs on S's C fragments in fp32: a lane holds 2 rows (g and g+8) of each 8-key
@@ -22,8 +24,9 @@ For tf32 the K and V B fragments are single fp32 words (plain shared loads); the
 the A fragment of P V after renumbering the 8 keys of a k-step (key 2t -> column t, 2t+1 -> column t+4),
 the same renumbering applied to V's rows.
 
-Where FlashAttention-2 itself goes further: it copies tiles with cp.async (asynchronously, double
-buffered), uses 128-row tiles with larger per-warp tiles, and on Hopper FA3 uses wgmma and TMA instead.
+Where FlashAttention-2 itself goes further: 128-row tiles with more rows per warp (fewer shared-memory
+reads per mma), up to 227 KB of shared memory per block (numba-cuda exposes 48 KB), and CUDA C++ compiled
+ahead of time; on Hopper, FA3 replaces mma.sync with wgmma and cp.async with TMA.
 """
 from __future__ import annotations
 
@@ -62,12 +65,13 @@ class TensorTile:
     def threads(self) -> int:
         return 32 * self.warps
 
-    def shared_words(self, d: int, wide: bool) -> int:
+    def shared_words(self, d: int, precision: str) -> int:
         """32-bit words of shared memory: K and V tiles, rows of d (fp32) or d/2 (16-bit pairs) words,
-        padded by 4 words so that 8 rows read together fall in 32 different banks."""
-        return 2 * self.block_k * ((d if wide else d // 2) + 4)
+        padded by 4 words so that 8 rows read together fall in 32 different banks; two copies (stages) when
+        the next tile is copied asynchronously while this one is used."""
+        return stages(precision) * 2 * self.block_k * (row_words(d, precision) + 4)
 
-    def check(self, d: int, wide: bool, shared_limit: int = 48 * 1024):
+    def check(self, d: int, precision: str, shared_limit: int = 48 * 1024):
         for name in ("warps", "block_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -76,20 +80,34 @@ class TensorTile:
             raise ValueError(f"block_k must be a multiple of 16 for the tensor kernel; got {self.block_k}")
         if self.threads > 1024:
             raise ValueError(f"{self.warps} warps is {self.threads} threads per block; at most 1024 (32 warps)")
-        if 4 * self.shared_words(d, wide) > shared_limit:
-            raise ValueError(f"tile {self} needs {4 * self.shared_words(d, wide)} bytes of shared memory at d={d}; "
+        need = 4 * self.shared_words(d, precision)
+        if need > shared_limit:
+            raise ValueError(f"tile {self} needs {need} bytes of shared memory at d={d} ({precision}); "
                              f"the limit per block is {shared_limit} bytes: use a smaller block_k")
         return self
 
 
+def stages(precision: str) -> int:
+    """Copies of the K/V tiles in shared memory: 2 when cp.async (sm_80+) fills the next while this one is
+    used; 1 for the sm_75 build ("k8"), which copies through registers between two barriers."""
+    return 1 if precision == "k8" else 2
+
+
+def row_words(d: int, precision: str) -> int:
+    return d if precision in ("3xtf32", "tf32") else d // 2
+
+
 def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> TensorTile:
-    """Default tiles: 4 warps (64 query rows); 64 keys per tile, 32 for fp32 at d = 128 (48 KB)."""
-    wide = precision in ("3xtf32", "tf32")
-    bk = block_k or (32 if wide and d >= 128 else 64)
+    """Default tiles, from benchmarks/tensor_experiments.py on an H100: 8 warps (128 query rows) up to
+    d = 64 and 4 warps (64 rows) at d = 128; block_k 32, or 16 where 32 does not fit in 48 KB."""
     if block_q is not None and (block_q % 16 or block_q < 16):
         raise ValueError(f"block_q must be a positive multiple of 16 for the tensor kernel (16 rows per warp); "
                          f"got {block_q}")
-    return TensorTile(warps=(block_q or 64) // 16, block_k=bk).check(d, wide)
+    warps = block_q // 16 if block_q else (8 if d <= 64 else 4)
+    if block_k is None:
+        fits = [bk for bk in (32, 16) if 4 * TensorTile(warps, bk).shared_words(d, precision) <= 48 * 1024]
+        block_k = fits[0] if fits else 16
+    return TensorTile(warps=warps, block_k=block_k).check(d, precision)
 
 
 @lru_cache(maxsize=None)
@@ -108,11 +126,17 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
     NTD = d // 8  # n-tiles of O (8 dims each)
     PSTEPS = BK // 8 if WIDE else BK // 16  # k-steps of O += P V
     QREGS = 4 * KSTEPS
-    TILE_WORDS = BK * W
-    LOADS = -(-TILE_WORDS // (32 * NW))
-    SH = 2 * BK * RS
-    VO = BK * RS  # V's offset in the shared buffer
-    UW, URS, UBK, UBQ = U(W), U(RS), U(BK), U(BQ)
+    NT = 32 * NW  # threads
+    ASYNC = stages(precision) == 2
+    LAG = 1 if ASYNC else 0  # tile j's copies are issued one iteration before tile j is used
+    STAGE = 2 * BK * RS  # words of one stage: K tile, then V tile
+    SH = stages(precision) * STAGE
+    VO = BK * RS  # V's offset in a stage
+    CPR = W // 4  # 16-byte chunks per row (async copies)
+    CHUNKS = BK * CPR
+    CHUNK_ITERS, CHUNKS_EVEN = -(-CHUNKS // NT), CHUNKS % NT == 0
+    LOADS, LOADS_EVEN = -(-(BK * W) // NT), (BK * W) % NT == 0  # words per thread (copies through registers)
+    UW, URS, UBK, UBQ = U(W), U(RS), U(BK), U(BQ)  # unsigned: no negative-index checks
     CAUSAL = causal
     ALIGN = None if config.ENABLE_CUDASIM else 16
     DT = float32 if WIDE else uint32
@@ -146,6 +170,8 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
         l = cuda.local.array(2, float32)  # this lane's share of the running sums
         acc = cuda.local.array((NTD, 4), float32)  # O, unnormalised, as C fragments
         s = cuda.local.array((NTK, 4), float32)  # S, then P, as C fragments
+        s2 = cuda.local.array((NTK if SPLIT else 1, 4), float32)  # 3xTF32: S's correction terms, then P's small part
+        alpha = cuda.local.array(2, float32)  # this tile's rescale of rows g and g+8
         for r in range(2):
             m[r] = NEG
             l[r] = 0.0
@@ -156,18 +182,43 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
         k_end = nk
         if CAUSAL:
             k_end = min(nk, q0 + UBQ)  # key tiles after the block's last query are skipped
-        for k0 in range(U(0), k_end, UBK):
-            cuda.syncthreads()  # everyone is done with the previous tiles
-            for it in range(LOADS):  # consecutive threads copy consecutive words of a row: coalesced
-                e = U(it * 32 * NW) + tid
-                if e < U(TILE_WORDS):
-                    row, col = e // UW, e % UW
-                    kval, vval = DT(0), DT(0)  # zeros past Nk: 0 * garbage could be NaN
-                    if k0 + row < nk:
-                        kval, vval = kh[k0 + row, col], vh[k0 + row, col]
-                    sh[row * URS + col] = kval
-                    sh[U(VO) + row * URS + col] = vval
-            cuda.syncthreads()
+        n_tiles = (k_end + UBK - U(1)) // UBK
+        kbuf = cuda.local.array(LOADS, DT)  # the synchronous copy's words in flight (ASYNC: unused)
+        vbuf = cuda.local.array(LOADS, DT)
+        for j in range(n_tiles + U(LAG)):
+            cuda.syncthreads()  # everyone is done with the stage this copy overwrites
+            if j < n_tiles:  # copy K/V tile j to stage j % 2; rows past Nk become zeros (0 * garbage = NaN)
+                kc, st = j * UBK, (j % U(2)) * U(STAGE) if ASYNC else U(0)
+                if ASYNC:  # 16 bytes per copy; consecutive threads take consecutive chunks of a row
+                    for it in range(CHUNK_ITERS):
+                        e = U(it * NT) + tid
+                        if CHUNKS_EVEN or e < U(CHUNKS):
+                            row, col = e // U(CPR), (e % U(CPR)) * U(4)
+                            ok = kc + row < nk
+                            src = kc + row if ok else U(0)
+                            nbytes = 16 if ok else 0
+                            mma.cp_async16(sh, st + row * URS + col, kh, src, col, nbytes)
+                            mma.cp_async16(sh, st + U(VO) + row * URS + col, vh, src, col, nbytes)
+                else:  # all loads first, then all stores: the loads are in flight together
+                    for it in range(LOADS):
+                        e = min(U(it * NT) + tid, U(BK * W - 1))
+                        src = min(kc + e // UW, nk - U(1))
+                        kbuf[it], vbuf[it] = kh[src, e % UW], vh[src, e % UW]
+                    for it in range(LOADS):
+                        e = U(it * NT) + tid
+                        if LOADS_EVEN or e < U(BK * W):
+                            row, col = e // UW, e % UW
+                            ok = kc + row < nk
+                            sh[row * URS + col] = kbuf[it] if ok else DT(0)
+                            sh[U(VO) + row * URS + col] = vbuf[it] if ok else DT(0)
+            if ASYNC:
+                mma.cp_async_commit()
+                if j == U(0):
+                    continue
+                mma.cp_async_wait(1)  # this thread's copies of tile j - 1 have landed ...
+            cuda.syncthreads()  # ... and everyone's
+            k0 = (j - U(LAG)) * UBK
+            KO = ((j - U(LAG)) % U(2)) * U(STAGE) if ASYNC else U(0)  # the stage tile j - LAG is in
             if CAUSAL and k0 > w0 + U(15):
                 continue  # every key of this tile is after all 16 rows of this warp (warp-uniform)
 
@@ -175,6 +226,8 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
             for n in range(NTK):
                 for j in range(4):
                     s[n, j] = 0.0
+                    if SPLIT:
+                        s2[n, j] = 0.0
             for ks in range(KSTEPS):
                 if WIDE:
                     a0, a1, a2, a3 = qf[4 * ks], qf[4 * ks + 1], qf[4 * ks + 2], qf[4 * ks + 3]
@@ -184,15 +237,17 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
                         a0s, a1s = mma.round_tf32(a0 - a0b), mma.round_tf32(a1 - a1b)
                         a2s, a3s = mma.round_tf32(a2 - a2b), mma.round_tf32(a3 - a3b)
                     for n in range(NTK):  # B fragment: b0 = K[key n*8+g][dim 8ks+t], b1 = ... dim + 4
-                        base = U(n * 8) * URS + g * URS + U(8 * ks) + t
+                        base = KO + U(n * 8) * URS + g * URS + U(8 * ks) + t
                         b0, b1 = sh[base], sh[base + U(4)]
                         c0, c1, c2, c3 = s[n, 0], s[n, 1], s[n, 2], s[n, 3]
-                        if SPLIT:
+                        if SPLIT:  # big*big in s; the two correction products in s2 (two independent chains)
                             b0b, b1b = mma.round_tf32(b0), mma.round_tf32(b1)
                             b0s, b1s = mma.round_tf32(b0 - b0b), mma.round_tf32(b1 - b1b)
-                            c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0s, a1s, a2s, a3s, b0b, b1b, c0, c1, c2, c3)
-                            c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0b, a1b, a2b, a3b, b0s, b1s, c0, c1, c2, c3)
+                            e0, e1, e2, e3 = s2[n, 0], s2[n, 1], s2[n, 2], s2[n, 3]
+                            e0, e1, e2, e3 = mma.mma_tf32_m16n8k8(a0s, a1s, a2s, a3s, b0b, b1b, e0, e1, e2, e3)
+                            e0, e1, e2, e3 = mma.mma_tf32_m16n8k8(a0b, a1b, a2b, a3b, b0s, b1s, e0, e1, e2, e3)
                             c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
+                            s2[n, 0], s2[n, 1], s2[n, 2], s2[n, 3] = e0, e1, e2, e3
                         else:
                             c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
                         s[n, 0], s[n, 1], s[n, 2], s[n, 3] = c0, c1, c2, c3
@@ -201,7 +256,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
                         # lane 8i + r gives row r of matrix i: key n2*16 + (i//2)*8 + r, words 8ks + (i%2)*4
                         key = U(n2 * 16) + (lane // U(16)) * U(8) + lane % U(8)
                         word = U(8 * ks) + ((lane // U(8)) % U(2)) * U(4)
-                        b00, b01, b10, b11 = mma.ldmatrix_x4(sh, key * URS + word)
+                        b00, b01, b10, b11 = mma.ldmatrix_x4(sh, KO + key * URS + word)
                         for half in range(2):
                             n = 2 * n2 + half
                             b0, b1 = (b00, b01) if half == 0 else (b10, b11)
@@ -218,6 +273,11 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
                         if col >= nk or (CAUSAL and col > row):
                             s[n, j] = NEG
 
+            if SPLIT:
+                for n in range(NTK):
+                    for j in range(4):
+                        s[n, j] += s2[n, j]
+
             # Online softmax on the C fragments: rows g (j = 0, 1) and g + 8 (j = 2, 3).
             for r in range(2):
                 mx = s[0, 2 * r]
@@ -226,7 +286,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
                 mx = max(mx, mma.shfl_xor(mx, 1))  # the row's 4 lanes (t = 0..3) agree on its max
                 mx = max(mx, mma.shfl_xor(mx, 2))
                 m_new = max(m[r], mx)
-                alpha = math.exp2((m[r] - m_new) * scale_log2)
+                alpha[r] = math.exp2((m[r] - m_new) * scale_log2)
                 m[r] = m_new
                 offset = m_new * scale_log2
                 row_sum = float32(0.0)
@@ -235,32 +295,47 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
                         p = math.exp2(s[n, 2 * r + c] * scale_log2 - offset)
                         s[n, 2 * r + c] = p
                         row_sum += p
-                l[r] = l[r] * alpha + row_sum  # the quad's partial sums are added once, at the end
-                for n in range(NTD):
-                    acc[n, 2 * r] *= alpha
-                    acc[n, 2 * r + 1] *= alpha
+                l[r] = l[r] * alpha[r] + row_sum  # the quad's partial sums are added once, at the end
+                if not SPLIT:
+                    for n in range(NTD):
+                        acc[n, 2 * r] *= alpha[r]
+                        acc[n, 2 * r + 1] *= alpha[r]
 
-            # O += P V, with P straight from registers.
-            for kk in range(PSTEPS):
-                if WIDE:  # k-step = n-tile kk of S; columns renumbered: t <- key 2t, t+4 <- key 2t+1
-                    a0, a1, a2, a3 = s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3]
-                    if SPLIT:
-                        a0b, a1b, a2b, a3b = mma.round_tf32(a0), mma.round_tf32(a1), mma.round_tf32(a2), \
-                            mma.round_tf32(a3)
-                        a0s, a1s = mma.round_tf32(a0 - a0b), mma.round_tf32(a1 - a1b)
-                        a2s, a3s = mma.round_tf32(a2 - a2b), mma.round_tf32(a3 - a3b)
-                    for n in range(NTD):  # b0 = V[key 8kk+2t][dim 8n+g], b1 = V[key 8kk+2t+1][same dim]
-                        base = U(VO) + (U(8 * kk) + U(2) * t) * URS + U(8 * n) + g
+            # O += P V, with P straight from registers. For tf32, k-step kk is n-tile kk of S with its keys
+            # renumbered (column t <- key 2t, column t+4 <- key 2t+1), and V's rows renumbered the same way.
+            if SPLIT:
+                # 3xTF32: P = big + small. A tensor-core accumulator does not round like fp32 adds, and over
+                # thousands of keys its error grows to ~3e-5; so each tile's P V is summed on tensor cores from
+                # zero, and added to O with an fp32 FMA (O = alpha * O + tile).
+                for kk in range(PSTEPS):
+                    for j in range(4):
+                        pb = mma.round_tf32(s[kk, j])
+                        s2[kk, j] = mma.round_tf32(s[kk, j] - pb)
+                        s[kk, j] = pb
+                for n in range(NTD):
+                    c0, c1, c2, c3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+                    for kk in range(PSTEPS):  # b0 = V[key 8kk+2t][dim 8n+g], b1 = V[key 8kk+2t+1][same dim]
+                        base = KO + U(VO) + (U(8 * kk) + U(2) * t) * URS + U(8 * n) + g
                         b0, b1 = sh[base], sh[base + URS]
-                        c0, c1, c2, c3 = acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3]
-                        if SPLIT:
-                            b0b, b1b = mma.round_tf32(b0), mma.round_tf32(b1)
-                            b0s, b1s = mma.round_tf32(b0 - b0b), mma.round_tf32(b1 - b1b)
-                            c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0s, a1s, a2s, a3s, b0b, b1b, c0, c1, c2, c3)
-                            c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0b, a1b, a2b, a3b, b0s, b1s, c0, c1, c2, c3)
-                            c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
-                        else:
-                            c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+                        b0b, b1b = mma.round_tf32(b0), mma.round_tf32(b1)
+                        b0s, b1s = mma.round_tf32(b0 - b0b), mma.round_tf32(b1 - b1b)
+                        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(s2[kk, 0], s2[kk, 2], s2[kk, 1], s2[kk, 3], b0b, b1b,
+                                                              c0, c1, c2, c3)
+                        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3], b0s, b1s,
+                                                              c0, c1, c2, c3)
+                        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3], b0b, b1b,
+                                                              c0, c1, c2, c3)
+                    acc[n, 0] = acc[n, 0] * alpha[0] + c0
+                    acc[n, 1] = acc[n, 1] * alpha[0] + c1
+                    acc[n, 2] = acc[n, 2] * alpha[1] + c2
+                    acc[n, 3] = acc[n, 3] * alpha[1] + c3
+            for kk in range(0 if SPLIT else PSTEPS):
+                if WIDE:  # 1xTF32
+                    a0, a1, a2, a3 = s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3]
+                    for n in range(NTD):
+                        base = KO + U(VO) + (U(8 * kk) + U(2) * t) * URS + U(8 * n) + g
+                        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0, a1, a2, a3, sh[base], sh[base + URS],
+                                                              acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
                         acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = c0, c1, c2, c3
                 else:  # k-step kk = n-tiles 2kk and 2kk+1 of S, packed to 16 bits: the A fragment
                     a0 = pack(s[2 * kk, 0], s[2 * kk, 1])
@@ -271,7 +346,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
                         # lane 8i + r: row r of matrix i = key 16kk + (i%2)*8 + r, words of dims 16n2 + (i//2)*8
                         key = U(16 * kk) + ((lane // U(8)) % U(2)) * U(8) + lane % U(8)
                         word = U(8 * n2) + (lane // U(16)) * U(4)
-                        b00, b01, b10, b11 = mma.ldmatrix_x4_trans(sh, U(VO) + key * URS + word)
+                        b00, b01, b10, b11 = mma.ldmatrix_x4_trans(sh, KO + U(VO) + key * URS + word)
                         for half in range(2):
                             n = 2 * n2 + half
                             b0, b1 = (b00, b01) if half == 0 else (b10, b11)
