@@ -125,6 +125,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
     NTK = BK // 8  # n-tiles of S (8 keys each)
     NTD = d // 8  # n-tiles of O (8 dims each)
     PSTEPS = BK // 8 if WIDE else BK // 16  # k-steps of O += P V
+    NG = min(4 if d <= 64 else 2, NTD)  # 3xTF32: n-tiles of O whose tile sums are built together (fewer at d=128: registers)
     QREGS = 4 * KSTEPS
     NT = 32 * NW  # threads
     ASYNC = stages(precision) == 2
@@ -172,6 +173,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
         s = cuda.local.array((NTK, 4), float32)  # S, then P, as C fragments
         s2 = cuda.local.array((NTK if SPLIT else 1, 4), float32)  # 3xTF32: S's correction terms, then P's small part
         alpha = cuda.local.array(2, float32)  # this tile's rescale of rows g and g+8
+        part = cuda.local.array((NG, 4), float32)  # 3xTF32: a tile's P V for NG n-tiles of O
         for r in range(2):
             m[r] = NEG
             l[r] = 0.0
@@ -312,23 +314,27 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
                         pb = mma.round_tf32(s[kk, j])
                         s2[kk, j] = mma.round_tf32(s[kk, j] - pb)
                         s[kk, j] = pb
-                for n in range(NTD):
-                    c0, c1, c2, c3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+                for n0 in range(0, NTD, NG):  # NG n-tiles at a time: NG independent chains, 4 NG registers
+                    for nn in range(NG):
+                        for j in range(4):
+                            part[nn, j] = 0.0
                     for kk in range(PSTEPS):  # b0 = V[key 8kk+2t][dim 8n+g], b1 = V[key 8kk+2t+1][same dim]
-                        base = KO + U(VO) + (U(8 * kk) + U(2) * t) * URS + U(8 * n) + g
-                        b0, b1 = sh[base], sh[base + URS]
-                        b0b, b1b = mma.round_tf32(b0), mma.round_tf32(b1)
-                        b0s, b1s = mma.round_tf32(b0 - b0b), mma.round_tf32(b1 - b1b)
-                        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(s2[kk, 0], s2[kk, 2], s2[kk, 1], s2[kk, 3], b0b, b1b,
-                                                              c0, c1, c2, c3)
-                        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3], b0s, b1s,
-                                                              c0, c1, c2, c3)
-                        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3], b0b, b1b,
-                                                              c0, c1, c2, c3)
-                    acc[n, 0] = acc[n, 0] * alpha[0] + c0
-                    acc[n, 1] = acc[n, 1] * alpha[0] + c1
-                    acc[n, 2] = acc[n, 2] * alpha[1] + c2
-                    acc[n, 3] = acc[n, 3] * alpha[1] + c3
+                        for nn in range(NG):
+                            base = KO + U(VO) + (U(8 * kk) + U(2) * t) * URS + U(8 * (n0 + nn)) + g
+                            b0, b1 = sh[base], sh[base + URS]
+                            b0b, b1b = mma.round_tf32(b0), mma.round_tf32(b1)
+                            b0s, b1s = mma.round_tf32(b0 - b0b), mma.round_tf32(b1 - b1b)
+                            c0, c1, c2, c3 = part[nn, 0], part[nn, 1], part[nn, 2], part[nn, 3]
+                            c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(s2[kk, 0], s2[kk, 2], s2[kk, 1], s2[kk, 3],
+                                                                  b0b, b1b, c0, c1, c2, c3)
+                            c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3],
+                                                                  b0s, b1s, c0, c1, c2, c3)
+                            c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3],
+                                                                  b0b, b1b, c0, c1, c2, c3)
+                            part[nn, 0], part[nn, 1], part[nn, 2], part[nn, 3] = c0, c1, c2, c3
+                    for nn in range(NG):
+                        for j in range(4):
+                            acc[n0 + nn, j] = acc[n0 + nn, j] * alpha[j // 2] + part[nn, j]
             for kk in range(0 if SPLIT else PSTEPS):
                 if WIDE:  # 1xTF32
                     a0, a1, a2, a3 = s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3]
