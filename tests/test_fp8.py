@@ -132,7 +132,9 @@ def test_fp8_attention_close_to_reference(rng):
 @pytest.mark.slow
 def test_incoherent_processing_cuts_error_on_outliers():
     """The paper's Table 3 ordering, on its outlier distribution (fixed seed, N = 4096, d = 256: ~2 s)."""
-    r = fp8.accuracy_study(n=4096, d=256, seed=0)
+    # P kept in float32 here: rounding it (the default) triples the time and barely moves the RMSE, which
+    # test_rounding_p_changes_the_accuracy_study_little checks
+    r = fp8.accuracy_study(n=4096, d=256, seed=0, quantize_p=False)
     assert r["block + incoherent"] < r["block"] <= 1.25 * r["per-tensor"]
     assert r["block"] / r["block + incoherent"] >= 2.0
     assert 3e-3 < r["block + incoherent"] < 3e-2  # the paper's scale: 9.1e-3

@@ -23,6 +23,7 @@ import time
 
 import matplotlib.pyplot as plt
 import numpy as np
+from tqdm.auto import tqdm
 
 import flashlab
 from flashlab import fp8, timeline
@@ -151,7 +152,7 @@ print("relative change of Q K^T:", flashlab.relative_error(q2 @ k2.T, q @ k.T))
 # %%
 ns = flashlab.size([1024, 2048, 4096, 8192], [512, 1024, 2048])
 start = time.perf_counter()
-results = {n: fp8.accuracy_study(n=n, d=128, seed=0) for n in ns}
+results = {n: fp8.accuracy_study(n=n, d=128, seed=0) for n in tqdm(ns, desc="accuracy study")}  # ~1 min at full size
 print(f"{time.perf_counter() - start:.1f} s")
 fig, ax = plt.subplots(figsize=(7, 3.8))
 for i, method in enumerate(fp8.METHODS):
