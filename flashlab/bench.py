@@ -6,10 +6,25 @@
 
 FLOP counts follow the FlashAttention papers: forward 4*B*H*Nq*Nk*d (two matrix products of 2*Nq*Nk*d),
 halved under causal masking; backward 2.5x the forward (five matrix products instead of two).
+
+load_lesson_facts() reads the numbers lessons 07, 09 and 14 quote when there is no GPU
+(flashlab/data/lesson_facts.json, written by benchmarks/lesson_facts.py).
 """
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
+
+FACTS_JSON = Path(__file__).resolve().parent / "data" / "lesson_facts.json"
+#: The layout of lesson_facts.json: section -> its keys (values are numbers, strings or null).
+FACTS_SCHEMA = {
+    "launch": ("kernel", "reps", "loop", "numba_event_us", "numba_host_us", "numba_torch_arg_host_us",
+               "torch_op", "torch_event_us", "torch_host_us"),
+    "local_memory": ("n_steps", "threads", "R", "unrolled", "dynamic"),
+}
+FACTS_KERNEL_KEYS = ("registers", "local_bytes", "ms")  # of local_memory["unrolled"] and ["dynamic"]
+FACTS_TOP = ("source", "gpu", "date", "versions", "launch", "local_memory")
 
 
 def attention_flops(B: int, H: int, n_q: int, n_k: int, d: int, *, causal: bool = False,
@@ -75,3 +90,31 @@ def peak_memory_mib(fn) -> float:
     fn()
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def check_lesson_facts(facts: dict) -> dict:
+    """Raise ValueError naming what is missing or extra when `facts` does not have lesson_facts.json's layout."""
+    if not isinstance(facts, dict):
+        raise ValueError(f"lesson facts must be a JSON object; got {type(facts).__name__}")
+    problems = []
+    if set(facts) != set(FACTS_TOP):
+        problems.append(f"top-level keys {sorted(facts)}, expected {sorted(FACTS_TOP)}")
+    for section, keys in FACTS_SCHEMA.items():
+        got = facts.get(section)
+        if not isinstance(got, dict) or set(got) != set(keys):
+            problems.append(f"{section!r} has keys {sorted(got) if isinstance(got, dict) else got!r}, "
+                            f"expected {sorted(keys)}")
+    for name in ("unrolled", "dynamic"):
+        got = (facts.get("local_memory") or {}).get(name)
+        if not isinstance(got, dict) or set(got) != set(FACTS_KERNEL_KEYS):
+            problems.append(f"local_memory[{name!r}] must have keys {list(FACTS_KERNEL_KEYS)}; got {got!r}")
+    if problems:
+        raise ValueError("lesson facts do not match the layout benchmarks/lesson_facts.py writes: " + "; ".join(problems))
+    return facts
+
+
+def load_lesson_facts(path=None) -> dict:
+    """The recorded launch and local-memory measurements (see benchmarks/lesson_facts.py), checked."""
+    path = Path(path) if path else FACTS_JSON
+    with open(path) as f:
+        return check_lesson_facts(json.load(f))

@@ -3,13 +3,15 @@
 round_e4m3            round to the nearest e4m3 value (ties to even), saturating at +-448
 quantize_e4m3         e4m3 codes and float scales: one scale per tensor, or one per block of rows
 incoherent_transform  Q M and K M with M = diag(random +-1) @ Hadamard / sqrt(d): Q K^T is unchanged
-fp8_attention         quantise Q, K, V the FA3 way, then run flashlab's FA2 forward on the FP8 values
+round_p_e4m3          P rounded to e4m3 as FA3 feeds it to the P V product: scaled by 2^8 first
+fp8_attention         quantise Q, K, V (and P) the FA3 way, then run flashlab's FA2 forward on the FP8 values
 accuracy_study        the paper's Table 3 experiment: RMSE against float64 on inputs with outliers
 
-Only the rounding is simulated: values stay float32 numbers that happen to lie on the e4m3 grid (times
-a scale), and the matmuls accumulate in float32, as FP8 tensor cores accumulate in higher precision.
-The softmax output P stays float32 (FA3 also casts P to FP8 for the second matmul; rounding a [0, 1]
-value with 3 mantissa bits adds a similar error for every method compared here, so the comparison holds).
+Only the rounding is simulated: values stay float numbers that happen to lie on the e4m3 grid (times a
+scale), and the products are exact sums in float32. Real FP8 tensor cores differ in two ways flashlab does
+not model: Hopper's FP8 matrix instructions take no scale operands (the kernel applies the scales in FP32,
+outside the instruction), and their accumulation keeps only about 14 bits of precision, not float32's 24
+(DeepSeek-V3 report, arXiv 2412.19437, section 3.3.2, measured on H800).
 """
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ E4M3_MAX = 448.0  # largest finite e4m3 value: 1.75 * 2^8
 E4M3_MIN_NORMAL = 2.0 ** -6  # exponent bias 7: smallest normal is 2^(1-7)
 E4M3_SUBNORMAL_STEP = 2.0 ** -9  # 3 mantissa bits below the smallest normal
 MANTISSA_BITS = 3
+#: FA3 computes P = exp(S - m + 8 ln 2) for FP8, so P fills [0, 256] rather than [0, 1] and fewer of its
+#: small values round to zero (Dao-AILab/flash-attention, hopper/softmax.h, Max_offset = 8).
+P_SCALE = 2.0 ** 8
 
 #: arXiv 2407.08608, Table 3: RMSE against an FP64 reference, inputs N(0,1) + N(0,100) * Bernoulli(0.001).
 PAPER_RMSE = {"per-tensor": 2.4e-2, "block": 2.4e-2, "block + incoherent": 9.1e-3}
@@ -105,6 +110,12 @@ def fake_quantize_e4m3(x, block=None):
     return dequantize_e4m3(*quantize_e4m3(x, block), block=block)
 
 
+def round_p_e4m3(p):
+    """A tile of softmax probabilities (values in [0, 1]) as FA3's FP8 kernel multiplies it with V: scaled
+    by P_SCALE, rounded to e4m3, scaled back (the row sums are taken before rounding)."""
+    return round_e4m3(np.asarray(p) * P_SCALE) / P_SCALE
+
+
 def hadamard(d):
     """The d x d Hadamard matrix scaled by 1/sqrt(d), so it is orthogonal (Sylvester's construction)."""
     d = _positive_int(d, "d")
@@ -134,11 +145,13 @@ def incoherent_transform(q, k, *, seed=0):
     return q @ m, k @ m
 
 
-def fp8_attention(q, k, v, *, scaling="block", incoherent=False, block=128, seed=0, causal=False, scale=None):
+def fp8_attention(q, k, v, *, scaling="block", incoherent=False, block=128, seed=0, causal=False, scale=None,
+                  quantize_p=True):
     """Attention with Q, K, V rounded to e4m3 the FA3 way, run by flashlab's FA2 forward in float32.
 
     scaling: "tensor" (one scale per tensor) or "block" (one per block of `block` rows).
     incoherent: rotate Q and K by incoherent_transform (seed picks the random signs) before quantising.
+    quantize_p: round each tile of P with round_p_e4m3 before P V, as FA3 does (False keeps P float32).
     The default softmax scale is 1/sqrt(d) of the original d (the rotation keeps d). Returns O, float32.
     """
     from .tiled import flash_attention_v2
@@ -151,7 +164,8 @@ def fp8_attention(q, k, v, *, scaling="block", incoherent=False, block=128, seed
     b = block if scaling == "block" else None
     q8, k8, v8 = (fake_quantize_e4m3(x, b).astype(np.float32) for x in (q, k, v))
     big = max(q.shape[-2], k.shape[-2])  # large tiles keep NumPy's loop short; the result does not depend on them
-    o, _ = flash_attention_v2(q8, k8, v8, causal=causal, scale=scale, block_q=min(big, 512), block_k=min(big, 1024))
+    o, _ = flash_attention_v2(q8, k8, v8, causal=causal, scale=scale, block_q=min(big, 512), block_k=min(big, 1024),
+                              round_p=round_p_e4m3 if quantize_p else None)
     return o
 
 
@@ -168,10 +182,11 @@ def rmse(out, ref):
     return float(np.sqrt(np.mean((out - ref) ** 2)))
 
 
-def accuracy_study(n=8192, d=128, heads=1, *, block=128, seed=0):
+def accuracy_study(n=8192, d=128, heads=1, *, block=128, seed=0, quantize_p=True):
     """RMSE against float64 attention of per-tensor FP8, block FP8 and block FP8 + incoherent processing.
 
-    Q, K and V are drawn from outlier_inputs with shape (heads, n, d). Returns {method: RMSE}.
+    Q, K and V are drawn from outlier_inputs with shape (heads, n, d); P is rounded to FP8 too unless
+    quantize_p=False. Returns {method: RMSE}.
     """
     from .tiled import flash_attention_v2
 
@@ -183,4 +198,5 @@ def accuracy_study(n=8192, d=128, heads=1, *, block=128, seed=0):
         "block": dict(scaling="block"),
         "block + incoherent": dict(scaling="block", incoherent=True),
     }
-    return {name: rmse(fp8_attention(q, k, v, block=block, seed=seed, **kw), ref) for name, kw in runs.items()}
+    return {name: rmse(fp8_attention(q, k, v, block=block, seed=seed, quantize_p=quantize_p, **kw), ref)
+            for name, kw in runs.items()}

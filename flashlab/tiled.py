@@ -95,12 +95,14 @@ def flash_attention_v1(q, k, v, *, causal=False, scale=None, block_q=None, block
     return O.astype(q.dtype), lse
 
 
-def flash_attention_v2(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, io=NO_IO):
+def flash_attention_v2(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, io=NO_IO, round_p=None):
     """FlashAttention-2 forward (arXiv 2307.08691, Algorithm 1). Returns (o, lse).
 
     Loop order: outer over Q blocks i (independent, so they can run in parallel), inner over K/V blocks
     j. O_i, m_i, l_i stay on chip; O_i is left unnormalised until the end and written to HBM once.
     Under causal masking, key blocks entirely after the block's last query are never visited.
+    round_p: optional function applied to each tile of P before P V_j, as a low-precision kernel rounds
+    its matmul operand (flashlab.fp8 simulates FA3's FP8 P); the row sums l use the unrounded P.
     """
     q, k, v, causal, scale = check_attention_inputs(q, k, v, causal=causal, scale=scale)
     br, bc = _blocks(q, v, block_q, block_k, io)
@@ -130,7 +132,8 @@ def flash_attention_v2(q, k, v, *, causal=False, scale=None, block_q=None, block
             P = np.exp(S - _safe(m_new)[..., None])
             alpha = np.exp(m_i - _safe(m_new))
             l_i = alpha * l_i + P.sum(axis=-1)
-            O_i = alpha[..., None] * O_i + P @ V_j  # unnormalised: no division inside the loop
+            P_mm = P if round_p is None else round_p(P).astype(ct, copy=False)
+            O_i = alpha[..., None] * O_i + P_mm @ V_j  # unnormalised: no division inside the loop
             m_i = m_new
             bc_ = S.shape[-1]
             io.flops(matmul=2 * n_rows * bc_ * dv, other=4 * n_rows * bc_ + 2 * n_rows * dv + 4 * n_rows)

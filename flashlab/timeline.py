@@ -17,8 +17,9 @@ program order. Durations are in arbitrary units; only their ratios matter.
                       so one's softmax runs under the other's matmuls. Without it the two run the same
                       instruction stream side by side, sharing every unit: together they behave like one
                       warpgroup doing twice the work per step, which is how they are modelled
-    intra_overlap     within a warpgroup, issue QK of block j+1 before the softmax of block j, so the
-                      softmax overlaps a matmul of the same warpgroup (the paper's 2-stage pipelining)
+    intra_overlap     within a warpgroup, issue QK of block j right after the softmax of block j-1 and
+                      ahead of PV of block j-1, so softmax j runs while the tensor cores do PV j-1 (the
+                      paper's 2-stage pipelining, section 3.2; PV j itself must wait for softmax j)
 """
 from __future__ import annotations
 

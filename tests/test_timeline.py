@@ -65,3 +65,17 @@ def test_bad_arguments():
         tl.fa3_schedule(2, t_softmax=-1)
     with pytest.raises(ValueError, match="stages"):
         tl.fa3_schedule(2, stages=0)
+
+
+def test_intra_warpgroup_overlap_is_fa3s_two_stage_pipeline():
+    # FA3 section 3.2: QK_j is issued after softmax_{j-1} and before PV_{j-1}, so softmax_j overlaps
+    # PV_{j-1}; PV_j needs softmax_j's P and can never overlap it.
+    t = schedule(**tl.CONFIGS["+ intra-warpgroup overlap"])
+    jobs = {j.name: j for j in t.jobs}
+    wg = "WG1+2"
+    for j in range(1, 6):
+        qk, sm, pv_prev, sm_prev = (jobs[f"{wg} QK{j}"], jobs[f"{wg} softmax{j}"], jobs[f"{wg} PV{j - 1}"],
+                                    jobs[f"{wg} softmax{j - 1}"])
+        assert sm_prev.end <= qk.start < pv_prev.start, f"QK{j} must come between softmax{j - 1} and PV{j - 1}"
+        assert sm.start < pv_prev.end and pv_prev.start < sm.end, f"softmax{j} should overlap PV{j - 1}"
+        assert jobs[f"{wg} PV{j}"].start >= sm.end

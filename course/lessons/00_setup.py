@@ -18,9 +18,9 @@
 # | the same kernels, simulated | 07 onwards | the CPU, one Python thread per GPU thread | nothing: chosen automatically without a GPU |
 #
 # The simulator runs your kernel *exactly as written*, thread by thread, so it is good for finding
-# bugs (you can even `print` inside a kernel) and hopeless for timing: each simulated thread costs about
-# a tenth of a millisecond (lesson 07 measures it), so a launch a GPU finishes in microseconds can take
-# minutes. Lessons 00–06 do not need a GPU at all.
+# bugs (you can even `print` inside a kernel) and hopeless for timing: each simulated thread costs from a
+# tenth of a millisecond to a millisecond, depending on the kernel (lesson 07 measures it), so a launch a
+# GPU finishes in microseconds can take minutes. Lessons 00–06 do not need a GPU at all.
 #
 # `flashlab.doctor()` in the setup cell at the top reported which backend was picked. The same facts are available
 # from code:
@@ -87,8 +87,7 @@ print("N =", N)
 # %% [markdown]
 # To turn it on for your own run, set it before starting Jupyter (`FLASHLAB_FAST=1 jupyter lab`), or in
 # the first cell with `import os; os.environ["FLASHLAB_FAST"] = "1"` before anything else. In the fast
-# mode the interactive plots of lessons 04 and 05 also show a static grid of small plots instead of
-# sliders.
+# mode the interactive explorers (the plots with sliders) show a static grid of small plots instead.
 #
 # ## Names
 #

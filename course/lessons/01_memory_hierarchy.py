@@ -58,7 +58,9 @@ for name, m in roofline.PUBLISHED.items():
 
 # %% [markdown]
 # The published numbers are datasheet peaks (dense FP16 on tensor cores; sources in
-# `flashlab.roofline.PUBLISHED`). Real kernels reach perhaps 70–90% of them.
+# `flashlab.roofline.PUBLISHED`). They are ceilings, not promises: the best attention kernel on an H100,
+# FlashAttention-3 in FP16, reaches 75% of that peak, and FlashAttention-2 about 35% (arXiv 2407.08608,
+# abstract).
 #
 # Now two real kernels on this CPU, timed: `np.exp` over a large array (one read, one write per
 # element, and we count one FLOP per element, generously low for `exp`) and a float32 matrix product.
@@ -108,13 +110,16 @@ print(f"{'step':15s} {'FLOP/byte':>10s} {'memory µs':>10s} {'compute µs':>11s}
 for name, (f, b) in steps.items():
     t_mem, t_cmp = b / a100.bandwidth * 1e6, f / a100.peak_flops * 1e6
     print(f"{name:15s} {f / b:10.1f} {t_mem:10.1f} {t_cmp:11.2f}  {'memory' if t_mem > t_cmp else 'compute'}")
+f_sm, b_sm = steps["softmax"]
+print(f"softmax on the A100's FP32 units instead: {f_sm / roofline.PUBLISHED_FP32['A100'] * 1e6:.1f} µs of "
+      f"arithmetic against {b_sm / a100.bandwidth * 1e6:.1f} µs of memory traffic")
 
 # %% [markdown]
 # The last column has a surprise: with $d = 64$, even the two matrix products of attention are
 # memory-bound, because writing or reading the $N\times N$ matrix dominates their bytes (their
 # intensity is about $d$ FLOPs per byte in float16, below the ridge). Only a square matmul clears the
-# ridge. Softmax runs on the ordinary FP32 units, not tensor cores, but even at the A100's 19.5 FP32
-# TFLOP/s its arithmetic takes about 4 µs against 33 µs of memory traffic.
+# ridge. Softmax runs on the ordinary FP32 units, not tensor cores, but even at their much lower rate
+# (the last line) its arithmetic takes a small fraction of the time its memory traffic needs.
 #
 # So the time of standard attention is spent moving $S$ and $P$ through HBM, not multiplying.
 # FlashAttention keeps them on chip (arXiv 2205.14135, Section 2 discusses exactly this).

@@ -55,8 +55,9 @@ print("O error:", relative_error(o, o_ref), "  lse error:", relative_error(lse, 
 # ## The SRAM budget
 #
 # Four tiles stream through SRAM at once: $Q_i$ and $O_i$ ($B_r \times d$) and $K_j, V_j$
-# ($B_c \times d$). (The score tile $S_{ij}$ lives in registers on a GPU, and $m_i, l_i$ are tiny; the
-# model does not charge them against $M$.) The paper's rule gives each of the four about a quarter of
+# ($B_c \times d$). (The score tile $S_{ij}$, $B_r \times B_c$, is on chip too, at most $M/4$ elements
+# with the rule below; real kernels keep it in registers, and this model charges only the four d-wide
+# tiles against $M$. $m_i, l_i$ are tiny.) The paper's rule gives each of the four about a quarter of
 # the budget: $B_c = \lceil M / 4d \rceil$, $B_r = \min(B_c, d)$.
 
 # %%

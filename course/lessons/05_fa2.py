@@ -102,8 +102,9 @@ viz.plot_work_split(256, 256, 32, 32, causal=True);
 
 # %% [markdown]
 # Under the causal mask the thread blocks get unequal rows of work (right); the GPU's scheduler starts
-# the next waiting block on whichever SM frees up first. What the split buys is occupancy: with long
-# sequences, batches are small, and an A100 has 108 SMs to fill:
+# the next waiting block on whichever SM frees up first. What the split buys is work for every SM: with
+# long sequences, batches are small, and an A100 has 108 SMs to fill. (The FA2 paper calls this
+# occupancy; from lesson 08 on, occupancy means something narrower, the warps resident on one SM.)
 
 # %%
 viz.plot_occupancy(tr=flashlab.size(64, 16));

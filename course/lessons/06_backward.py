@@ -96,7 +96,7 @@ ns, d_head = 2 ** np.arange(9, 17), 64
 fig, ax = plt.subplots(figsize=(6.5, 3.8))
 std = [sum(formula_traffic("naive_backward", int(m), int(m), d_head).values()) for m in ns]
 ax.plot(ns, std, "--", color="#d62728", lw=2, label="standard backward (≈ 7N² + 8Nd)")
-for M, style in ((16384, ":"), (65536, "-."), (98304, "-")):  # 98304 float16 elements = 192 KiB, one A100 SM
+for M, style in ((16384, ":"), (65536, "-."), (98304, "-")):  # 98304 float16 = 192 KiB: an A100 SM's L1 + shared
     fa = [sum(formula_traffic("fa2_backward", int(m), int(m), d_head, M=M).values()) for m in ns]
     ax.plot(ns, fa, style, marker="o", ms=3, color="#9467bd", label=f"FA2 backward, M = {M}")
 ax.set(yscale="log", xlabel="sequence length N", ylabel=f"elements moved through HBM (d = {d_head})")

@@ -7,7 +7,8 @@
 #   right places, and recognise the races you get without it;
 # - say what the CUDA simulator is good for (running and debugging the same code without a GPU) and what it
 #   cannot do (warp shuffles, speed, registers);
-# - explain why a kernel launch costs tens of microseconds, and what that means for FlashAttention.
+# - measure what a kernel launch costs from Numba, tell Numba's Python dispatch apart from the CUDA launch
+#   itself, and say why FlashAttention is one kernel.
 #
 # Lessons 03–06 ran the FlashAttention algorithm in NumPy. From here on it runs as GPU kernels written in
 # Python with Numba (`numba-cuda`), on a GPU when there is one and in Numba's CUDA simulator otherwise.
@@ -68,9 +69,16 @@ print(f"{blocks} blocks of {tpb} threads; correct:", np.array_equal(out_d.copy_t
 #
 # ## Shared memory and barriers
 #
-# Threads of one block can talk through **shared memory**: on-chip SRAM, a few dozen KB per block
-# (48 KB is all a numba-cuda kernel can ask for), far faster than HBM but slower than registers. It is
-# the SRAM of the FlashAttention papers: where tiles of K and V live while a block works on them.
+# Threads of one block can talk through **shared memory**: on-chip SRAM, far faster than HBM but slower
+# than registers. It is the SRAM of the FlashAttention papers: where tiles of K and V live while a block
+# works on them. How much one block may use depends on how it asks. Arrays of a size fixed at compile time
+# (*static* shared memory) get at most 48 KB per block on every GPU; beyond that a kernel must use
+# *dynamic* shared memory and opt in explicitly, and then an H100 gives one block up to 227 KB (CUDA C++
+# Programming Guide, "Technical Specifications per Compute Capability"; NVIDIA Hopper Tuning Guide).
+# Real FlashAttention kernels use that room for bigger tiles and more pipeline stages. numba-cuda's
+# `cuda.shared.array` is static and it has no public call for the opt-in (numba-cuda issue #94), so
+# flashlab's kernels size their tiles to fit 48 KB, which also lets the same code run on a T4 and in the
+# simulator.
 #
 # When one thread reads what another wrote, the write must happen first. `cuda.syncthreads()` is a
 # barrier: no thread of the block passes it until all have reached it. The classic use is a sum over a
@@ -161,30 +169,57 @@ gviz.plot_launch_cost(counts, seconds, label="GPU" if ON_GPU else "CUDA simulato
 # ## Launch overhead
 #
 # Starting a kernel is not free: Python checks and packs the arguments, the driver queues the launch, and
-# the GPU starts the blocks. Timed with CUDA events (lesson 10 explains why not with `time.perf_counter`):
+# the GPU starts the blocks. Time a kernel that does nothing (`flashlab.kernels.demo.empty`, whose body is
+# `pass`) two ways: CUDA events recorded just before and after one launch (lesson 10 explains events),
+# and the host clock over many launches in a row. For comparison, the same two timings of one small
+# kernel that PyTorch launches from C++ (`Tensor.zero_` on a one-element tensor):
 
 # %%
-@cuda.jit
-def empty(x):
-    pass
-
+from flashlab.kernels import demo
+from flashlab.roofline import PUBLISHED_FP32
 
 if ON_GPU:
-    from flashlab.bench import time_cuda
-
-    dummy = cuda.device_array(1, np.float32)
-    t = time_cuda(lambda: empty[1, 32](dummy), warmup=5, reps=200)
-    print(f"one launch of an empty kernel: {t['median_ms'] * 1e3:.1f} µs (median of 200)")
+    launch = demo.launch_cost()
+    launch = {"numba_event_us": launch["event_us"], "numba_host_us": launch["host_us"]}
+    try:
+        launch.update(demo.torch_launch_cost())
+    except ImportError:  # no torch: Numba's numbers only
+        pass
+    print("measured on this GPU:")
 else:
-    print("no GPU: on the project's H100, one launch with device-array arguments costs about 26 µs")
+    facts = flashlab.bench.load_lesson_facts()
+    launch = facts["launch"]
+    print(f"no GPU: recorded on {facts['gpu']} (flashlab/data/lesson_facts.json, source: {facts['source']})")
+
+
+def us(key):
+    return f"{launch[key]:8.1f} µs" if launch.get(key) is not None else "       —   "  # —: not recorded
+
+
+print(f"{'':38s} {'CUDA events':>12s}  {'host, per launch':>16s}")
+print(f"{'Numba, empty kernel, device array':38s} {us('numba_event_us'):>12s}  {us('numba_host_us'):>16s}")
+print(f"{'Numba, empty kernel, torch tensor':38s} {'':>12s}  {us('numba_torch_arg_host_us'):>16s}")
+print(f"{'PyTorch (C++), Tensor.zero_':38s} {us('torch_event_us'):>12s}  {us('torch_host_us'):>16s}")
+if None in (launch.get(k) for k in ("numba_host_us", "numba_torch_arg_host_us", "torch_event_us", "torch_host_us")):
+    print("—: not measured here (no torch) or not in the recorded file yet (benchmarks/lesson_facts.py)")
+flop_per_launch = launch["numba_event_us"] * 1e-6 * PUBLISHED_FP32["H100"]
+print(f"at its FP32 peak an H100 does {flop_per_launch / 1e9:.1f} GFLOP in one Numba launch; one head's "
+      f"attention forward at N = 1024, d = 64 is {4 * 1024**2 * 64 / 1e9:.2f} GFLOP")
 
 # %% [markdown]
-# About 26 µs per launch on the project's H100 (more when torch tensors are passed directly: convert once
-# with `cuda.as_cuda_array`). In 26 µs that GPU can do about 1.7 GFLOP of FP32 arithmetic, more than the
-# whole forward pass of attention for one head at N = 1024 (4·N²·d = 0.27 GFLOP at d = 64). So kernels
-# must be few and big: one launch that does all of attention (every batch, head and query block as one
-# grid), not one per head or per tile. That is what FlashAttention's single fused kernel is, and what
-# lesson 08 starts to build.
+# Between the two events the GPU is idle, waiting for the host: the event time is what the host spends
+# on one launch plus the GPU's own start-up. Compare Numba's line with torch's: both end in the same CUDA
+# driver call, so the difference is Numba's work in Python before it (finding the compiled kernel for these
+# argument types, checking and packing the arguments). The GPU is not what is slow here. Passing torch
+# tensors straight to a Numba kernel costs more again, since Numba converts them on every call: convert
+# once with `cuda.as_cuda_array`.
+#
+# Why, then, is FlashAttention one kernel? Not mainly for the launches. Run as separate matmul, softmax and
+# matmul kernels, attention writes S and then P, each N × N, to HBM and reads them back (lesson 02); one
+# fused kernel keeps them on chip and never does. Launch cost is the second reason, and it matters when the
+# work per launch is small, as the last line above shows: launch one kernel for all of attention (every
+# batch, head and query block in one grid), not one per head or per tile. Lesson 08 starts to build it;
+# lesson 14 meets a case where launches add up, decoding one token at a time.
 #
 # **Exercises:** [07_gpu_numba](../exercises/07_gpu_numba.ipynb): a block sum in shared memory, and a tiled
 # transpose whose reads and writes are both coalesced.

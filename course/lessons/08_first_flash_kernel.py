@@ -85,7 +85,9 @@ if ON_GPU:
                      "torch SDPA fp32": lambda: F.scaled_dot_product_attention(qt, kt, vt)}.items():
         speeds[name] = flops / (time_cuda(fn, warmup=2, reps=20)["median_ms"] * 1e-3) / 1e12
 else:
-    speeds = {"flashlab shared": 9.4, "torch SDPA fp32": 32.3}  # recorded on an H100 (benchmarks/results/h100/forward.csv)
+    recorded = {r["impl"]: r["tflops"] for r in gviz.RECORDED if (r["N"], r["d"]) == (N_BENCH, D_BENCH)}
+    speeds = {"flashlab shared": recorded["flashlab shared fp32"], "torch SDPA fp32": recorded["torch SDPA fp32"]}
+    print(f"no GPU: {gviz.RECORDED_SOURCE}")
 for name, tf in speeds.items():
     print(f"{name:16s} {tf:6.1f} TFLOP/s")
 print(f"the textbook kernel reaches {speeds['flashlab shared'] / speeds['torch SDPA fp32']:.0%} of SDPA")
@@ -144,7 +146,9 @@ gviz.plot_occupancy_bars(infos);
 # work other than FMAs. Three things, then, make it slow, and none is HBM traffic:
 #
 # 1. **few warps and long waits**: each scheduler has about 2 warps to choose from, and often both are
-#    waiting, for the next K/V tile from HBM or for the previous multiply-add of the dot product;
+#    waiting, for the next K/V tile or for the previous multiply-add of the dot product (those tiles can
+#    mostly be served by the L2 cache rather than HBM: the K and V of all 16 heads, 32 MiB, fit in an
+#    H100's 50 MB of L2, and every query block of a head reads the same ones);
 # 2. **bookkeeping per key**: the whole row of O is rescaled after every key (one extra multiply per
 #    element), plus index arithmetic and loop control: about 2.9 instructions issued per useful FMA;
 # 3. **a shared-memory read for every FMA**: the compiler fetches 4 adjacent floats per 16-byte load, so

@@ -33,67 +33,44 @@ rng = np.random.default_rng(0)
 # caches (CUDA C++ Programming Guide, "Device Memory Accesses", local memory). The same happens when a
 # thread needs more than its 255 registers: the excess **spills**.
 #
-# Two versions of the same little kernel: each thread keeps `R` running sums of `x * w`. The first loops
-# over `range(R)` with `R` a constant; the second over `range(r)` with `r` an argument (equal to R).
+# Two versions of the same little kernel (`flashlab/kernels/demo.py`): each thread keeps `R = 16` running
+# sums of `x * w`. The first loops over `range(R)` with `R` a constant; the second over `range(r)` with `r`
+# an argument (equal to R).
 
 # %%
-R = 16
+from flashlab.kernels import demo
 
+print(demo.kernel_source(demo.sums_unrolled))
+print(demo.kernel_source(demo.sums_dynamic))
 
-@cuda.jit
-def sums_unrolled(x, w, out):
-    i = cuda.grid(1)
-    acc = cuda.local.array(R, float32)
-    for j in range(R):
-        acc[j] = 0.0
-    for step in range(x.shape[0]):
-        for j in range(R):  # constant trip count: unrolled, acc[j] -> registers
-            acc[j] += x[step] * w[j]
-    if i < out.shape[0]:
-        for j in range(R):
-            out[i, j] = acc[j]
-
-
-@cuda.jit
-def sums_dynamic(x, w, out, r):
-    i = cuda.grid(1)
-    acc = cuda.local.array(R, float32)
-    for j in range(r):
-        acc[j] = 0.0
-    for step in range(x.shape[0]):
-        for j in range(r):  # trip count known at run time only: acc[j] -> local memory
-            acc[j] += x[step] * w[j]
-    if i < out.shape[0]:
-        for j in range(r):
-            out[i, j] = acc[j]
-
-
+# %%
+R = demo.R
 n_steps, threads = device.kernel_size(4096, 8), device.kernel_size(65536, 32)  # small in the simulator
 x, w = cuda.to_device(rng.standard_normal(n_steps).astype(np.float32)), cuda.to_device(np.ones(R, np.float32))
 outs = {name: cuda.device_array((threads, R), np.float32) for name in ("unrolled", "dynamic")}
-sums_unrolled[threads // 32, 32](x, w, outs["unrolled"])
-sums_dynamic[threads // 32, 32](x, w, outs["dynamic"], R)
+demo.sums_unrolled[threads // 32, 32](x, w, outs["unrolled"])
+demo.sums_dynamic[threads // 32, 32](x, w, outs["dynamic"], R)
 print("same results:", np.allclose(outs["unrolled"].copy_to_host(), outs["dynamic"].copy_to_host()))
 
 if ON_GPU:
-    from flashlab.bench import time_cuda
-
-    for name, kernel, args in (("unrolled", sums_unrolled, (x, w, outs["unrolled"])),
-                               ("dynamic", sums_dynamic, (x, w, outs["dynamic"], R))):
-        compiled = kernel.overloads[kernel.signatures[0]]
-        ms = time_cuda(lambda: kernel[threads // 32, 32](*args), warmup=2, reps=20)["median_ms"]
-        print(f"{name:9s} registers {compiled.regs_per_thread:3d}, local memory "
-              f"{compiled.local_mem_per_thread:3d} B/thread, {ms:.3f} ms")
+    cost = demo.local_memory_cost(n_steps=n_steps, threads=threads)
+    print(f"measured on this GPU ({n_steps} steps, {threads} threads):")
 else:
+    facts = flashlab.bench.load_lesson_facts()
+    cost = facts["local_memory"]
     print("In the simulator both are plain Python: registers, local memory and their cost only exist in code\n"
-          "compiled for a GPU. On one, this cell prints registers and local bytes per thread and the times.")
+          f"compiled for a GPU. Recorded on {facts['gpu']} ({cost['n_steps']} steps, {cost['threads']} threads;\n"
+          f"flashlab/data/lesson_facts.json, source: {facts['source']}):")
+for name in ("unrolled", "dynamic"):
+    c = cost[name]
+    print(f"  sums_{name:9s} registers {c['registers']:3d}, local memory {c['local_bytes']:3d} B/thread, {c['ms']:.3f} ms")
+print(f"  the dynamic one takes {cost['dynamic']['ms'] / cost['unrolled']['ms']:.1f}x as long")
 
 # %% [markdown]
-# On a GPU, `sums_unrolled` reports 0 bytes of local memory and `sums_dynamic` room for its 16 floats:
-# every `acc[j] +=` of the second one becomes a load and a store to memory instead of one register
-# instruction, and the time shows it. On an NVIDIA H100 (numba-cuda 0.30.4, this cell at full size) we
-# measured 42 registers, 0 B local memory, 0.56 ms for the unrolled kernel against 30 registers, 64 B
-# of local memory per thread and 6.0 ms for the dynamic one: fewer registers, eleven times slower.
+# On a GPU, `sums_unrolled` reports 0 bytes of local memory and `sums_dynamic` room for its 16 floats
+# (64 bytes): every `acc[j] +=` of the second one becomes a load and a store to memory instead of one
+# register instruction, and the time shows it. Note which count gives the problem away: the local-memory
+# count, not the register count (an array moved to memory frees registers, so that count can even drop).
 # numba-cuda exposes these counts for each compiled kernel (`get_regs_per_thread()`,
 # `get_local_mem_per_thread()`), and `flashlab.kernels.kernel_info` reads them for the attention
 # kernels. The rule for the rest of this lesson: **local arrays of constant size, indexed only by
@@ -120,7 +97,8 @@ gviz.plot_reads_per_fma();
 # %% [markdown]
 # ## The register kernel
 #
-# flashlab's `variant="register"` (`flashlab/kernels/register.py`) is FA2's forward built this way:
+# flashlab's `variant="register"` (`flashlab/kernels/register.py`) runs FA2's forward algorithm with this
+# register tiling on plain FP32 units:
 #
 # - a block of `tr x tc` threads owns `block_q` query rows; thread `(ty, tx)` owns `RM` rows, `RN` keys of
 #   each S tile and `RD = d / tc` columns of O;
@@ -128,8 +106,17 @@ gviz.plot_reads_per_fma();
 # - S is computed from `RM + RN` shared reads per step, the row maximum and row sum are combined across
 #   the `tc` threads of a row through a small shared buffer (no warp shuffles, so the simulator runs the
 #   same code), and P goes back to shared memory (over the K tile) for the `P V` product;
-# - K and V tiles are loaded with consecutive threads reading consecutive addresses (coalesced), and
-#   O is divided by l once, at the end (FA2, arXiv 2307.08691, Section 3.1).
+# - K and V tiles are copied from global memory one element per thread: 8 consecutive threads read 8
+#   adjacent elements of one row (one 32-byte sector in float32), so one load instruction of a warp reads
+#   pieces of 4 rows; O is divided by l once, at the end (FA2, arXiv 2307.08691, Section 3.1).
+#
+# This is not how the real FlashAttention-2 kernel splits the work. There, each warp owns whole rows of
+# the S tile (the block's query rows are split across its warps, arXiv 2307.08691, Section 3.3) and
+# computes them with tensor-core instructions. Their results stay in the warp's registers, which the CUDA
+# code rearranges into the operand of the next tensor-core product, `P V`: P never goes through shared
+# memory, and a row's maximum and sum are combined inside the warp with shuffles. numba-cuda has no
+# tensor-core API and the simulator no shuffles, so flashlab splits each row over `tc` threads and passes P
+# through shared memory instead, one of the costs lesson 10 measures.
 #
 # It gives the same answers as the textbook kernel:
 

@@ -80,10 +80,11 @@ print(f"{len(rows)} configurations" + ("" if ON_GPU else " (recorded)" if rows e
 
 # %% [markdown]
 # Each cell is one tile shape, showing the best of the thread layouts tried for it (★ marks the fastest
-# overall). Switch the metric: the fastest tile is rarely the one with the highest occupancy. (In the
-# recorded sweep no tile spills, `local_bytes` = 0 everywhere; a spilling tile would lose, as lesson 09
-# measured.) (Without widgets, or in the fast mode,
-# a grid of the main metrics.)
+# overall). Switch the metric and compare. In the recorded sweep, at d = 64 the fastest tile also has the
+# highest occupancy (25%, shared with a slower tile); at d = 128 it does not (19%, against 31% for the tiles
+# with the most resident warps). Occupancy is one input to speed, not a score to maximise. (No recorded tile
+# spills, `local_bytes` = 0 everywhere; a spilling tile would lose, as lesson 09 measured.) (Without
+# widgets, or in the fast mode, a grid of the main metrics.)
 
 # %%
 gviz.tile_explorer(rows);
@@ -145,8 +146,8 @@ if profile:
 #   key, one FMUL per element (0.5 per FFMA); integer work on its indices and comparisons (ALU) costs
 #   another 0.6, loop control 0.4.
 #   And its schedulers sit idle half the time: with about 2 warps each, nobody is ready while a warp waits
-#   for its next K/V tile from HBM (ncu's "long scoreboard" stall) or for the previous FFMA of its dot
-#   product, a chain of d dependent multiply-adds ("wait").
+#   for its next K/V tile from global memory (ncu's "long scoreboard" stall; mostly L2 hits at this size,
+#   lesson 08) or for the previous FFMA of its dot product, a chain of d dependent multiply-adds ("wait").
 # - **The register kernel** issues 1.7 instructions per FFMA and keeps the schedulers busy three cycles in
 #   four; its most common "stall", not_selected, means a warp was ready but another got the slot: the
 #   schedulers themselves are the limit. Its micro-tiles cut the shared-memory loads to 0.12 per FFMA,
@@ -156,11 +157,13 @@ if profile:
 #
 # The product of the two factors matches the measured speed to within two points of the peak, so this
 # picture accounts for where the time goes. It also prices the next 1.5x: at the same issue rate the FFMA
-# share would have to rise from 58% to about 85%, that is, three quarters of the 0.74 other instructions
-# per FFMA would have to go. Deeper unrolling and register caps do not get there (they add registers or
-# spill; the measurements are in `benchmarks/results/README.md`), and any kernel that tries must still fit
-# O, S and the softmax state of its rows into registers. For scale: cuBLAS's FP32 matrix product (no
-# TF32), with no softmax to do, reaches about 77% of the peak on an H100 (`benchmarks/results/README.md`).
+# share would have to rise from 58% to about 86%, that is, four fifths of the 0.74 other instructions per
+# FFMA would have to go. The cheap levers do not get there (`benchmarks/results/register_experiments.md`,
+# H100): unrolling the product loops 8 deep instead of 4 needs *fewer* registers (124 against 128) and is
+# still slower (22.5 against 27.5 TFLOP/s); 16 and 64 deep need more registers and are slower again; capping
+# the registers makes the kernel spill and slows it down. Any kernel that tries must still fit O, S and the
+# softmax state of its rows into registers. For scale: cuBLAS's FP32 matrix product (no TF32), with no
+# softmax to do, reaches about 77% of the peak on an H100 (51.4 of 67 TFLOP/s, same file).
 
 # %% [markdown]
 # ## Against PyTorch
@@ -181,9 +184,12 @@ gviz.plot_vs_torch(results, N=N, d=d, source=f"from {source}");
 # %% [markdown]
 # How to read it:
 #
-# - flashlab's kernels run on the FP32 units; SDPA in float32 uses tensor cores in 3xTF32 (on the H100),
-#   so "half of SDPA fp32" is the realistic goal for plain FP32 code, and float16 on tensor cores is in
-#   another league (numba-cuda has no tensor-core API).
+# - flashlab's kernels run on the FP32 units; SDPA in float32 uses tensor cores in 3xTF32 (on the H100).
+#   Even so, in the committed runs (`benchmarks/results/README.md`) the register kernel reaches 82–84% of
+#   SDPA fp32 at d = 64 from N = 4096 on (42% at N = 1024, where 16 heads of 8 query blocks make 128 thread
+#   blocks for 132 SMs), but only 30–35% at d = 128, where 48 KB of shared memory keeps its tiles small
+#   (lesson 07).
+#   float16 on tensor cores is in another league (numba-cuda has no tensor-core API).
 # - On a T4 (Colab), SDPA in float32 runs on plain FP32 units: there the comparison is like for like.
 # - Always measure the baseline in the same run as your kernel, and quote ratios: on a shared machine
 #   absolute numbers move from run to run.

@@ -23,6 +23,7 @@ import time
 
 import matplotlib.pyplot as plt
 import numpy as np
+from tqdm.auto import tqdm
 
 import flashlab
 from flashlab import fp8, timeline
@@ -73,8 +74,13 @@ print(fp8.round_e4m3(np.array([1.0625, 1.1875, 17.0, 19.0, 500.0, np.inf, 2.0 **
 # %% [markdown]
 # Relative precision is the same everywhere in the normal range, but the range itself is narrow:
 # $2^{-6}$ to 448. Attention inputs can be far larger or smaller, so every tensor is divided by a
-# **scale** first: `scale = amax / 448` maps the largest magnitude to 448, and the tensor core multiplies
-# the scales back in after the product.
+# **scale** first: `scale = amax / 448` maps the largest magnitude to 448. Hopper's FP8 tensor-core
+# instructions take no scale operands (PTX ISA, `wgmma.mma_async`): they multiply the 8-bit codes, and the
+# kernel applies the scales afterwards in FP32. For attention that costs nothing extra: the scales of Q and
+# K multiply every score, so FA3 folds them into the softmax scale, and the scale of V multiplies the
+# output, so it is applied to O at the end (FA3's code takes one such "descale" per batch and head).
+# Tensor cores that apply a scale to every small block of the inputs themselves arrived with Blackwell's
+# microscaling (MX) formats (PTX ISA, `tcgen05.mma` with `.block_scale`).
 #
 # **Per-tensor** scaling uses one scale for all of Q. **Block** scaling uses one per tile, which FA3
 # loads anyway. Why it matters: below, one block of tiny values shares a tensor with one huge outlier.
@@ -136,13 +142,17 @@ print("relative change of Q K^T:", flashlab.relative_error(q2 @ k2.T, q @ k.T))
 # processing **2.4e-2**, with it **9.1e-3**: about 2.6× better.
 #
 # `fp8.accuracy_study` rounds Q, K and V to e4m3 (Q and K rotated first, for the third method), then runs
-# flashlab's NumPy FA2 forward in float32, as FP8 tensor cores accumulate in higher precision. We sweep
-# the sequence length, for a reason explained below. (Fast mode runs shorter sequences.)
+# flashlab's NumPy FA2 forward, rounding each tile of P to e4m3 before $PV$ as FA3 does (it scales P by
+# $2^8$ first, so that P's small values do not vanish). What it does not simulate is the tensor core's
+# arithmetic: flashlab adds the products of the rounded values in float32, while Hopper's FP8
+# accumulation keeps only about 14 bits (measured on an H800 by DeepSeek-V3, arXiv 2412.19437, section
+# 3.3.2). So this reproduces the paper's comparison of quantisation schemes, not the exact error of FA3's
+# kernel. We sweep the sequence length, for a reason explained below. (Fast mode runs shorter sequences.)
 
 # %%
 ns = flashlab.size([1024, 2048, 4096, 8192], [512, 1024, 2048])
 start = time.perf_counter()
-results = {n: fp8.accuracy_study(n=n, d=128, seed=0) for n in ns}
+results = {n: fp8.accuracy_study(n=n, d=128, seed=0) for n in tqdm(ns, desc="accuracy study")}  # ~1 min at full size
 print(f"{time.perf_counter() - start:.1f} s")
 fig, ax = plt.subplots(figsize=(7, 3.8))
 for i, method in enumerate(fp8.METHODS):
@@ -160,9 +170,9 @@ print(f"N = {ns[-1]}:", {m: f"{v:.1e}" for m, v in last.items()},
       f"-> incoherent processing cuts the error {last['block'] / last['block + incoherent']:.1f}x")
 
 # %% [markdown]
-# At N = 8192 (the full run) flashlab lands close to the paper: about 2.1e-2 for per-tensor and block
-# FP8, 8.8e-3 with incoherent processing, a 2.5× cut (seed 0; other seeds give 2.3–2.5×). The fast run's shorter sequences
-# show a smaller gap. Two things to notice:
+# At N = 8192 (the full run) flashlab lands close to the paper: about 2e-2 for per-tensor and block FP8,
+# under 1e-2 with incoherent processing, a 2.5× cut (the paper: 2.4e-2, 2.4e-2, 9.1e-3). The fast run's
+# shorter sequences show a smaller gap. Two things to notice:
 #
 # - **Block scaling alone barely helps here.** e4m3 is a floating-point format: once a block is scaled
 #   into range, every value gets the same *relative* precision, so a larger scale costs little. (Block
@@ -208,8 +218,10 @@ plt.show()
 #   they act like one warpgroup with twice the work.
 # - **Warp specialisation:** a producer warp issues the loads ahead of time into two buffers, so loads
 #   vanish from the critical path. Softmax still leaves the tensor cores idle.
-# - **Intra-warpgroup overlap:** the warpgroup issues $QK_{j+1}^\top$ before it starts softmax $j$, and
-#   runs softmax $j$ while the tensor cores do $PV_j$ and the next $QK^\top$.
+# - **Intra-warpgroup overlap:** a two-stage pipeline inside each warpgroup. Softmax $j$ needs $S_j$, and
+#   $PV_j$ needs softmax $j$'s output, so neither can start early; what can is the previous block's $PV$.
+#   Right after softmax $j-1$ the warpgroup issues $QK_j^\top$ and then $PV_{j-1}$ to the tensor cores,
+#   so softmax $j$ runs while the tensor cores do $PV_{j-1}$ (FA3 paper, section 3.2, Algorithm 2).
 # - **Pingpong:** the two warpgroups take turns: one's softmax runs under the other's two matmuls.
 #
 # The rule behind the pictures: per K/V block, the unoverlapped time is the **sum**

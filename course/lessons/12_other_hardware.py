@@ -163,12 +163,14 @@ for n_seq, d, fa_ns, base_ns, s in sweep:
 print(f"model: {ratios.min():.1f}x to {ratios.max():.1f}x, mean {ratios.mean():.1f}x; report: 9x to 44x, mean 20x")
 
 # %% [markdown]
-# The model's speed-ups are several times smaller than the measured ones. That gap is the lesson: the
-# model's baseline streams S and P at the full 288 GB/s and runs every operation at peak. A real unfused
-# pipeline does not: it re-reads inputs, launches separate programs, and moves an N×N matrix in pieces
-# that do not use DRAM at full speed. The fused kernel avoids all of that by keeping S and P in L1, which
-# is why measured gains exceed what bandwidth alone predicts. A model earns its keep by explaining
-# ratios (double buffering, balancing), not by matching absolute times.
+# The model's speed-ups are several times smaller than the measured ones. The report credits its gains to
+# two things (section 4): the intermediates stay in L1 instead of spilling to DRAM, and the fused kernel
+# skips the work that causal masking hides, while the baseline computes the full score matrix. The model
+# includes both, so they do not explain the gap by themselves. What the model gets wrong, the report does
+# not say: it publishes no breakdown of the baseline's time. One suspect is the model's own optimism (its
+# baseline streams S and P at the full 288 GB/s and computes at assumed peak rates), but that is a guess
+# this lesson cannot check. A model earns its keep by explaining ratios (double buffering, balancing), not
+# by matching absolute times.
 #
 # ## 4. Wormhole next to the CUDA model
 #
@@ -177,7 +179,7 @@ print(f"model: {ratios.min():.1f}x to {ratios.max():.1f}x, mean {ratios.mean():.
 # | unit of parallel work | a thread block, run on a streaming multiprocessor (SM) | a Tensix core in a 2D grid |
 # | who loads, computes, stores | every thread does all three, unless the kernel specialises warps (FA3's producer/consumer) | separate programs on separate processors: reader, compute, writer |
 # | hand-off between them | shared memory plus barriers (`cuda.syncthreads()`) | circular buffers: reserve / push / wait / pop |
-# | compute granularity | per thread (scalars, or registers of a tile) | 32×32 tiles on the matrix and vector engines |
+# | compute granularity | FP32 units work per thread; tensor cores per warp (`mma.sync`, e.g. 16×8×16) or, on Hopper, per warpgroup of 4 warps (`wgmma`, up to 64×256×16) | 32×32 tiles on the matrix and vector engines |
 # | assigning work | launch many more blocks than SMs; the hardware hands the next block to whichever SM is free | a static plan: each core's share is fixed when the program starts |
 # | so causal imbalance | is evened out by the block scheduler, in part | must be balanced by the programmer (low + high chunk pairs) |
 # | overlap of loads and compute | asynchronous copies, warp specialisation (lesson 11) | built in: reader and compute run concurrently; double-buffered CBs |
@@ -193,8 +195,8 @@ print(f"model: {ratios.min():.1f}x to {ratios.max():.1f}x, mean {ratios.mean():.
 #   $n(t_r + t_c)$; the gain is largest when the two costs are equal.
 # - On a fixed grid, causal attention needs balancing: pairing chunk $i$ with $n-1-i$ gives every core the
 #   same work (model: ~1.5–1.75×; report: 1.6×).
-# - Fusing keeps S and P in L1; the report measured 9–44× over its unfused baseline, more than a
-#   bandwidth-only model predicts.
+# - Fusing keeps S and P in L1; the report measured 9–44× over its unfused baseline, several times what
+#   this model predicts.
 #
 # **Next:** build the pairing and the pipeline formula yourself:
 # [exercises/12_other_hardware.ipynb](../exercises/12_other_hardware.ipynb).

@@ -144,8 +144,8 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# A model, not a measurement: it ignores launch overhead (two launches instead of one: a few µs each from CUDA C++, about 26 µs each through Numba), the
-# real per-SM bandwidth, and how many blocks share an SM. It shows the shape of the trade-off: time falls
+# A model, not a measurement: it ignores launch overhead (two launches instead of one; lesson 07 measured
+# what each costs through Numba and from C++), the real per-SM bandwidth, and how many blocks share an SM. It shows the shape of the trade-off: time falls
 # like 1/n_splits until the SMs are full, then flattens at total bytes / bandwidth, with saw teeth where
 # one block too many starts another wave. With B·H = 128 the GPU is already nearly full without a split.
 # The ★ (the library's rule) sits near, not always at, the model's best: the rule ignores the waves.
@@ -196,7 +196,7 @@ print(f"kernel output vs float64 reference: o {flashlab.relative_error(o, o_ref)
 # Three things to read from it. The split is what pays: the same kernel with one split is at most 1.9×
 # faster than FA2. In float32, where torch's SDPA does not split the keys, the split-KV kernel is faster
 # than torch from Nk = 16384. In float16, torch's flash/cuDNN path (which does split the keys, on tensor
-# cores, with years of tuning) reaches 3.5 TB/s, 20× more than this kernel's ~170 GB/s: our kernel is
+# cores, with years of tuning) reaches 3.5 TB/s, 21× more than this kernel's 166 GB/s: our kernel is
 # latency-bound (its P·V loop reads V from global memory one key at a time, and ~2 blocks per SM are too
 # few to hide that). Staging V in shared memory and taking more splits are the next steps.
 #
@@ -219,7 +219,7 @@ if flashlab.device.has_gpu():
         print(f"Nk={nk:6d}: FA2 kernel {fa2 * 1e3:8.1f} µs ({gb / fa2 * 1e3:6.0f} GB/s)   "
               f"split-KV {split * 1e3:7.1f} µs ({gb / split * 1e3:6.0f} GB/s)   {fa2 / split:4.1f}x")
 else:
-    print("No GPU here: the simulator runs the kernels correctly but at ~0.1 ms per thread, so there is nothing to time.")
+    print("No GPU here: the simulator runs the kernels correctly but a thread at a time, in Python, so there is nothing to time.")
 
 # %% [markdown]
 # ## Summary
