@@ -30,7 +30,7 @@ class GPU:
     name: str
     cc: str  # compute capability
     sms: int
-    fp32_per_sm: int  # FP32 lanes ("cores"): a warp's FP32 instruction needs 32 lane-cycles
+    fp32_per_sm: int  # FP32 units ("CUDA cores"); a warp instruction needs 32 of them for one cycle
     tensor_cores_per_sm: int
     registers_per_sm: int  # 32-bit registers
     max_warps_per_sm: int  # resident warps

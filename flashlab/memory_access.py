@@ -156,19 +156,22 @@ def register_kernel_stores(d, tile, it=0, warp=0, pad=None):
 
 def register_kernel_loads(d, tile, step=0, warp=0):
     """Word offsets, within each array, that the lanes of `warp` read at step `step` of the register
-    kernel's two product loops: {"Qt": (lanes, RM), "Kt": (lanes, RN)} for dim x = step of S = Q K^T, and
-    {"Pt": (lanes, RM), "V": (lanes, RD)} for key c = step of O += P V. Each lane's runs of 4 adjacent
-    words (rows, keys or dims) are what the compiler turns into 16-byte vector loads."""
+    kernel's two product loops: "Qt" and "Kt" at dim x = step of S = Q K^T, "Pt" and "V" at key c = step
+    of O += P V. Each is a list with one (lanes, 4) array per load instruction: a thread's runs of 4 adjacent
+    words (rows, keys or dims) are what the compiler turns into 16-byte vector loads (runs of 2 or 1 when
+    the micro-tile is narrower)."""
     from .kernels.register import _vec
 
     rm, rn, rd = tile.micro(d)
-    vm, vn, vd = _vec(rm), _vec(rn), _vec(rd)
     t = warp * WARP + np.arange(min(WARP, tile.threads - warp * WARP))
     ty, tx = t // tile.tc, t % tile.tc
-    i, j, k = np.arange(rm), np.arange(rn), np.arange(rd)
-    rows = ((i // vm) * tile.tr + ty[:, None]) * vm + i % vm  # the thread's query rows in the tile
-    keys = ((j // vn) * tile.tc + tx[:, None]) * vn + j % vn
-    dims = ((k // vd) * tile.tc + tx[:, None]) * vd + k % vd
-    qs, ks, vs = (tile.block_q + REGISTER_PAD["Qt"], tile.block_k + REGISTER_PAD["Kt"], d + REGISTER_PAD["V"])
-    ps = tile.block_q + REGISTER_PAD["Pt"]
-    return {"Qt": step * qs + rows, "Kt": step * ks + keys, "Pt": step * ps + rows, "V": step * vs + dims}
+
+    def runs(n, thread, nthreads, stride):  # the thread's n entries, in runs of v adjacent ones
+        v = _vec(n)
+        k = np.arange(n)
+        idx = ((k // v) * nthreads + thread[:, None]) * v + k % v
+        return [step * stride + idx[:, r * v:(r + 1) * v] for r in range(n // v)]
+
+    pad = REGISTER_PAD
+    return {"Qt": runs(rm, ty, tile.tr, tile.block_q + pad["Qt"]), "Kt": runs(rn, tx, tile.tc, tile.block_k + pad["Kt"]),
+            "Pt": runs(rm, ty, tile.tr, tile.block_q + pad["Pt"]), "V": runs(rd, tx, tile.tc, d + pad["V"])}

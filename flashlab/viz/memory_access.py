@@ -69,16 +69,18 @@ def plot_banks(words, ax=None, title=None, max_rows=40, labels=True):
     rows = rows[:max_rows]
     fig, ax = own_axes(ax, width=6.4, height=0.22 * len(rows) + 1.5)
     per_bank = np.array([len(b) for b in ma.bank_table(w)])
+    image = np.ones((len(rows), ma.BANKS, 4))  # one pixel per word: white, or the colour of its first lane
     for r, row in enumerate(rows):
         for b in range(ma.BANKS):
-            word = row * ma.BANKS + b
-            lanes = np.flatnonzero(w == word)
-            face = _lane_color(lanes[0]) if lanes.size else "white"
-            ax.add_patch(plt.Rectangle((b, r), 1, 1, facecolor=face, edgecolor="#dddddd", lw=0.4))
-            if lanes.size and labels:
-                label = str(lanes[0]) if lanes.size == 1 else f"{lanes.size}x"
-                ax.text(b + 0.5, r + 0.5, label, ha="center", va="center", fontsize=5,
-                        color="white" if lanes[0] < 20 else "black")
+            lanes = np.flatnonzero(w == row * ma.BANKS + b)
+            if lanes.size:
+                image[r, b] = _lane_color(lanes[0])
+                if labels:
+                    ax.text(b + 0.5, r + 0.5, str(lanes[0]) if lanes.size == 1 else f"{lanes.size}x", ha="center",
+                            va="center", fontsize=5, color="white" if lanes[0] < 20 else "black")
+    ax.imshow(image, extent=(0, ma.BANKS, len(rows), 0), aspect="auto", interpolation="nearest")
+    ax.vlines(np.arange(ma.BANKS + 1), 0, len(rows), color="#dddddd", lw=0.4)  # cell borders: two collections
+    ax.hlines(np.arange(len(rows) + 1), 0, ma.BANKS, color="#dddddd", lw=0.4)
     for b in range(ma.BANKS):
         if per_bank[b] > 1:
             ax.add_patch(plt.Rectangle((b, 0), 1, len(rows), fill=False, edgecolor=_CONFLICT, lw=1.2))
@@ -168,7 +170,7 @@ def _draw_access(ax=None, lanes_per_row=8, offset=0, d=64, layout="transposed", 
         a.set_ylabel("")
         a.set_yticks([])
         a.tick_params(axis="x", labelsize=6)
-    ax.set_title(f"{lanes_per_row} lanes per row, pad {pad}", fontsize=8, pad=14)
+    ax.set_title(f"{lanes_per_row} lane{'s' if lanes_per_row > 1 else ''} per row, pad {pad}", fontsize=8, pad=14)
     return ax.figure
 
 

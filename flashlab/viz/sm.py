@@ -22,7 +22,7 @@ def _box(ax, x, y, w, h, text, color, fontsize=7, **kw):
 
 
 def _partition(ax, x, y, w, g, i):
-    """One SM sub-partition (SMSP): its scheduler, its quarter of the registers and of the lanes."""
+    """One SM sub-partition (SMSP): its scheduler, its quarter of the registers and of the FP32 units."""
     _box(ax, x, y, w, 3.5, None, "white")
     ax.text(x + 0.1, y + 0.3, f"partition {i}", fontsize=6, va="center", color="#555555")
     _box(ax, x + 0.15, y + 0.55, w - 0.3, 0.6, "warp scheduler + dispatch:\n1 warp instruction / cycle",
@@ -30,14 +30,14 @@ def _partition(ax, x, y, w, g, i):
     regs = g.per_partition(g.registers_per_sm)
     _box(ax, x + 0.15, y + 1.25, w - 0.3, 0.55, f"registers: {regs:,} x 32-bit ({size_text(4 * regs)})",
          _C["regs"], fontsize=6)
-    lanes = g.per_partition(g.fp32_per_sm)
+    units = g.per_partition(g.fp32_per_sm)
     per_row = 16
     cell = (w - 0.3 - 1.3) / per_row
-    for k in range(lanes):  # one small square per FP32 lane
+    for k in range(units):  # one small square per FP32 unit
         r, c = divmod(k, per_row)
         ax.add_patch(plt.Rectangle((x + 0.15 + c * cell, y + 1.95 + r * 0.32), cell * 0.85, 0.27,
                                    facecolor=_C["fp32"], edgecolor="none"))
-    ax.text(x + 0.15 + per_row * cell / 2, y + 2.75 + 0.1, f"{lanes} FP32 lanes", ha="center", fontsize=6)
+    ax.text(x + 0.15 + per_row * cell / 2, y + 2.75 + 0.1, f"{units} FP32 units", ha="center", fontsize=6)
     tc = g.per_partition(g.tensor_cores_per_sm)
     _box(ax, x + w - 1.1, y + 1.95, 0.95, 1.0, f"{tc} tensor\ncore{'s' if tc > 1 else ''}", _C["tensor"],
          fontsize=6)
