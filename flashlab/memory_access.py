@@ -173,5 +173,7 @@ def register_kernel_loads(d, tile, step=0, warp=0):
         return [step * stride + idx[:, r * v:(r + 1) * v] for r in range(n // v)]
 
     pad = REGISTER_PAD
-    return {"Qt": runs(rm, ty, tile.tr, tile.block_q + pad["Qt"]), "Kt": runs(rn, tx, tile.tc, tile.block_k + pad["Kt"]),
-            "Pt": runs(rm, ty, tile.tr, tile.block_q + pad["Pt"]), "V": runs(rd, tx, tile.tc, d + pad["V"])}
+    return {"Qt": runs(rm, ty, tile.tr, tile.block_q + pad["Qt"]),
+            "Kt": runs(rn, tx, tile.tc, tile.block_k + pad["Kt"]),
+            "Pt": runs(rm, ty, tile.tr, tile.block_q + pad["Pt"]),
+            "V": runs(rd, tx, tile.tc, d + pad["V"])}

@@ -122,19 +122,19 @@ if ON_GPU:
 #
 # The SM does not schedule threads one by one. It cuts each block into **warps** of 32 consecutive threads
 # (threads 0-31 of a block are warp 0, threads 32-63 warp 1, and so on; a thread's place in its warp is its
-# **lane**, 0 to 31) and hands each warp to one of its
-# four schedulers for good ("An SM statically distributes its warps among its schedulers", Programming
-# Guide). Every cycle, each scheduler picks one of its warps that is ready and **issues** that warp's next
-# instruction, for its 32 threads at once. An H100 partition has 32 FP32 units, so a warp's FP32
-# instruction goes through in one cycle; a T4 partition has 16, and there it takes two (Turing Tuning Guide).
+# **lane**, 0 to 31) and hands each warp to one of its four schedulers for good ("An SM statically
+# distributes its warps among its schedulers", Programming Guide). Every cycle, each scheduler picks one of
+# its warps that is ready and **issues** that warp's next instruction, for its 32 threads at once. An H100
+# partition has 32 FP32 units, so a warp's FP32 instruction goes through in one cycle; a T4 partition has
+# 16, and there it takes two (Turing Tuning Guide).
 #
 # A warp is not always ready. The workhorse of every matrix product is the fused multiply-add, FMA
 # (`c = a * b + c` in one instruction, FFMA in FP32): its result can be used 4 cycles after it issues
 # (Turing Tuning Guide, the same on Volta). A load from device memory takes hundreds of cycles (CUDA C++
 # Best Practices Guide, "Memory Instructions"). A warp whose next instruction needs such a result waits,
-# and the scheduler issues another warp's instruction instead, at no cost. A GPU hides latency this way,
-# with many warps in flight, rather than with big caches. One scheduler, each of its warps running a chain
-# of FMAs that each need the previous one's result:
+# and the scheduler issues another warp's instruction instead, at no cost. This is how a GPU hides latency:
+# it keeps many warps in flight and switches between them every cycle. One scheduler, each of its warps
+# running a chain of FMAs that each need the previous one's result:
 
 # %%
 smviz.plot_latency_hiding(warps=(1, 2, 4), latency=4, cycles=24);
@@ -197,7 +197,8 @@ maviz.plot_access_grid(patterns, "sectors");
 # - **Lesson 09's tile copy**: runs of 8 threads read 8 adjacent floats (one sector) of a row, 4 rows per
 #   warp. The warp touches 4 rows and still wastes nothing.
 # - **16-byte loads**: a thread can load 2 or 4 adjacent floats with one instruction (an 8- or 16-byte
-#   vector load); 32 threads x 16 bytes = 512 bytes in 16 sectors, fully used.
+#   vector load, from an address that is a multiple of 8 or 16); 32 threads x 16 bytes = 512 bytes in 16
+#   sectors, fully used.
 #
 # The same count for a warp reading a block of a row-major float32 matrix, with a given number of
 # consecutive threads on each row:
@@ -213,8 +214,8 @@ for lanes_per_row in (32, 16, 8, 4, 2, 1):
 # Eight threads per row is enough: they fill a sector. The model counts what one instruction asks for.
 # Caches can soften a bad pattern, since a sector one warp fetched may still be in L1 or L2 when a
 # neighbouring warp asks for it: the Best Practices Guide measured a misaligned copy on a V100 at about
-# 9/10 of full speed, where the sector count predicts 4/5. Lesson 08 looks at the memory of the other kind, shared
-# memory, whose rule (banks) is different. The explorer at the end of lesson 08 shows both.
+# 9/10 of full speed, where the sector count predicts 4/5. Lesson 08 turns to shared memory, whose rule
+# (banks) is different; the explorer at its end shows both.
 #
 # ## Shared memory and barriers
 #

@@ -175,10 +175,12 @@ print(f"inner loop, every thread reads Ks[c, x]: {ma.bank_conflict_degree(np.ful
 # of every key of the tile. Its copy reads K the coalesced way of lesson 07 (runs of 8 threads read 8
 # adjacent floats of one key, 4 keys per warp) and each thread writes its float to `Kt[x, c]`. A warp's
 # 32 stores thus cover 8 rows of `Kt` (dims) and 4 columns (keys). If a row were exactly `block_k` words
-# long, the 8 rows would start on the same few banks and pile up. The kernel adds 4 words to each row, so
-# each row starts 4 banks further on and the 8 rows x 4 keys fill the 32 banks exactly. V is stored as it
-# is (row c holds key c), and a warp writes 4 keys x 8 dims, so V's rows get 8 extra words: each key's row
-# starts 8 banks further on. The kernel's actual stores, for the tile it uses at d = 64:
+# long (16 or 32), the 8 rows would start on one or two banks and pile up. The kernel adds 4 words to each
+# row: a row is then 4 times an odd number of words long (20 or 36), so the 8 rows start on 8 different
+# multiples of 4 banks, and each row's 4 keys fill the 4 banks from its start: 32 different banks. V is
+# stored as it is (row c holds key c), and a warp writes 4 keys x 8 dims, so V's rows get 8 extra words: 8
+# times an odd number, so the 4 keys start on 4 different multiples of 8 banks and their 8 dims fill the
+# rest. The kernel's actual stores, for the tile it uses at d = 64:
 
 # %%
 tile = choose_tile(64)
@@ -223,8 +225,9 @@ for name, instructions in ma.register_kernel_loads(64, tile, step=3).items():
                       for w in instructions))
 
 # %% [markdown]
-# NVIDIA documents no finer rule for 8- and 16-byte accesses. What follows from the 32 banks of 4 bytes is
-# a floor: one pass delivers at most 128 bytes, so a warp loading 512 different bytes needs at least 4.
+# The CUDA guides state the bank rule for 4-byte accesses; for 8- and 16-byte ones what follows from 32
+# banks of 4 bytes is a floor: one pass delivers at most 128 bytes, so a warp loading 512 different bytes
+# needs at least 4 passes, however they are laid out.
 #
 # Where the real FlashAttention-2 differs: its CUDA kernels avoid bank conflicts by *swizzling* instead of
 # padding (`csrc/flash_attn/src/kernel_traits.h` builds its shared-memory layouts with CuTe's `Swizzle`,
