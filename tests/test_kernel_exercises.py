@@ -123,8 +123,9 @@ MUTANTS = {
 
 def test_every_exercise_of_lessons_07_to_10_is_covered():
     mine = {name for name, ex in EXERCISES.items() if ex.lesson[:2] in {"07", "08", "09", "10"}}
-    assert mine == set(KERNEL_EXERCISES)
-    assert all(len(MUTANTS[name]) >= 3 for name in mine)
+    elsewhere = {"sectors_per_request", "bank_conflict_degree"}  # tests/test_memory_access_exercises.py
+    assert mine - elsewhere == set(KERNEL_EXERCISES)
+    assert all(len(MUTANTS[name]) >= 3 for name in KERNEL_EXERCISES)
 
 
 @pytest.mark.parametrize("name", sorted(KERNEL_EXERCISES))

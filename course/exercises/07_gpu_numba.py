@@ -106,3 +106,39 @@ print("matches a.T:", np.array_equal(out, a.T))
 
 # %%
 flashlab.check("transpose_tiled", transpose_tiled)
+
+# %% [markdown]
+# ## 3. Sectors per request
+#
+# No kernel this time: a model of what one warp's load costs. The hardware serves it in **sectors**: 32
+# aligned bytes, sector `k` being bytes `32k` to `32k + 31`. Write `sectors_per_request(addresses, nbytes)`:
+#
+# - `addresses`: a NumPy integer array with the byte address each active thread of the warp reads (1 to
+#   32 entries, in any order; several threads may read the same address);
+# - `nbytes`: how many bytes each thread reads from its address: 1, 2, 4, 8 or 16 (a 16-byte vector load
+#   brings 4 floats). Every address is a multiple of `nbytes`, as the hardware requires;
+#
+# and return, as an `int`, how many different sectors hold at least one byte that some thread reads.
+#
+# Before you run the cell after it, predict: a warp reading every third float of an array that starts at
+# address 0; a warp whose 32 threads all read the float at address 1024; a warp of 16-byte loads, one per
+# row of a row-major float32 matrix with 64 floats per row.
+
+# %%
+def sectors_per_request(addresses, nbytes):
+    ### BEGIN SOLUTION
+    addresses = np.asarray(addresses, dtype=np.int64)
+    first = addresses // 32
+    last = (addresses + nbytes - 1) // 32  # the same sector unless a thread's bytes straddle a boundary
+    return int(np.unique(np.concatenate([first, last])).size)
+    ### END SOLUTION
+
+
+# %%
+lane = np.arange(32)
+print("every third float:  ", sectors_per_request(12 * lane, 4))
+print("one float, 32 times:", sectors_per_request(np.full(32, 1024), 4))
+print("16 bytes per row:   ", sectors_per_request(256 * lane, 16))
+
+# %%
+flashlab.check("sectors_per_request", sectors_per_request)

@@ -110,3 +110,41 @@ print("O error:", flashlab.relative_error(O, flashlab.reference_attention(Q, K, 
 
 # %%
 flashlab.check("flash_shared_kernel", build_flash_shared)
+
+# %% [markdown]
+# ## Bank conflicts
+#
+# Shared memory is 32 banks; 32-bit word `w` lives in bank `w % 32`, and each bank serves one word per
+# pass. Threads of a warp that ask one bank for the *same* word share it; threads that ask one bank for
+# *different* words are served one pass after another (lesson 08). Write `bank_conflict_degree(words)`:
+#
+# - `words`: a NumPy integer array, the 32-bit word index (byte address // 4) each active thread of a warp
+#   reads or writes with a 4-byte access (1 to 32 entries, any order, repeats allowed);
+#
+# and return, as an `int`, the number of passes the access needs: 1 when it is conflict-free, k for a
+# k-way conflict.
+#
+# Predict before you run the cell after it: a warp reading a column of a 32 x 32 float tile stored with
+# rows of 33 words; a warp reading words `0, 3, 6, ..., 93`; and lesson 09's kernel writing its transposed K
+# tile without padding (`flashlab.memory_access.register_kernel_stores` gives those words).
+
+# %%
+def bank_conflict_degree(words):
+    ### BEGIN SOLUTION
+    words = np.unique(np.asarray(words, dtype=np.int64))  # a word asked for twice is fetched once
+    return int(np.bincount(words % 32, minlength=32).max())
+    ### END SOLUTION
+
+
+# %%
+lane = np.arange(32)
+from flashlab.kernels.register import choose_tile  # noqa: E402 (the tile lesson 09's kernel uses at d = 64)
+from flashlab.memory_access import register_kernel_stores  # noqa: E402
+
+print("a column, rows of 33 words:", bank_conflict_degree(33 * lane))
+print("every third word:          ", bank_conflict_degree(3 * lane))
+unpadded = register_kernel_stores(64, choose_tile(64), pad={"Kt": 0})["Kt"]
+print("lesson 09's K^T, no padding:", bank_conflict_degree(unpadded))
+
+# %%
+flashlab.check("bank_conflict_degree", bank_conflict_degree)

@@ -3,6 +3,9 @@
 #
 # **After this lesson you can**
 # - write a Numba CUDA kernel, pick its grid and block sizes, and guard the threads past the end of the data;
+# - draw what is inside an SM, say what a warp and a warp scheduler are, and why an SM needs many resident
+#   warps to hide the time an instruction waits for its operands;
+# - count the 32-byte sectors a warp's load touches, and tell a coalesced access from a wasteful one;
 # - share data between the threads of a block through shared memory, with `cuda.syncthreads()` in the
 #   right places, and recognise the races you get without it;
 # - say what the CUDA simulator is good for (running and debugging the same code without a GPU) and what it
@@ -66,6 +69,154 @@ print(f"{blocks} blocks of {tpb} threads; correct:", np.array_equal(out_d.copy_t
 # %% [markdown]
 # `cuda.to_device` copies an array to the GPU and `copy_to_host` brings it back. Passing NumPy arrays
 # straight to a kernel also works, but then Numba copies every argument both ways on every launch.
+#
+# ## Where the threads run: the streaming multiprocessor
+#
+# A GPU is a set of **streaming multiprocessors** (SMs) that share one L2 cache and the device memory. The
+# hardware gives every block of a grid to one SM, where the block stays until all its threads are done; an
+# SM runs several blocks at a time when it has room for them. Here is one SM of the H100 the course is
+# measured on, and one of the T4 that Google Colab lends, drawn to the numbers in NVIDIA's documents:
+
+# %%
+from flashlab import hardware
+from flashlab import memory_access as ma
+from flashlab.viz import memory_access as maviz
+from flashlab.viz import sm as smviz
+
+smviz.plot_sm(("H100", "T4"));
+
+# %% [markdown]
+# An SM is four **partitions** (NVIDIA's profiler calls them SM sub-partitions, SMSPs). Each has its own
+# **warp scheduler**, a quarter of the SM's registers and a quarter of its arithmetic units: FP32 units
+# ("CUDA cores") for ordinary float arithmetic and tensor cores for small matrix products (flashlab's
+# kernels use the FP32 units; lesson 11 is about the tensor cores of FlashAttention-3). **Registers** are
+# the fastest storage there is: a thread's local variables live in them, and the 65,536 32-bit registers
+# of an SM are shared out among all the threads resident on it, so the more registers a thread needs, the
+# fewer threads fit (lessons 08 and 09 count them). What does not fit in a thread's registers is *spilled*
+# to local memory, which lives in device memory: slow. **Shared memory** and the **L1 data cache** are one
+# on-chip memory per SM: what a kernel asks for as shared memory is carved out of it and the rest caches
+# loads. **L2** is shared by all SMs, and behind it is the device memory (HBM3 on the H100, GDDR6 on the
+# T4; the FlashAttention papers call it HBM either way).
+#
+# The figure reads its numbers from one table in the package, `flashlab.hardware.GPUS`; so does this:
+
+# %%
+for g in hardware.GPUS.values():
+    print(f"{g.name:9s} {g.sms:3d} SMs x {g.partitions_per_sm} partitions = {g.schedulers} schedulers | per SM: "
+          f"{g.registers_per_sm:,} registers, {g.max_warps_per_sm} warps, {g.fp32_per_sm} FP32 units, "
+          f"L1+shared {hardware.size_text(g.l1_shared_per_sm)} (shared <= {hardware.size_text(g.shared_per_sm)}) | "
+          f"L2 {hardware.size_text(g.l2_bytes)} | {g.memory}, {g.bandwidth / 1e9:,.0f} GB/s")
+if ON_GPU:
+    lim = device.device_limits()
+    print(f"this GPU: {lim['name']}, {lim['sms']} SMs, {lim['regs_per_sm']:,} registers and "
+          f"{lim['shared_per_sm'] // 1024} KB of shared memory per SM")
+
+# %% [markdown]
+# Sources: CUDA C++ Programming Guide, "Compute Capabilities" (Table 27 and the sections on compute
+# capability 7.x and 9.0: units, 4 warp schedulers and the L1/shared capacity per SM); the Hopper and Turing
+# Tuning Guides ("Occupancy"; H100's 50 MB L2); the H100 and Turing architecture whitepapers, which draw
+# each partition with its scheduler and a 16,384 x 32-bit register file; the H100 SXM and T4 datasheets
+# (SM counts, memory, bandwidth). The shared memory per block above 48 KB needs an opt-in that numba-cuda
+# does not expose, so the course's kernels stay within 48 KB.
+#
+# ## Warps, and how an SM hides waiting
+#
+# The SM does not schedule threads one by one. It cuts each block into **warps** of 32 consecutive threads
+# (threads 0-31 of a block are warp 0, threads 32-63 warp 1, and so on; a thread's place in its warp is its
+# **lane**, 0 to 31) and hands each warp to one of its four schedulers for good ("An SM statically
+# distributes its warps among its schedulers", Programming Guide). Every cycle, each scheduler picks one of
+# its warps that is ready and **issues** that warp's next instruction, for its 32 threads at once. An H100
+# partition has 32 FP32 units, so a warp's FP32 instruction goes through in one cycle; a T4 partition has
+# 16, and there it takes two (Turing Tuning Guide).
+#
+# A warp is not always ready. The workhorse of every matrix product is the fused multiply-add, FMA
+# (`c = a * b + c` in one instruction, FFMA in FP32): its result can be used 4 cycles after it issues
+# (Turing Tuning Guide, the same on Volta). A load from device memory takes hundreds of cycles (CUDA C++
+# Best Practices Guide, "Memory Instructions"). A warp whose next instruction needs such a result waits,
+# and the scheduler issues another warp's instruction instead, at no cost. This is how a GPU hides latency:
+# it keeps many warps in flight and switches between them every cycle. One scheduler, each of its warps
+# running a chain of FMAs that each need the previous one's result:
+
+# %%
+smviz.plot_latency_hiding(warps=(1, 2, 4), latency=4, cycles=24);
+
+# %% [markdown]
+# With 4 cycles between dependent FMAs a scheduler needs 4 warps to issue on every cycle, or fewer warps
+# that each have several independent FMAs to issue in a row (instruction-level parallelism). The Turing
+# Tuning Guide counts it per SM: 16 warps without instruction-level parallelism, or 4 warps with 4
+# independent FMAs each. Waiting for memory takes many more. The warps an SM holds at once, its **resident**
+# warps, are all its schedulers can choose from: at most 64 per SM on an H100 and 32 on a T4, fewer when
+# the blocks need many registers or much shared memory (lesson 08's occupancy). What the block size alone
+# allows, with the limits from the table:
+
+# %%
+for tpb in (32, 48, 128, 256, 1024):
+    warps = -(-tpb // 32)  # a partial warp still takes a whole warp
+    row = []
+    for name in ("H100", "T4"):
+        g = hardware.GPUS[name]
+        blocks = min(g.max_blocks_per_sm, g.max_warps_per_sm // warps)
+        row.append(f"{name}: {blocks:2d} blocks = {blocks * warps:2d} warps")
+    print(f"{tpb:5d} threads per block = {warps:2d} warps ({32 * warps - tpb:2d} idle lanes) | " + " | ".join(row))
+
+# %% [markdown]
+# Block sizes are multiples of 32 for this reason: 48 threads take two warps, and 16 lanes of the second do
+# nothing. A block of 32 threads is one warp, and an H100 SM holds at most 32 blocks, so such blocks leave
+# half of its 64 warp slots empty.
+#
+# ## How a warp reads memory: coalescing
+#
+# When a warp loads from global memory, its 32 addresses go out as one request. Memory is moved in
+# **sectors** of 32 aligned bytes, four to a 128-byte cache line, and a request costs as many sectors as
+# the warp's bytes fall in: "the concurrent accesses of the threads of a warp will coalesce into a number of
+# transactions equal to the number of 32-byte transactions necessary to service all of the threads of the
+# warp" (CUDA C++ Best Practices Guide, "Coalesced Access to Global Memory", compute capability 6.0 and
+# later). A sector comes whole even when one float of it is wanted. Six ways a warp can read float32
+# data (a row per 128-byte line, a box per sector, a coloured bar per thread's bytes, colour = lane):
+
+# %%
+lane = np.arange(32)
+patterns = {
+    "consecutive floats": (4 * lane, 4),
+    "shifted by one float": (4 * lane + 4, 4),
+    "every other float": (8 * lane, 4),
+    "one row per thread (d = 64)": (256 * lane, 4),
+    "lesson 09's tile copy (d = 64)": (4 * (lane // 8 * 64 + lane % 8), 4),
+    "16-byte loads, consecutive": (16 * lane, 16),
+}
+maviz.plot_access_grid(patterns, "sectors");
+
+# %% [markdown]
+# - **Consecutive floats**: 128 bytes in 4 sectors, nothing wasted. This is a *coalesced* access.
+# - **Shifted by one float**: the same 128 bytes straddle 5 sectors. CUDA's allocations start on a
+#   256-byte boundary (CUDA C++ Programming Guide, "Device Memory Accesses"), so this comes from offsets:
+#   a row of a matrix whose length is not a multiple of 8 floats, say.
+# - **Every other float**: 8 sectors for 128 useful bytes, half of what moves is wasted.
+# - **One row per thread**: in a row-major K with d = 64 floats per row, thread i reading row i. Every
+#   thread gets a sector of its own: 32 sectors, 1,024 bytes moved for 128 used. A tile copy where each
+#   thread copies "its" row does this on every load.
+# - **Lesson 09's tile copy**: runs of 8 threads read 8 adjacent floats (one sector) of a row, 4 rows per
+#   warp. The warp touches 4 rows and still wastes nothing.
+# - **16-byte loads**: a thread can load 2 or 4 adjacent floats with one instruction (an 8- or 16-byte
+#   vector load, from an address that is a multiple of 8 or 16); 32 threads x 16 bytes = 512 bytes in 16
+#   sectors, fully used.
+#
+# The same count for a warp reading a block of a row-major float32 matrix, with a given number of
+# consecutive threads on each row:
+
+# %%
+for lanes_per_row in (32, 16, 8, 4, 2, 1):
+    rows, cols = ma.tile_access(lanes_per_row, row_len=64)
+    cost = ma.coalescing(4 * (rows * 64 + cols), nbytes=4)
+    print(f"{lanes_per_row:2d} threads per row, {32 // lanes_per_row:2d} rows: {cost['sectors']:2d} sectors, "
+          f"{cost['bytes_fetched']:4d} bytes fetched for {cost['bytes_used']}, efficiency {cost['efficiency']:4.0%}")
+
+# %% [markdown]
+# Eight threads per row is enough: they fill a sector. The model counts what one instruction asks for.
+# Caches can soften a bad pattern, since a sector one warp fetched may still be in L1 or L2 when a
+# neighbouring warp asks for it: the Best Practices Guide measured a misaligned copy on a V100 at about
+# 9/10 of full speed, where the sector count predicts 4/5. Lesson 08 turns to shared memory, whose rule
+# (banks) is different; the explorer at its end shows both.
 #
 # ## Shared memory and barriers
 #
@@ -221,5 +372,5 @@ print(f"at its FP32 peak an H100 does {flop_per_launch / 1e9:.1f} GFLOP in one N
 # batch, head and query block in one grid), not one per head or per tile. Lesson 08 starts to build it;
 # lesson 14 meets a case where launches add up, decoding one token at a time.
 #
-# **Exercises:** [07_gpu_numba](../exercises/07_gpu_numba.ipynb): a block sum in shared memory, and a tiled
-# transpose whose reads and writes are both coalesced.
+# **Exercises:** [07_gpu_numba](../exercises/07_gpu_numba.ipynb): a block sum in shared memory, a tiled
+# transpose whose reads and writes are both coalesced, and a sector counter for a warp's request.

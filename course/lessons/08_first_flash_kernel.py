@@ -6,6 +6,8 @@
 #   thread per row, K and V tiles copied into shared memory;
 # - run flashlab's kernel (`variant="shared"`) and check it against the float64 reference;
 # - count the bytes it moves from HBM and show that they are *not* what makes it slow;
+# - tell when a warp's shared-memory accesses conflict in a bank, check the kernel's accesses with a model,
+#   and say exactly why lesson 09's kernel pads the rows of its tiles;
 # - read its resource use (threads, shared memory, registers) and its theoretical occupancy, and explain
 #   the gap to PyTorch with them.
 
@@ -115,7 +117,135 @@ print("H100 ridge point for FP32: 67 TFLOP/s / 3.35 TB/s = 20 FLOP/byte")
 # H100: by the roofline of lesson 01 it could run at the full FP32 rate, 67 TFLOP/s. At 9.4 TFLOP/s it
 # moves about 0.3 TB/s of the 3.35 available. HBM is not the problem; the chip is.
 #
-# ## Suspect 2: the work inside the SM
+# ## Suspect 2: how each warp touches memory
+#
+# Lesson 07 showed that a warp's load from HBM costs as many 32-byte sectors as its bytes fall in. Shared
+# memory has a rule of its own. It is made of 32 **banks**, each delivering one 4-byte word per cycle, and
+# successive words sit in successive banks: word `w` is in bank `w % 32` (CUDA C++ Programming Guide,
+# "Shared Memory" of compute capability 5.x, which later GPUs keep; 32 banks on all of them, Table 27). A
+# warp's access takes one pass when its threads ask each bank for at most one word. Threads that ask for the
+# *same* word share it, a broadcast. Threads that ask one bank for *different* words are served one after
+# the other: a k-way **bank conflict** takes k passes (CUDA C++ Best Practices Guide, "Shared Memory and
+# Memory Banks"). Shared memory drawn as rows of 32 words, one column per bank, the word each thread asks
+# for marked with its lane number; banks asked for several words are outlined in red:
+
+# %%
+from flashlab import memory_access as ma
+from flashlab.kernels.register import PREFERRED, choose_tile
+from flashlab.viz import memory_access as maviz
+
+lane = np.arange(32)
+maviz.plot_access_grid({
+    "consecutive words": lane,
+    "every other word": 2 * lane,
+    "all threads read one word": np.zeros(32, int),
+    "a column of a 32 x 32 float tile": 32 * lane,
+    "the same column, rows padded to 33 words": 33 * lane,
+    "every third word": 3 * lane,
+}, "banks");
+
+# %% [markdown]
+# A column of a 32 x 32 tile is the worst case: all 32 words in bank 0, 32 passes. Give every row one
+# unused word and row i starts i banks further on: the same column in one pass. An odd stride never
+# conflicts, because it visits all 32 banks before it comes back to one.
+#
+# Now the textbook kernel. flashlab's version copies a tile with consecutive threads on consecutive
+# elements (`e = it * block_q + t`, row `e // d`, column `e % d`), so its loads from HBM are coalesced and
+# its stores to shared memory hit consecutive words. In the inner loop every thread reads the same
+# `Ks[c, x]` at the same time: a broadcast. A copy where each thread copies a row of its own (`for c in
+# range(t, block_k, block_q): for x in range(d): Ks[c, x] = k[k0 + c, x]`) would be the worst of both. For
+# warp 0 at d = 64, block_q = 64, block_k = 32, by the model of the figures:
+
+# %%
+d_, bq, bk = 64, 64, 32
+c, x = ma.shared_kernel_copy(d_, bq, bk)  # the rows and columns warp 0 copies, as in kernels/shared.py
+own = np.arange(32)  # one row per thread: thread t copies row t, column 0 first
+for name, rows, cols in (("flashlab's copy  ", c, x), ("one row per thread", own, 0 * own)):
+    sectors = ma.coalescing(4 * (rows * d_ + cols))["sectors"]
+    print(f"{name}: load from HBM {sectors:2d} sectors, store to Ks {ma.bank_conflict_degree(rows * d_ + cols):2d} "
+          f"pass(es)")
+print(f"inner loop, every thread reads Ks[c, x]: {ma.bank_conflict_degree(np.full(32, 5 * d_ + 7))} pass")
+
+# %% [markdown]
+# So the textbook kernel's memory accesses are as cheap as they get: neither suspect 1 nor this one is why
+# it is slow.
+#
+# ### Why lesson 09's kernel pads its tiles
+#
+# Lesson 09's kernel has each thread read 4 adjacent keys of K from shared memory with one 16-byte load. The
+# 4 keys must then be adjacent in shared memory, so it stores K **transposed**: row x of `Kt` holds dim x
+# of every key of the tile. Its copy reads K the coalesced way of lesson 07 (runs of 8 threads read 8
+# adjacent floats of one key, 4 keys per warp) and each thread writes its float to `Kt[x, c]`. A warp's
+# 32 stores thus cover 8 rows of `Kt` (dims) and 4 columns (keys). If a row were exactly `block_k` words
+# long (16 or 32), the 8 rows would start on one or two banks and pile up. The kernel adds 4 words to each
+# row: a row is then 4 times an odd number of words long (20 or 36), so the 8 rows start on 8 different
+# multiples of 4 banks, and each row's 4 keys fill the 4 banks from its start: 32 different banks. V is
+# stored as it is (row c holds key c), and a warp writes 4 keys x 8 dims, so V's rows get 8 extra words: 8
+# times an odd number, so the 4 keys start on 4 different multiples of 8 banks and their 8 dims fill the
+# rest. The kernel's actual stores, for the tile it uses at d = 64:
+
+# %%
+tile = choose_tile(64)
+print(f"d = 64: block_q = {tile.block_q}, block_k = {tile.block_k}, {tile.threads} threads")
+maviz.plot_access_grid({
+    f"K^T store, rows of {tile.block_k} words (no padding)": ma.register_kernel_stores(64, tile, pad={"Kt": 0})["Kt"],
+    f"K^T store, rows of {tile.block_k} + 1": ma.register_kernel_stores(64, tile, pad={"Kt": 1})["Kt"],
+    f"K^T store, rows of {tile.block_k} + 4 (the kernel)": ma.register_kernel_stores(64, tile)["Kt"],
+    "V store, rows of 64 words (no padding)": ma.register_kernel_stores(64, tile, pad={"V": 0})["V"],
+    "V store, rows of 64 + 4": ma.register_kernel_stores(64, tile, pad={"V": 4})["V"],
+    "V store, rows of 64 + 8 (the kernel)": ma.register_kernel_stores(64, tile)["V"],
+}, "banks");
+
+# %% [markdown]
+# Why 4 and not the classic one word? Two reasons. With one extra word, row x starts x banks further on,
+# and its 4 adjacent keys still land on banks the next rows use: 2 passes for this tile. And the
+# inner loop reads each row with 16-byte vector loads, whose address must be a multiple of 16 (PTX ISA,
+# "Addresses as Operands": an address "must be naturally aligned to a multiple of the access size"); with
+# rows of `block_k + 1` words, most rows would start off that grid. Padding by a multiple of 4 words keeps
+# every row 16-byte aligned. Passes of each tile copy, for every tile the kernel prefers and several
+# paddings (Qt, Q transposed, has the same shape of store as Kt):
+
+# %%
+for d_ in (32, 64, 128):
+    for t_ in PREFERRED[d_]:
+        line = []
+        for pad in (0, 1, 4, 8):
+            st = ma.register_kernel_stores(d_, t_, pad={"Qt": pad, "Kt": pad, "V": pad})
+            line.append(f"pad {pad}: " + " ".join(f"{k} {ma.bank_conflict_degree(w)}" for k, w in st.items()))
+        print(f"d = {d_:3d}, block_q = {t_.block_q:3d}, block_k = {t_.block_k}: " + " | ".join(line))
+print("the kernel pads Qt and Kt by", ma.REGISTER_PAD["Kt"], "words and V by", ma.REGISTER_PAD["V"])
+
+# %% [markdown]
+# With the kernel's padding every tile copy takes one pass. The inner loops' 16-byte loads are another
+# matter: the padding does not change them, since only the start of each row moves. For the tile above, at
+# one step of each product loop, no load asks a bank for two different words:
+
+# %%
+for name, instructions in ma.register_kernel_loads(64, tile, step=3).items():
+    print(f"{name}: {len(instructions)} load(s) per step, "
+          + ", ".join(f"{np.unique(w).size} different words at most {ma.bank_conflict_degree(w.ravel())} per bank"
+                      for w in instructions))
+
+# %% [markdown]
+# The CUDA guides state the bank rule for 4-byte accesses; for 8- and 16-byte ones what follows from 32
+# banks of 4 bytes is a floor: one pass delivers at most 128 bytes, so a warp loading 512 different bytes
+# needs at least 4 passes, however they are laid out.
+#
+# Where the real FlashAttention-2 differs: its CUDA kernels avoid bank conflicts by *swizzling* instead of
+# padding (`csrc/flash_attn/src/kernel_traits.h` builds its shared-memory layouts with CuTe's `Swizzle`,
+# which XORs the index of each 16-byte chunk of a row with the row number, modulo 8): no unused words, and
+# the permutation suits the loads that feed its tensor cores. Padding is the simple way; it costs a few
+# unused words per row (4 per row of Kt, 8 per row of V).
+#
+# Try other layouts: how many threads share a row, a misaligned start, the row length, how the tile is
+# stored in shared memory and its padding. Each view shows the HBM sectors of the warp's load and the
+# banks of its store:
+
+# %%
+maviz.access_explorer();
+
+# %% [markdown]
+# ## Suspect 3: the work inside the SM
 #
 # Every multiply-add of the inner loops needs one float of K or V from shared memory, and each thread does
 # all `2d` multiply-adds per key alone; the d of the dot product form a chain where each step waits for
@@ -159,4 +289,5 @@ gviz.plot_occupancy_bars(infos);
 # FMAs of a tile overlap), and the softmax bookkeeping happens once per tile instead of once per key.
 #
 # **Exercises:** [08_first_flash_kernel](../exercises/08_first_flash_kernel.ipynb): write the inner loop
-# of this kernel (the online softmax over one tile, with the tail and causal masks).
+# of this kernel (the online softmax over one tile, with the tail and causal masks), and count the passes
+# of a warp's shared-memory access.

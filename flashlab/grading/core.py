@@ -303,6 +303,27 @@ class Checker:
         details, hint = explain(out)
         return list(details), hint
 
+    def which_slip(self, cases, slips, failing, out):
+        """The diagnosis of the usual slip that best explains a wrong answer, or None.
+
+        cases: argument tuples of every case; slips(*args) -> [(wrong answer, diagnosis), ...]; the
+        learner's function returned `out` on cases[failing]. Of the slips that give `out` there, the one
+        agreeing with the learner's function on the most other cases wins (several slips can coincide on
+        one case).
+        """
+        matching = [i for i, (value, _) in enumerate(slips(*cases[failing])) if value == out]
+        if len(matching) > 1:
+            score = dict.fromkeys(matching, 0)
+            for args in cases[:failing] + cases[failing + 1:]:
+                try:
+                    got = self.call(*[a.copy() if isinstance(a, np.ndarray) else a for a in args])
+                except (Failed, NotImplementedYet):
+                    continue
+                for i in matching:
+                    score[i] += bool(np.all(slips(*args)[i][0] == got))
+            matching.sort(key=lambda i: -score[i])
+        return slips(*cases[failing])[matching[0]][1] if matching else None
+
     def scalar(self, out, ref, name="the result", tol=1e-10) -> float:
         """A real number within relative `tol` of `ref`."""
         if isinstance(out, (bool, np.bool_)) or not isinstance(out, (int, float, np.integer, np.floating)):

@@ -51,3 +51,73 @@ def check_flash_shared_kernel(t, fn):
         check_forward(t, run(K, V), Q, K, V, causal, bq, bk, rerun=run)
 
 
+
+
+# -------------------------------------------------------------------------------- bank conflicts
+def _bank_slips(w):
+    """(count, diagnosis) of the usual wrong ways to count a warp's shared-memory passes."""
+    u = np.unique(w)
+    return [
+        (int(np.bincount(w % 32, minlength=32).max()), "threads asking for the same word share it (a broadcast): "
+                                                       "count different words per bank, not threads"),
+        (int(np.bincount(u // 32).max()), "banks interleave: word w is in bank w % 32, not w // 32"),
+        (int(np.bincount(np.unique(4 * u) % 32, minlength=32).max()), "the indices are 4-byte words already: "
+                                                                     "bank = word % 32, without a factor 4"),
+        (int(np.bincount(u % 32, minlength=32).max()) - 1, "return the number of passes, 1 when nothing "
+                                                           "conflicts, not the number of extra passes"),
+        (int(np.unique(u % 32).size), "count the words asked of the busiest bank, not how many banks are used"),
+        (-(-u.size // 32), "the passes depend on how the words fall into banks, not only on how many there are"),
+    ]
+
+
+def _bank_cases(t):
+    from ..kernels.register import PREFERRED
+    from ..memory_access import register_kernel_stores
+
+    lane = np.arange(32)
+    base = int(t.rng.integers(0, 4096))
+    d = int(t.rng.choice([16, 32, 64, 128]))
+    tile = PREFERRED[d][int(t.rng.integers(0, len(PREFERRED[d])))]
+    it = int(t.rng.integers(0, 2))
+    k = int(t.rng.integers(2, 31))
+    cases = [
+        ("consecutive words", base + lane, None),
+        ("every other word", base + 2 * lane, None),
+        ("every third word", base + 3 * lane, "An odd stride visits all 32 banks before it comes back."),
+        ("a column of a 32 x 32 tile", base + 32 * lane, None),
+        ("the same column, rows padded to 33 words", base + 33 * lane, None),
+        ("all threads read one word", np.full(32, base), "Threads reading the same word share it: a broadcast."),
+        ("two words of one bank, 16 threads each", base + 32 * (lane % 2),
+         "Count different words per bank, not threads."),
+        ("every fourth word", base + 4 * lane, None),
+        (f"lesson 09's transposed K tile, no padding (d = {d})",
+         base + register_kernel_stores(d, tile, it=it, pad={"Kt": 0})["Kt"], None),
+        (f"lesson 09's transposed K tile, padded (d = {d})", base + register_kernel_stores(d, tile, it=it)["Kt"], None),
+        ("a partial warp", base + 32 * np.arange(k), "A warp may have fewer than 32 active threads."),
+        ("threads in shuffled order", base + 2 * t.rng.permutation(32), "The order of the threads does not matter."),
+    ]
+    for _ in range(4):
+        span = int(t.rng.choice([64, 256, 2048]))
+        cases.append(("random words", t.rng.integers(0, span, size=int(t.rng.integers(1, 33))), None))
+    return cases
+
+
+@exercise("bank_conflict_degree", lesson=LESSON,
+          hint="Keep each different word once (np.unique), put it in its bank (word % 32), and return the "
+               "largest number of words any one bank holds (np.bincount(...).max()).")
+def check_bank_conflict_degree(t, fn):
+    from ..memory_access import bank_conflict_degree
+
+    cases = _bank_cases(t)
+    args = [(np.asarray(w, dtype=np.int64),) for _, w, _ in cases]
+    for k, ((label, _, hint), (words,)) in enumerate(zip(cases, args)):
+        shown = ", ".join(str(int(x)) for x in words[:6]) + (", ..." if words.size > 6 else "")
+        t.case(label, hint, words=f"[{shown}] ({words.size} threads)")
+        out = t.call(words.copy())
+        if isinstance(out, (bool, np.bool_)) or not isinstance(out, (int, np.integer)):
+            raise t.fail(f"return the number of passes as an int; got {type(out).__name__} {out!r:.60}")
+        want = bank_conflict_degree(words)
+        if int(out) != want:
+            why = t.which_slip(args, _bank_slips, k, int(out))
+            raise t.fail(f"you returned {int(out)}; the access needs {want} pass{'es' if want > 1 else ''}"
+                         + (f": {why}" if why else ""))
