@@ -246,17 +246,18 @@ def test_split_model():
 
 
 @pytest.mark.parametrize("nk,bh,gpu,splits,bps", [(16384, 16, "H100", 16, 1), (65536, 16, "H100", 32, 2),
-                                                  (4096, 128, "T4", 4, 1), (1024, 1, "A100", 256, 4)])
+                                                  (4096, 128, "T4", 4, 1), (1024, 1, "A100", 256, 4),
+                                                  (131072, 1, "H100", 2, 1)])  # default 264 splits
 def test_split_explorer_draws_the_model_and_the_grid(drive, nk, bh, gpu, splits, bps):
     sliders, callback = drive(viz.split_explorer)
     assert set(sliders) == {"Nk", "batch_heads", "gpu", "splits", "blocks_per_sm", "d"}
     fig = callback(Nk=nk, batch_heads=bh, gpu=gpu, splits=splits, blocks_per_sm=bps)
     times, speed, grid = fig.axes[:3]
     n_sm, bw = roofline.SMS[gpu], roofline.PUBLISHED[gpu].bandwidth
-    s = np.arange(1, min(256, nk) + 1)
+    default = decoding.default_num_splits(bh, nk, n_sm=n_sm)
+    s = np.arange(1, min(max(256, default), nk) + 1)
     t = decoding.model_time_us(bh, nk, 128, s, n_sm=n_sm, bandwidth=bw, blocks_per_sm=bps)
     assert np.allclose(_line(times, "model").get_ydata(), t)
-    default = decoding.default_num_splits(bh, nk, n_sm=n_sm)
     assert _line(times, f"default_num_splits: {default}").get_xdata()[0] == default
     assert _line(times, f"model's best: {s[np.argmin(t)]}").get_ydata()[0] == t.min()
     assert np.allclose(_line(speed, "model").get_ydata(), t[0] / t)

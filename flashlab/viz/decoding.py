@@ -8,6 +8,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import LogFormatter
 
 from ..decoding import default_num_splits, model_time_us, split_waves
 from ..roofline import PUBLISHED, SMS
@@ -80,27 +81,39 @@ def _gpu(name):
     return SMS[name], PUBLISHED[name].bandwidth
 
 
+def _log_axes(ax):
+    """Log-log axes, the y labels plain numbers (1.1, 200, 3000) however narrow the range."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    ax.grid(True, alpha=0.3)
+
+
+def _split_range(nk, default):
+    """Split counts drawn: 1 .. 256, or up to the default when it is larger, never more than Nk."""
+    return np.arange(1, min(max(256, default), nk) + 1)
+
+
 def plot_split_times(nk, batch_heads, gpu="H100", splits=None, d=128, blocks_per_sm=1, ax=None, compact=False):
     """Model time (µs) against the number of splits; ★ the library's default_num_splits, ● the model's best,
     and the chosen `splits` marked with its waves."""
     fig, ax = own_axes(ax, width=6, height=3.8)
     n_sm, bw = _gpu(gpu)
-    s = np.arange(1, min(256, nk) + 1)
+    default = default_num_splits(batch_heads, nk, n_sm=n_sm)
+    s = _split_range(nk, default)
     t = model_time_us(batch_heads, nk, d, s, n_sm=n_sm, bandwidth=bw, blocks_per_sm=blocks_per_sm)
     ax.plot(s, t, color="#1f77b4", lw=1.5, label="model")
-    default = default_num_splits(batch_heads, nk, n_sm=n_sm)
     best = int(s[np.argmin(t)])
     ax.plot([default], [t[default - 1]], "*", ms=14, color="black", zorder=5, label=f"default_num_splits: {default}")
     ax.plot([best], [t[best - 1]], "o", ms=8, mfc="none", mec="#d62728", mew=2, zorder=5, label=f"model's best: {best}")
     if splits is not None and splits <= s[-1]:
         _, waves = split_waves(batch_heads, splits, n_sm, blocks_per_sm)
         ax.axvline(splits, color="#ff7f0e", lw=1, ls="--", label=f"your splits: {splits} ({int(waves)} waves)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    _log_axes(ax)
     ax.set_ylim(t.min() / 1.3, t.max() * 1.6)  # a flat curve stays flat-looking; room for the legend
     ax.set_xlabel("num_splits")
     ax.set_ylabel("model time (µs)")
-    ax.grid(True, alpha=0.3)
     title = f"{gpu} ({n_sm} SMs), B·H = {batch_heads}, Nk = {nk}"
     ax.set_title(title if not compact else f"{gpu}, B·H = {batch_heads}: default {default}, best {best}",
                  fontsize=8 if compact else 10)
@@ -136,7 +149,7 @@ def _draw_split(ax=None, Nk=16384, batch_heads=16, gpu="H100", splits=16, blocks
     times, speed, slots = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
     plot_split_times(Nk, batch_heads, gpu, splits, d, blocks_per_sm, ax=times)
     # Speed-up over one split: the model's curve and, where the setting was measured, the benchmark's points.
-    s = np.arange(1, min(256, Nk) + 1)
+    s = _split_range(Nk, default_num_splits(batch_heads, Nk, n_sm=n_sm))
     t = model_time_us(batch_heads, Nk, d, s, n_sm=n_sm, bandwidth=bw, blocks_per_sm=blocks_per_sm)
     speed.plot(s, t[0] / t, color="#1f77b4", label="model")
     rows, source = measured if measured is not None else load_measured()
@@ -145,15 +158,14 @@ def _draw_split(ax=None, Nk=16384, batch_heads=16, gpu="H100", splits=16, blocks
         speed.plot([ms], [ratio], marker, ms=9, mfc="none", mew=2, color="black",
                    label=f"measured, {dtype} ({MEASURED_ON})")
     if not points:
-        speed.text(0.03, 0.95, f"no measurement for this setting\n(measured on an {MEASURED_ON}: B·H 16, 32, 256;\n"
-                               "Nk 1024 to 65536; see the lesson)", transform=speed.transAxes, va="top", fontsize=8)
-    speed.set_xscale("log", base=2)
-    speed.set_yscale("log")
+        speed.text(0.5, 0.04, f"no measurement for this setting (measured on an {MEASURED_ON}:\n"
+                              "B·H 16, 32, 256; Nk 1024 to 65536; see the lesson)", transform=speed.transAxes,
+                   ha="center", va="bottom", fontsize=8, bbox=dict(boxstyle="round", fc="white", alpha=0.85))
+    _log_axes(speed)
     speed.set_xlabel("num_splits")
     speed.set_ylabel("speed-up over 1 split")
     speed.set_title(f"Model vs measurement (d = {d}; measured: {source})", fontsize=9)
-    speed.grid(True, alpha=0.3)
-    speed.legend(fontsize=8, loc="lower right")
+    speed.legend(fontsize=8, loc="upper left")
     plot_split_grid(batch_heads, splits, n_sm, blocks_per_sm, ax=slots)
     fig.tight_layout()
     return fig
@@ -161,9 +173,10 @@ def _draw_split(ax=None, Nk=16384, batch_heads=16, gpu="H100", splits=16, blocks
 
 def split_explorer(interactive=None):
     """Lesson 14: sliders for the KV length, batch*heads, the GPU (its SM count and bandwidth), the number of
-    splits, the blocks each SM runs at once and the head dimension d. Shows lesson 14's model time for every split count (★ the
-    library's choice), the speed-up over one split against the benchmark where it was measured, and the grid's
-    waves. Static fallback: the model curves for two GPUs (rows) and three B·H (columns), Nk = 16384."""
+    splits, the blocks each SM runs at once and the head dimension d. Shows lesson 14's model time for every
+    split count (★ the library's choice), the speed-up over one split against the benchmark where it was
+    measured, and the grid's waves. Static fallback: the model curves for two GPUs (rows) and three B·H
+    (columns), Nk = 16384."""
     measured = load_measured()
 
     def draw(ax=None, **params):

@@ -240,8 +240,9 @@ def _draw_roofline_panel(ax, machine, intensity, steps, compact=False):
 
 def roofline_explorer(measured=(), interactive=None):
     """Lesson 01: slide a kernel's arithmetic intensity along a machine's roofline; naive attention's steps
-    (QKᵀ, softmax, PV from roofline.example_kernels(N, d)) sit on the same roof. The full view adds each step's memory and arithmetic
-    time (plot_step_times). Static fallback: rows H100 FP16 / T4 FP32, columns I = 1, 32, 512.
+    (QKᵀ, softmax, PV from roofline.example_kernels(N, d)) sit on the same roof. The full view adds each
+    step's memory and arithmetic time (plot_step_times). Static fallback: rows H100 FP16 / T4 FP32,
+    columns I = 1, 32, 512.
 
     measured: extra Machines (for example roofline.measure_cpu()) offered beside the published ones.
     """
