@@ -12,7 +12,8 @@ block per (batch, head) and most of a GPU sits idle. Split-KV attention parallel
    same factor exp(m_c - m) as l. At the end o = O / l and lse = m + log(l).
 
 The same three steps run as a Numba kernel in `flashlab.kernels.decoding` (one thread block per chunk,
-then a merge kernel). `default_num_splits` picks the number of chunks for both.
+then a merge kernel). `default_num_splits` picks the number of chunks for both; `split_waves` and
+`model_time_us` are lesson 14's bandwidth model of what a split count costs on a GPU.
 """
 from __future__ import annotations
 
@@ -54,6 +55,31 @@ def default_num_splits(batch_heads: int, nk: int, n_sm: int = 132, min_chunk: in
     least `min_chunk` keys. (The Flash-Decoding post describes the same trade-off; this rule is ours.)"""
     want = math.ceil(2 * n_sm / max(batch_heads, 1))
     return max(1, min(want, nk // min_chunk))
+
+
+def split_waves(batch_heads, splits, n_sm=132, blocks_per_sm=1):
+    """(blocks, waves): the split kernel's grid has batch_heads * splits blocks; the GPU runs at most
+    n_sm * blocks_per_sm of them at once, so they go through in ceil(blocks / (n_sm * blocks_per_sm)) waves.
+    Works elementwise on arrays of split counts."""
+    blocks = batch_heads * np.asarray(splits)
+    return blocks, -(-blocks // (n_sm * blocks_per_sm))
+
+
+def model_time_us(batch_heads, nk, d, splits, n_sm=132, bandwidth=3.35e12, itemsize=2, blocks_per_sm=1):
+    """Lesson 14's model of the split-KV time (µs), for one query per head: a sketch, not a measurement.
+
+    Every resident block streams its chunk's K and V rows (2 * d * itemsize bytes per key) at an equal share
+    of the bandwidth, bandwidth / (n_sm * blocks_per_sm); blocks run in waves (split_waves); then the merge
+    writes and reads every chunk's state (d + 2 float32 numbers). Chunks are sized as in chunk_bounds.
+    Ignores launch overhead, latency and caches. Works elementwise on arrays of split counts.
+    """
+    splits = np.asarray(splits)
+    chunk = -(-nk // splits)
+    n_chunks = -(-nk // chunk)  # chunk_bounds may need fewer chunks than asked for
+    _, waves = split_waves(batch_heads, n_chunks, n_sm, blocks_per_sm)
+    stream = waves * chunk * 2 * d * itemsize / (bandwidth / (n_sm * blocks_per_sm))
+    merge = batch_heads * n_chunks * (d + 2) * 4 * 2 / bandwidth
+    return (stream + merge) * 1e6
 
 
 def chunk_partial(q, k_c, v_c, scale):

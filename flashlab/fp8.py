@@ -6,6 +6,7 @@ incoherent_transform  Q M and K M with M = diag(random +-1) @ Hadamard / sqrt(d)
 round_p_e4m3          P rounded to e4m3 as FA3 feeds it to the P V product: scaled by 2^8 first
 fp8_attention         quantise Q, K, V (and P) the FA3 way, then run flashlab's FA2 forward on the FP8 values
 accuracy_study        the paper's Table 3 experiment: RMSE against float64 on inputs with outliers
+error_vs_block        the same experiment swept over block sizes, with and without incoherent processing
 
 Only the rounding is simulated: values stay float numbers that happen to lie on the e4m3 grid (times a
 scale), and the products are exact sums in float32. Real FP8 tensor cores differ in two ways flashlab does
@@ -182,17 +183,27 @@ def rmse(out, ref):
     return float(np.sqrt(np.mean((out - ref) ** 2)))
 
 
-def accuracy_study(n=8192, d=128, heads=1, *, block=128, seed=0, quantize_p=True):
-    """RMSE against float64 attention of per-tensor FP8, block FP8 and block FP8 + incoherent processing.
-
-    Q, K and V are drawn from outlier_inputs with shape (heads, n, d); P is rounded to FP8 too unless
-    quantize_p=False. Returns {method: RMSE}.
-    """
+def _study_inputs(n, d, heads, seed, outlier_std, p):
+    """Q, K, V from outlier_inputs (seeds seed, seed+1, seed+2) and their float64 attention output."""
     from .tiled import flash_attention_v2
 
     n, d, heads = (_positive_int(x, name) for x, name in ((n, "n"), (d, "d"), (heads, "heads")))
-    q, k, v = (outlier_inputs((heads, n, d), seed + i) for i in range(3))
+    if not (np.isfinite(outlier_std) and outlier_std >= 0):
+        raise ValueError(f"outlier_std must be a finite number >= 0; got {outlier_std!r}")
+    if not 0 <= p <= 1:
+        raise ValueError(f"p (the outlier probability) must be in [0, 1]; got {p!r}")
+    q, k, v = (outlier_inputs((heads, n, d), seed + i, outlier_std=outlier_std, p=p) for i in range(3))
     ref, _ = flash_attention_v2(q, k, v, block_q=min(n, 512), block_k=min(n, 1024))  # float64 throughout
+    return q, k, v, ref
+
+
+def accuracy_study(n=8192, d=128, heads=1, *, block=128, seed=0, outlier_std=10.0, p=1e-3, quantize_p=True):
+    """RMSE against float64 attention of per-tensor FP8, block FP8 and block FP8 + incoherent processing.
+
+    Q, K and V are drawn from outlier_inputs((heads, n, d), outlier_std, p): the defaults are the paper's.
+    P is rounded to FP8 too unless quantize_p=False. Returns {method: RMSE}.
+    """
+    q, k, v, ref = _study_inputs(n, d, heads, seed, outlier_std, p)
     runs = {
         "per-tensor": dict(scaling="tensor"),
         "block": dict(scaling="block"),
@@ -200,3 +211,24 @@ def accuracy_study(n=8192, d=128, heads=1, *, block=128, seed=0, quantize_p=True
     }
     return {name: rmse(fp8_attention(q, k, v, block=block, seed=seed, quantize_p=quantize_p, **kw), ref)
             for name, kw in runs.items()}
+
+
+
+def error_vs_block(blocks, n=512, d=64, heads=1, *, seed=0, outlier_std=10.0, p=1e-3, metric="relative",
+                   quantize_p=True):
+    """Error of block-scaled FP8 attention at each block size in `blocks`, without and with incoherent
+    processing, on the inputs of accuracy_study. A block of n rows or more is per-tensor scaling (per head).
+
+    metric: "relative" (||O - ref|| / ||ref||, the course's measure) or "rmse" (the paper's).
+    Returns {False: errors, True: errors}, keyed by `incoherent`, each an array aligned with `blocks`.
+    """
+    if metric not in ("relative", "rmse"):
+        raise ValueError(f"metric must be 'relative' or 'rmse'; got {metric!r}")
+    blocks = [_positive_int(b, "block") for b in blocks]
+    q, k, v, ref = _study_inputs(n, d, heads, seed, outlier_std, p)
+
+    def error(o):
+        return rmse(o, ref) if metric == "rmse" else float(np.linalg.norm(o - ref) / np.linalg.norm(ref))
+
+    return {inc: np.array([error(fp8_attention(q, k, v, block=b, incoherent=inc, seed=seed, quantize_p=quantize_p))
+                           for b in blocks]) for inc in (False, True)}

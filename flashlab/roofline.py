@@ -7,7 +7,7 @@ which term wins: below the ridge point peak_flops / bandwidth it is memory-bound
     measure_cpu()        this machine's copy bandwidth and float32 matmul rate, with NumPy (about a second)
     measure_gpu()        the same for a CUDA GPU through torch, or None when there is none (never imports
                          torch unless an NVIDIA driver is present)
-    PUBLISHED            vendor datasheet figures for A100, H100 and T4
+    PUBLISHED            vendor datasheet figures for A100, H100 and T4 (SMS: their SM counts)
     example_kernels()    FLOPs and bytes of a few operations attention is made of
 
 Everything is plain Python + NumPy; plotting lives in flashlab.viz.
@@ -65,6 +65,9 @@ PUBLISHED = {
 }
 #: FP32 CUDA-core peaks from the same datasheets (FLOP/s).
 PUBLISHED_FP32 = {"A100": 19.5e12, "H100": 67e12, "T4": 8.1e12}
+#: Streaming multiprocessors: A100 108 and H100 SXM 132 (NVIDIA's A100 and H100 architecture whitepapers);
+#: T4 40 (2,560 CUDA cores at 64 per Turing SM; also what Colab's T4 reports, shared/anchors.md).
+SMS = {"A100": 108, "H100": 132, "T4": 40}
 
 
 def _best_time(fn, repeats):

@@ -124,5 +124,17 @@ print(f"softmax on the A100's FP32 units instead: {f_sm / roofline.PUBLISHED_FP3
 # So the time of standard attention is spent moving $S$ and $P$ through HBM, not multiplying.
 # FlashAttention keeps them on chip (arXiv 2205.14135, Section 2 discusses exactly this).
 #
+# ## Explore: slide along the roofline
+#
+# Move the intensity and watch the star climb the slope until it reaches the roof at the ridge; then
+# change the machine, N, d and the element size, and see where naive attention's three steps (squares)
+# land. On the tensor-core (FP16) rooflines $QK^\top$ and $PV$ stay left of the H100's ridge for every
+# N and d offered; on an FP32 roofline with 4-byte elements they cross it (on the H100 and T4 from
+# d = 64). Softmax never does.
+
+# %%
+viz.roofline_explorer(measured=machines);
+
+# %% [markdown]
 # **Exercises:** [01_memory_hierarchy](../exercises/01_memory_hierarchy.ipynb): compute the
 # intensity of a matmul and of softmax, and the attainable rate on a roofline.

@@ -73,6 +73,18 @@ print("sum agrees:", np.allclose(l, np.exp(rows - rows.max(axis=-1, keepdims=Tru
 print("softmax error vs safe:", relative_error(online_softmax(rows), safe_softmax(rows)))
 
 # %% [markdown]
+# ## Step through it
+#
+# Move $j$ along the row. The box shows the update with numbers; the lower panel shows what normalising
+# *now* would give, $e^{x_i - m_j} / l_j$ for the elements seen so far, against the final softmax
+# (dashed). At a step where the max grows (red title) the old sum is first multiplied by
+# $e^{m_{\text{old}} - m_{\text{new}}} < 1$: every term in it was measured against the old max. At the
+# last step the bars fill the dashed outlines exactly.
+
+# %%
+viz.online_softmax_explorer(stream);
+
+# %% [markdown]
 # ## Merging two partial states
 #
 # The update above is a special case of something more useful. Take any split of a row into chunks

@@ -183,6 +183,19 @@ print(f"N = {ns[-1]}:", {m: f"{v:.1e}" for m, v in last.items()},
 #   softmax weight. Each query meets about $N d p^2$ such keys ($p = 0.001$), so longer sequences meet more
 #   of them. After the rotation no feature holds a spike, and the error of those scores shrinks.
 #
+# ### Explore: block size and outliers
+#
+# The explorer reruns the same simulation (`fp8.error_vs_block`) on smaller inputs (d = 64, N up to
+# 1024) so that each redraw takes a fraction of a second. Things to try: p = 0, where both curves lie on
+# the dotted floor whatever the block size (nothing for the rotation to fix); the paper's outliers
+# (std 10) at rising p; and std 100 at N = 256 and N = 1024, where a handful of huge outliers decide the
+# error and one random draw can go either way: the study above used N = 8192 and d = 128 to meet many more
+# of them.
+
+# %%
+flashlab.viz.fp8_explorer();
+
+# %% [markdown]
 # ## 4. Overlap: loads, matmuls and softmax at the same time
 #
 # Each step of the inner loop over K/V blocks does four things on three different units:

@@ -123,12 +123,7 @@ plt.show()
 # twice, with at least 64 keys each.
 
 # %%
-def model_time_us(bh, nk, d, splits, n_sm=132, bandwidth=3.35e12, itemsize=2):
-    chunk = np.ceil(nk / splits)
-    waves = np.ceil(bh * splits / n_sm)
-    stream = waves * chunk * 2 * d * itemsize / (bandwidth / n_sm)
-    merge = bh * splits * (d + 2) * 4 * 2 / bandwidth  # states written, then read
-    return (stream + merge) * 1e6
+model_time_us = decoding.model_time_us  # that model, one block per SM by default (its code: decoding.model_time_us??)
 
 
 nk, d = 32768, 128
@@ -149,6 +144,31 @@ plt.show()
 # like 1/n_splits until the SMs are full, then flattens at total bytes / bandwidth, with saw teeth where
 # one block too many starts another wave. With B·H = 128 the GPU is already nearly full without a split.
 # The ★ (the library's rule) sits near, not always at, the model's best: the rule ignores the waves.
+#
+# ### Explore: split count against KV length
+#
+# Move Nk, B·H and the GPU (132 SMs on an H100, 40 on a T4) and compare ★ with the model's best; raise the
+# splits past a wave boundary and watch the bottom picture gain a mostly idle wave. Where a setting was
+# benchmarked (`benchmarks/results/decoding.md`, an H200 with 132 SMs), the measured speed-ups over one
+# split are drawn against the model's. Change the blocks per SM, and compare:
+
+# %%
+from flashlab.viz.decoding import load_measured, measured_speedups, split_explorer
+
+measured, _ = load_measured()
+for nk in (1024, 65536):
+    splits, speedup = measured_speedups(measured, 16, nk, 128)["float16"]
+    model = [model_time_us(16, nk, 128, 1, blocks_per_sm=b) / model_time_us(16, nk, 128, splits, blocks_per_sm=b)
+             for b in (1, 2, 4)]
+    print(f"B·H = 16, Nk = {nk:5d}, {splits} splits vs 1: measured {speedup:4.1f}x faster (float16); "
+          f"model {model[0]:4.1f}x, {model[1]:4.1f}x, {model[2]:4.1f}x at 1, 2, 4 blocks per SM")
+split_explorer();
+
+# %% [markdown]
+# At Nk = 65536 the measurement lies between the model with 2 and with 4 blocks per SM. At Nk = 1024 it is
+# far below every setting: the measured time hardly depends on the split there (1060.2 µs with one split,
+# 876.5 with 16, in the table), so most of it goes to costs that do not shrink with the chunk, which the
+# model leaves out.
 #
 # ## 4. The kernel
 #

@@ -1,11 +1,12 @@
-"""Figures for the memory hierarchy, rooflines and the memory naive attention needs (lessons 01, 02, 06)."""
+"""Figures for the memory hierarchy, rooflines and the memory naive attention needs (lessons 01, 02, 06), and
+lesson 01's roofline explorer."""
 from __future__ import annotations
 
 import tracemalloc
 
 import numpy as np
 
-from ._base import COLORS, human_bytes, own_axes, subplots
+from ._base import COLORS, explore, human_bytes, own_axes, subplots
 
 # FlashAttention (arXiv 2205.14135), Figure 1 left: an A100 with 40 GB of HBM.
 HIERARCHY = [  # (level, capacity in bytes, bandwidth in bytes/s)
@@ -172,3 +173,98 @@ def plot_saved_for_backward(ns, d, bytes_per_element=2, ax=None):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+# --- explorer -----------------------------------------------------------------------------------------
+
+INTENSITIES = tuple(2.0**k for k in range(-3, 13))  # 1/8 .. 4096 FLOP/byte: a log-scale slider
+SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def roofline_machines(measured=()):
+    """{label: Machine} for the roofline explorer: each published GPU with its FP16 tensor-core peak and its
+    FP32 CUDA-core peak (same bandwidth), then any measured machines (roofline.measure_cpu/measure_gpu)."""
+    from ..roofline import PUBLISHED, PUBLISHED_FP32, Machine
+
+    out = {}
+    for key, m in PUBLISHED.items():
+        out[f"{key} FP16"] = m
+        out[f"{key} FP32"] = Machine(f"{m.name.split(' (')[0]} (FP32 CUDA cores)", PUBLISHED_FP32[key],
+                                     m.bandwidth, m.source)
+    for m in measured:
+        if m is not None:
+            out[m.name] = m
+    return out
+
+
+def roofline_point(machine, intensity):
+    """(attainable FLOP/s, "memory" or "compute"): where a kernel of this intensity sits on the roofline."""
+    bound = "memory" if intensity < machine.ridge else "compute"
+    return float(machine.attainable(intensity)), bound
+
+
+ATTENTION_STEPS = ("S = QKᵀ", "softmax", "O = PV")  # naive attention's three kernels in example_kernels
+
+
+def _draw_roofline_panel(ax, machine, intensity, steps, compact=False):
+    x = np.logspace(-3, 13, 200, base=2)
+    ax.plot(x, machine.attainable(x), color="black", lw=2)
+    ax.plot([machine.ridge], [machine.peak_flops], "o", color="black", ms=4)
+    ax.axvline(machine.ridge, color="#999999", lw=0.8, ls=":")
+    groups = []  # the attention steps, on the roof at their own intensity; near-equal ones share a label
+    for name, inten in sorted(((n, f / b) for n, (f, b) in steps.items()), key=lambda t: t[1]):
+        if groups and inten < groups[-1][1] * 1.2:
+            groups[-1][0].append(name)
+        else:
+            groups.append(([name], inten))
+    for names, inten in groups:
+        ax.plot([inten], [machine.attainable(inten)], "s", ms=5, color=COLORS["naive"], zorder=4)
+        ax.annotate(", ".join(names), (inten, machine.attainable(inten)), textcoords="offset points",
+                    xytext=(4, -11), fontsize=7, color=COLORS["naive"])
+    rate, bound = roofline_point(machine, intensity)
+    color = COLORS["memory"] if bound == "memory" else COLORS["compute"]
+    ax.plot([intensity], [rate], "*", ms=15, color=color, mec="black", zorder=5, label="your kernel")
+    ax.plot([intensity, intensity], [1e8, rate], color=color, lw=1, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_ylim(1e9, 3e15)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable FLOP/s")
+    name = machine.name.split(" (")[0] + "".join(f" {p}" for p in ("FP16", "FP32") if p in machine.name)
+    sep = "\n" if compact else ", "
+    ax.set_title(f"{name}, I = {intensity:g}: {rate / 1e12:.3g} TFLOP/s{sep}"
+                 f"{bound}-bound ({100 * rate / machine.peak_flops:.2g}% of peak)", fontsize=8 if compact else 9)
+    return rate, bound
+
+
+def roofline_explorer(measured=(), interactive=None):
+    """Lesson 01: slide a kernel's arithmetic intensity along a machine's roofline; naive attention's steps
+    (QKᵀ, softmax, PV from roofline.example_kernels(N, d)) sit on the same roof. The full view adds each
+    step's memory and arithmetic time (plot_step_times). Static fallback: rows H100 FP16 / T4 FP32,
+    columns I = 1, 32, 512.
+
+    measured: extra Machines (for example roofline.measure_cpu()) offered beside the published ones.
+    """
+    from ..roofline import example_kernels
+
+    machines = roofline_machines(measured)
+
+    def draw(ax=None, machine="H100 FP16", intensity=4.0, N=4096, d=64, bytes_per_element=2):
+        m = machines[machine]
+        steps = {k: v for k, v in example_kernels(N, d, bytes_per_element).items() if k in ATTENTION_STEPS}
+        if ax is not None:
+            _draw_roofline_panel(ax, m, intensity, steps, compact=True)
+            return ax.figure
+        fig, (left, right) = subplots(1, 2, width=12, height=4.2, gridspec_kw={"width_ratios": [1.3, 1]})
+        _draw_roofline_panel(left, m, intensity, steps)
+        left.text(0.02, 0.97, f"ridge: {m.ridge:.3g} FLOP/byte\nsquares: attention steps, N = {N}, d = {d}, "
+                              f"{bytes_per_element}-byte elements", transform=left.transAxes, va="top", fontsize=8)
+        plot_step_times(m, steps, ax=right)
+        fig.tight_layout()
+        return fig
+
+    controls = {"machine": (list(machines), "H100 FP16"), "intensity": (INTENSITIES, 4.0), "N": (SEQS, 4096),
+                "d": ((32, 64, 128, 256), 64), "bytes_per_element": ((2, 4), 2)}
+    return explore(draw, controls, {"machine": ("H100 FP16", "T4 FP32"), "intensity": (1.0, 32.0, 512.0)},
+                   interactive=interactive, title="The same kernel on two rooflines (★; squares: attention steps)")

@@ -1,10 +1,11 @@
-"""Figures for lesson 03: overflow, the online softmax's running statistics, merging partial states."""
+"""Figures for lesson 03: overflow, the online softmax's running statistics, merging partial states, and the
+step-by-step online softmax explorer."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..softmax import merge_softmax_states, online_softmax_stats
-from ._base import own_axes, subplots
+from ..softmax import merge_softmax_states, online_softmax_stats, safe_softmax
+from ._base import explore, own_axes, subplots
 
 
 def plot_overflow(ax=None):
@@ -102,3 +103,79 @@ def plot_merge(x, bounds):
     ax.set_ylim(min(0, x.min()) - 0.5, x.max() * 1.35 + 0.5)
     fig.tight_layout()
     return fig
+
+
+# --- explorer -----------------------------------------------------------------------------------------
+
+PREFIX_LABEL = "softmax of $x_0..x_j$ (normalised now)"
+FINAL_LABEL = "final safe softmax"
+
+
+def _plot_step_probs(ax, x, t, j, compact=False):
+    """Bars: the softmax of the prefix seen so far, e^(x_i - m_j) / l_j, against the final safe softmax."""
+    pos = np.arange(len(x))
+    ax.bar(pos, safe_softmax(x), width=0.8, fill=False, edgecolor="black", ls="--", lw=1, label=FINAL_LABEL)
+    prefix = np.exp(x[: j + 1] - t["m"][j]) / t["l"][j]
+    colors = ["#6baed6"] * j + ["#ff7f0e"]
+    ax.bar(pos[: j + 1], prefix, width=0.8, color=colors, alpha=0.85, label=PREFIX_LABEL)
+    ax.set_xticks(pos)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("position i in the row")
+    ax.set_ylabel("probability")
+    alpha = t["alpha"][j]
+    rescale = f", rescale ×{alpha:.2f}" if alpha < 1 else ""
+    ax.set_title(f"j = {j}: m = {t['m'][j]:.2f}, l = {t['l'][j]:.3f}{rescale}", fontsize=9 if compact else 10,
+                 color="#d62728" if alpha < 1 else "black")
+    if not compact:
+        ax.legend(fontsize=8, loc="upper left")
+
+
+def _step_text(x, t, j):
+    """The arithmetic of step j, with numbers."""
+    if j == 0:
+        return f"start from (m, l) = (−∞, 0)\nm = x₀ = {x[0]:.2f},  l = e^(x₀ − m) = 1"
+    m_old, l_old, m, l = t["m"][j - 1], t["l"][j - 1], t["m"][j], t["l"][j]
+    return (f"m = max({m_old:.2f}, x_j = {x[j]:.2f}) = {m:.2f}\n"
+            f"l = {l_old:.3f} × e^({m_old:.2f} − {m:.2f}) + e^({x[j]:.2f} − {m:.2f})\n"
+            f"  = {l_old:.3f} × {t['alpha'][j]:.3f} + {np.exp(x[j] - m):.3f} = {l:.3f}")
+
+
+def _draw_online_step(ax=None, x=(), j=0):
+    x = np.asarray(x, dtype=np.float64)
+    t = online_softmax_trace(x)
+    if ax is not None:
+        _plot_step_probs(ax, x, t, j, compact=True)
+        return ax.figure
+    fig, (a, b) = subplots(2, 1, width=8, height=6.2)
+    pos = np.arange(len(x))
+    colors = ["#6baed6"] * j + ["#ff7f0e"] + ["#eeeeee"] * (len(x) - j - 1)
+    a.bar(pos, x, width=0.8, color=colors, edgecolor="#999999")
+    a.step(np.arange(j + 2) - 0.5, np.append(t["m"][: j + 1], t["m"][j]), where="post", color="#d62728", lw=2,
+           label="running max $m$")
+    a.axhline(x.max(), color="#d62728", ls=":", lw=1, label=f"final max = {x.max():.2f}")
+    a.text(0.01, 0.97, _step_text(x, t, j), transform=a.transAxes, va="top", fontsize=8, family="monospace",
+           bbox=dict(boxstyle="round", fc="white", ec="#d62728" if t["alpha"][j] < 1 else "#999999"))
+    a.set_xticks(pos)
+    a.set_ylim(min(0, x.min()) - 0.3, x.max() + (x.max() - min(0, x.min())) * 0.9 + 0.3)
+    a.set_ylabel("$x_i$")
+    a.set_title(f"step j = {j}: seen (blue), new (orange), not yet read (grey)", fontsize=10)
+    a.legend(fontsize=8, loc="upper right")
+    _plot_step_probs(b, x, t, j)
+    fig.tight_layout()
+    return fig
+
+
+def online_softmax_explorer(x, interactive=None):
+    """Lesson 03: a slider walks the online softmax along the row x one element at a time, showing the running
+    max m, the running sum l, the rescale factor exp(m_old - m_new) when the max grows, and the softmax of the
+    prefix against the final one. Static fallback: four steps side by side."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 1 or len(x) < 2 or not np.isfinite(x).all():
+        raise ValueError(f"x must be a 1-D row of at least 2 finite numbers; got shape {x.shape}")
+    steps = list(range(len(x)))
+    jumps = [int(k) for k in np.flatnonzero(online_softmax_trace(x)["alpha"] < 1)]
+    shown = sorted({0, *jumps[-2:], len(x) - 1})  # the start, the last two rescales, the end
+    # One grid row: the grid's first name is the (fixed) row itself, its second the steps shown.
+    return explore(_draw_online_step, {"j": (steps, jumps[0] if jumps else 0)}, {"x": [x], "j": shown},
+                   fixed={"x": x}, interactive=interactive,
+                   title="Online softmax, step by step (red title: the max grew and l was rescaled)")
