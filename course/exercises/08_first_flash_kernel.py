@@ -65,6 +65,7 @@ def build_flash_shared(d, block_q, block_k, causal):
             m[r] = -math.inf
             l[r] = 0.0
 
+        # Part 1: k_end, and any local arrays part 2 needs (allocate them here, outside the loops).
         ### BEGIN SOLUTION
         k_end = n_k
         if causal:
@@ -82,6 +83,7 @@ def build_flash_shared(d, block_q, block_k, causal):
                     Vs[c, x] = v[k0 + c, x] if inside else float32(0.0)
             cuda.syncthreads()  # the whole tile is in shared memory
 
+            # Part 2: the online update of both rows for the keys of this tile.
             ### BEGIN SOLUTION
             for c in range(block_k):
                 key = k0 + c
