@@ -68,17 +68,27 @@ MUTANTS = {
                                     "    pass")], True),
     ],
     "flash_shared_kernel": [
-        ("running sum not rescaled", [("l = l * alpha + p", "l = l + p")], False),
-        ("output not rescaled", [("acc[x] = acc[x] * alpha + p * Vs[c, x]", "acc[x] = acc[x] + p * Vs[c, x]")], False),
-        ("causal mask off by one", [("key <= row", "key < row")], False),
-        ("padded keys of the tail tile not masked", [("if key < n_k and (not causal or key <= row):",
-                                                      "if not causal or key <= row:")], False),
+        ("no causal tile skipping", [("k_end = min(n_k, q0 + block_q)", "k_end = n_k")], True),
+        ("tile skipping one tile too early", [("k_end = min(n_k, q0 + block_q)", "k_end = min(n_k, q0 + block_q - block_k)")],
+         False),
+        ("tile walk not capped at n_k", [("k_end = min(n_k, q0 + block_q)", "k_end = q0 + block_q")], True),
+        ("K re-read from shared memory for each row",
+         [("                for x in range(d):\n                    kx = Ks[c, x]  # one shared read, a multiply-add for each row\n"
+           "                    for r in range(2):\n                        s[r] += q_rows[r, x] * kx",
+           "                for r in range(2):\n                    for x in range(d):\n"
+           "                        s[r] += q_rows[r, x] * Ks[c, x]")], True),
+        ("V re-read from shared memory for each row",
+         [("                for x in range(d):\n                    vx = Vs[c, x]\n                    for r in range(2):\n"
+           "                        acc[r, x] = acc[r, x] * alpha[r] + p[r] * vx",
+           "                for r in range(2):\n                    for x in range(d):\n"
+           "                        acc[r, x] = acc[r, x] * alpha[r] + p[r] * Vs[c, x]")], True),
+        ("second row masked with the first row's index", [("key <= q0 + t + r * HALF", "key <= q0 + t")], False),
+        ("rows taken as 2t and 2t + 1 in the mask", [("key <= q0 + t + r * HALF", "key <= q0 + 2 * t + r")], False),
+        ("padded keys of the tail tile not masked", [("if key < n_k and (not causal", "if (not causal")], False),
+        ("running sum not rescaled", [("l[r] = l[r] * alpha[r] + p[r]", "l[r] = l[r] + p[r]")], False),
+        ("a masked key keeps the previous key's alpha", [("                    alpha[r] = 1.0\n", "")], False),
         ("no barrier between loading the tile and using it",
          [("            cuda.syncthreads()  # the whole tile is in shared memory\n", "")], True),
-        ("no barrier before the next tile overwrites this one",
-         [("            cuda.syncthreads()  # nobody reads this tile any more: the next one may overwrite it\n", "")],
-         True),
-        ("m not updated", [("                    m = m_new\n", "")], False),
     ],
     "scores_microtile": [
         ("no register reuse: operands re-read from shared memory for every FMA",
@@ -122,10 +132,12 @@ MUTANTS = {
 
 
 def test_every_exercise_of_lessons_07_to_10_is_covered():
-    mine = {name for name, ex in EXERCISES.items() if ex.lesson[:2] in {"07", "08", "09", "10"}}
+    from test_new_exercises_a import NEW_EXERCISES  # exercises added later keep their mutants there
+
+    mine = {name for name, ex in EXERCISES.items() if ex.lesson[:2] in {"07", "08", "09", "10"}} - set(NEW_EXERCISES)
     elsewhere = {"sectors_per_request", "bank_conflict_degree"}  # tests/test_memory_access_exercises.py
     assert mine - elsewhere == set(KERNEL_EXERCISES)
-    assert all(len(MUTANTS[name]) >= 3 for name in KERNEL_EXERCISES)
+    assert all(len(MUTANTS[name]) >= 3 for name in mine - elsewhere)
 
 
 @pytest.mark.parametrize("name", sorted(KERNEL_EXERCISES))

@@ -87,3 +87,40 @@ flashlab.check("naive_hbm_bytes", naive_hbm_bytes)
 # %% [markdown]
 # The N² terms (S and P, each written once and read once) dominate as soon as N is larger than d:
 # quadrupling N multiplies the traffic by almost 16.
+
+# %% [markdown]
+# ## 3. Peak memory
+#
+# Traffic is one cost; room is another. Run the same three kernels on a batch: `Q` is (B, H, Nq, d),
+# `K` is (B, H, Nk, d), `V` is (B, H, Nk, dv), and every array lives in HBM. The inputs stay allocated the
+# whole time (the caller holds them). Each step allocates its output before it starts, and an
+# intermediate is freed as soon as the last step that reads it has finished.
+#
+# How many bytes are allocated at the busiest moment? `dtype` is a NumPy dtype such as
+# `np.dtype("float16")`; its `itemsize` is the bytes of one element. Think about every step, not only
+# the one you expect to win.
+
+# %%
+def naive_peak_bytes(B, H, Nq, Nk, d, dv, dtype):
+    """Peak bytes allocated by the three kernels of naive attention on B x H heads."""
+    ### BEGIN SOLUTION
+    inputs = Nq * d + Nk * d + Nk * dv  # Q, K, V: allocated all along
+    step2 = inputs + Nq * Nk + Nq * Nk  # S and P
+    step3 = inputs + Nq * Nk + Nq * dv  # P and O; S is gone
+    return B * H * dtype.itemsize * max(step2, step3)
+    ### END SOLUTION
+
+
+# %%
+for N in (4096, 16384, 65536):
+    gb = naive_peak_bytes(1, 16, N, N, 64, 64, np.dtype("float16")) / 1e9
+    print(f"B = 1, H = 16, N = {N:6d}, d = 64, float16: {gb:8.2f} GB")
+
+# %%
+flashlab.check("naive_peak_bytes", naive_peak_bytes)
+
+# %% [markdown]
+# This is the ideal: a real framework adds temporaries (the lesson measured NumPy's), and training
+# keeps P for the backward pass as well. Even so, at N = 16384 sixteen heads of one sequence need
+# 16 · 2 · 16384² · 2 bytes ≈ 17 GB in float16 for S and P alone. FlashAttention keeps neither in HBM:
+# the inputs, the output and one log-sum-exp per query.

@@ -97,3 +97,42 @@ print("O error", flashlab.relative_error(O, O_ref), " lse error", flashlab.relat
 
 # %%
 flashlab.check("fa2_forward", fa2_forward)
+
+# %% [markdown]
+# ## 3. The work of FA2's grid
+#
+# On a GPU, FA2 launches one thread block per (batch, head, query block), and each walks over the key
+# blocks its query block needs. How much does the whole grid compute? For B x H heads, `Q` of shape
+# (Nq, d) and `K`, `V` of shape (Nk, d) per head, return
+#
+# - `thread_blocks`: how many thread blocks FA2 launches;
+# - `matmul_flops`: the FLOPs of the two matrix products its thread blocks actually perform,
+#   `S_ij = Q_i K_j^T` and `P_ij V_j`, at 2 FLOPs per multiply-add. A tile is computed as a whole
+#   matrix product; the causal mask is applied to the scores afterwards.
+
+# %%
+def fa2_work(B, H, Nq, Nk, d, block_q, block_k, causal):
+    """(thread_blocks, matmul_flops) of the FA2 forward on B x H heads."""
+    ### BEGIN SOLUTION
+    n_q_blocks = math.ceil(Nq / block_q)
+    flops = 0
+    for i in range(n_q_blocks):
+        rows = min((i + 1) * block_q, Nq) - i * block_q  # the last query block may be short
+        keys = min(kv_blocks_to_visit(i, Nq, Nk, block_q, block_k, causal) * block_k, Nk)
+        flops += 2 * rows * keys * d * 2  # S_ij and P_ij V_j over whole tiles, diagonal ones too
+    return B * H * n_q_blocks, B * H * flops
+    ### END SOLUTION
+
+
+# %%
+blocks, causal_flops = fa2_work(1, 16, 4096, 4096, 64, 128, 64, causal=True)
+_, full_flops = fa2_work(1, 16, 4096, 4096, 64, 128, 64, causal=False)
+print(f"{blocks} thread blocks; causal computes {causal_flops / full_flops:.3f} of the full work")
+
+# %%
+flashlab.check("fa2_work", fa2_work)
+
+# %% [markdown]
+# Benchmarks (and this course's) count causal attention as half the full work, `2 B H N² d`. The kernel
+# does a little more than that: the masked half of every diagonal tile. Smaller tiles waste less there,
+# but each one costs its own loads and bookkeeping.

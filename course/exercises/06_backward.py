@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 import flashlab
+from flashlab.roofline import PUBLISHED, PUBLISHED_FP32  # datasheet figures, for section 3
 
 # %% [markdown]
 # ## 1. D = rowsum(dO ∘ O)
@@ -88,3 +89,50 @@ print([f"{flashlab.relative_error(g, r):.1e}" for g, r in zip(grads, refs)])
 
 # %%
 flashlab.check("fa2_backward", fa2_backward)
+
+# %% [markdown]
+# ## 3. Recompute or store?
+#
+# Is recomputing P actually cheaper than keeping it? Take the same fused, tiled backward in two variants
+# that differ only in where each tile `P_ij` comes from (one head, no mask):
+#
+# - **store**: the forward writes P (Nq x Nk, `bytes_per_element` each) to HBM; the backward reads each
+#   tile of it back;
+# - **recompute**: the forward writes `lse` (Nq numbers, kept in float32 whatever the inputs' dtype); the
+#   backward reads `lse_i` along with every tile it visits, recomputes `S_ij = scale * Q_i K_j^T`
+#   (the `Q_i` and `K_j` tiles are on chip anyway: `dK_j` and `dQ_i` need them) and then `P_ij`.
+#
+# Return `extra_flops`, the matmul FLOPs the recompute variant adds (2 per multiply-add; ignore the
+# element-wise work), `bytes_saved`, the HBM bytes it moves fewer than the store variant, and
+# `recompute_wins`: whether, on a machine with `peak_flops` and `bandwidth` (lesson 01's roofline), the
+# extra FLOPs take less time than the saved bytes would.
+
+# %%
+def recompute_tradeoff(Nq, Nk, d, block_k, bytes_per_element, peak_flops, bandwidth):
+    """(extra_flops, bytes_saved, recompute_wins) of recomputing P instead of storing it, for one head."""
+    ### BEGIN SOLUTION
+    extra_flops = 2 * Nq * Nk * d  # S = Q K^T once more
+    p_bytes = 2 * Nq * Nk * bytes_per_element  # P written by the forward, read by the backward
+    lse_bytes = 4 * (Nq + math.ceil(Nk / block_k) * Nq)  # lse written once, read once per key block
+    bytes_saved = p_bytes - lse_bytes
+    return extra_flops, bytes_saved, extra_flops / peak_flops < bytes_saved / bandwidth
+    ### END SOLUTION
+
+
+# %%
+for label, peak, bw, b in [("A100, float16, tensor cores", PUBLISHED["A100"].peak_flops, PUBLISHED["A100"].bandwidth, 2),
+                           ("T4, float32, FP32 units", PUBLISHED_FP32["T4"], PUBLISHED["T4"].bandwidth, 4)]:
+    for d in (64, 128):
+        flops, saved, wins = recompute_tradeoff(4096, 4096, d, 64, b, peak, bw)
+        print(f"{label}, d = {d:3d}: {flops / peak * 1e6:6.1f} µs of FLOPs vs {saved / bw * 1e6:6.1f} µs of "
+              f"bytes -> {'recompute' if wins else 'store'}")
+
+# %%
+flashlab.check("recompute_tradeoff", recompute_tradeoff)
+
+# %% [markdown]
+# Recomputing does `2d` FLOPs for about `2 · bytes_per_element` bytes it saves per score: an arithmetic
+# intensity near `d / bytes_per_element`, to compare with the machine's ridge point. On tensor cores the
+# ridge is well above it and recomputing wins easily. On plain FP32 units at d = 128 this simple count
+# says storing would be faster; FlashAttention recomputes anyway, because its products run on tensor
+# cores and because storing P needs Nq x Nk of memory per head, which is what limits long sequences.

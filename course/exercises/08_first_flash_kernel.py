@@ -1,11 +1,11 @@
 # %% [markdown]
-# # Exercises 08: the inner loop of a shared-memory flash kernel
+# # Exercises 08: a shared-memory flash kernel with two rows per thread
 #
-# Goes with lesson [08 a first flash kernel](../notebooks/08_first_flash_kernel.ipynb). The kernel below is
-# the lesson's textbook kernel for one head: a block of `block_q` threads owns `block_q` query rows, one
-# row per thread; the block walks over the keys in tiles of `block_k` rows of K and V, copied into shared
-# memory. Everything is written except the part that makes it attention: the online softmax over the keys
-# of one tile (lesson 03), done by each thread for its own row.
+# Goes with lesson [08 a first flash kernel](../notebooks/08_first_flash_kernel.ipynb). The lesson's
+# kernel gives each thread one query row, and each thread reads one float from shared memory for every
+# multiply-add it does. Here you write a variant that the lesson does not show: every thread owns **two**
+# rows, so each K or V element it reads from shared memory feeds two multiply-adds, one per row. And under
+# causal masking the block stops before key tiles that none of its rows can see (lesson 05).
 #
 # The kernel is built by a Python function, so `d`, `block_q`, `block_k` and `causal` are constants when
 # Numba compiles it (a local array needs a constant size). `flashlab.check` builds it for several shapes.
@@ -22,80 +22,100 @@ from flashlab.device import get_cuda
 cuda = get_cuda()
 
 # %% [markdown]
-# ## The online update, one key at a time
+# ## The kernel
 #
-# Thread `t` holds in registers its query row `q_row` (already multiplied by `scale`), the unnormalised
-# output row `acc` (d floats), the running max `m` and the running sum `l`. For each key `c` of the tile
-# in shared memory (`Ks[c]`, `Vs[c]`) that its row may see:
+# A block owns the `block_q` query rows from `q0 = blockIdx.x * block_q` on and has `HALF = block_q // 2`
+# threads: thread `t` owns rows `q0 + t` (index 0 in its arrays) and `q0 + t + HALF` (index 1). In
+# registers it keeps, for each of its two rows `r`, the scaled query row `q_rows[r]`, the unnormalised
+# output row `acc[r]`, the running max `m[r]` and sum `l[r]`. The tile copy into shared memory, the
+# barriers and the final division are written. Your two parts:
 #
-# - the key exists: `k0 + c < n_k` (the last tile is padded with zeros: a zero key still scores 0 and
-#   would get a share of the softmax if you let it in);
-# - with `causal`, the key is not in the future: `k0 + c <= row`;
-#
-# it does
-#
-# ```
-# s     = q_row · Ks[c]                 (d multiply-adds)
-# m_new = max(m, s)
-# alpha = exp(m - m_new)                (rescales what was accumulated under the old max)
-# p     = exp(s - m_new)
-# l     = l * alpha + p
-# acc   = acc * alpha + p * Vs[c]
-# m     = m_new
-# ```
+# 1. `k_end`: the block walks over key tiles `k0 = 0, block_k, ...` while `k0 < k_end`. Without the
+#    causal mask every key is needed. With it, stop as early as you can without losing a key that one
+#    of the block's rows may see. The checker counts the tiles each block loads.
+# 2. The online update of lesson 08 for the keys of one tile (`Ks[c]`, `Vs[c]`), done for both rows:
+#    each row with its own masks (key `k0 + c` exists; with `causal`, it is not after that row) and its
+#    own `m`, `l`, `acc`. Read every element of `Ks` and `Vs` at most once per thread and tile, and use it
+#    for both rows: the checker counts your shared-memory reads.
 #
 # Rows past `n_q` compute garbage that is never written; leave them be. Use `math.exp`.
 
 # %%
 def build_flash_shared(d, block_q, block_k, causal):
-    """A kernel computing (O, lse) of one head: launch with grid = ceil(n_q / block_q), block = block_q."""
+    """A kernel computing (O, lse) of one head: grid = ceil(n_q / block_q), block = block_q // 2 threads."""
+    HALF = block_q // 2
 
     @cuda.jit
     def flash_shared(q, k, v, o, lse, scale):
         Ks = cuda.shared.array((block_k, d), float32)
         Vs = cuda.shared.array((block_k, d), float32)
         t = cuda.threadIdx.x
-        row = cuda.blockIdx.x * block_q + t
+        q0 = cuda.blockIdx.x * block_q
         n_q, n_k = q.shape[0], k.shape[0]
 
-        q_row = cuda.local.array(d, float32)
-        acc = cuda.local.array(d, float32)
-        for x in range(d):
-            q_row[x] = q[row, x] * scale if row < n_q else float32(0.0)
-            acc[x] = 0.0
-        m = float32(-math.inf)
-        l = float32(0.0)
+        q_rows = cuda.local.array((2, d), float32)
+        acc = cuda.local.array((2, d), float32)
+        m = cuda.local.array(2, float32)
+        l = cuda.local.array(2, float32)
+        for r in range(2):
+            row = q0 + t + r * HALF
+            for x in range(d):
+                q_rows[r, x] = q[row, x] * scale if row < n_q else float32(0.0)
+                acc[r, x] = 0.0
+            m[r] = -math.inf
+            l[r] = 0.0
 
-        for k0 in range(0, n_k, block_k):
-            for c in range(t, block_k, block_q):  # thread t copies tile rows t, t + block_q, ...
+        # Part 1: k_end, and any local arrays part 2 needs (allocate them here, outside the loops).
+        ### BEGIN SOLUTION
+        k_end = n_k
+        if causal:
+            k_end = min(n_k, q0 + block_q)  # the block's rows see no key from q0 + block_q on
+        s = cuda.local.array(2, float32)
+        p = cuda.local.array(2, float32)
+        alpha = cuda.local.array(2, float32)
+        ### END SOLUTION
+
+        for k0 in range(0, k_end, block_k):
+            for c in range(t, block_k, HALF):  # thread t copies tile rows t, t + HALF, ...
                 for x in range(d):
                     inside = k0 + c < n_k
                     Ks[c, x] = k[k0 + c, x] if inside else float32(0.0)
                     Vs[c, x] = v[k0 + c, x] if inside else float32(0.0)
             cuda.syncthreads()  # the whole tile is in shared memory
 
+            # Part 2: the online update of both rows for the keys of this tile.
             ### BEGIN SOLUTION
             for c in range(block_k):
                 key = k0 + c
-                if key < n_k and (not causal or key <= row):
-                    s = float32(0.0)
-                    for x in range(d):
-                        s += q_row[x] * Ks[c, x]
-                    m_new = max(m, s)
-                    alpha = math.exp(m - m_new)
-                    p = math.exp(s - m_new)
-                    l = l * alpha + p
-                    for x in range(d):
-                        acc[x] = acc[x] * alpha + p * Vs[c, x]
-                    m = m_new
+                for r in range(2):
+                    s[r] = 0.0
+                for x in range(d):
+                    kx = Ks[c, x]  # one shared read, a multiply-add for each row
+                    for r in range(2):
+                        s[r] += q_rows[r, x] * kx
+                for r in range(2):
+                    p[r] = 0.0  # a masked key changes nothing: p = 0, alpha = 1
+                    alpha[r] = 1.0
+                    if key < n_k and (not causal or key <= q0 + t + r * HALF):
+                        m_new = max(m[r], s[r])
+                        alpha[r] = math.exp(m[r] - m_new)
+                        p[r] = math.exp(s[r] - m_new)
+                        l[r] = l[r] * alpha[r] + p[r]
+                        m[r] = m_new
+                for x in range(d):
+                    vx = Vs[c, x]
+                    for r in range(2):
+                        acc[r, x] = acc[r, x] * alpha[r] + p[r] * vx
             ### END SOLUTION
 
             cuda.syncthreads()  # nobody reads this tile any more: the next one may overwrite it
 
-        if row < n_q:
-            for x in range(d):
-                o[row, x] = acc[x] / l
-            lse[row] = m + math.log(l)
+        for r in range(2):
+            row = q0 + t + r * HALF
+            if row < n_q:
+                for x in range(d):
+                    o[row, x] = acc[r, x] / l[r]
+                lse[row] = m[r] + math.log(l[r])
 
     return flash_shared
 
@@ -105,11 +125,16 @@ rng = np.random.default_rng(0)
 Q, K, V = (rng.standard_normal((n, 8)).astype(np.float32) for n in (10, 13, 13))
 O, lse = np.zeros((10, 8), np.float32), np.zeros(10, np.float32)
 kernel = build_flash_shared(8, block_q=8, block_k=4, causal=True)
-kernel[2, 8](Q, K, V, O, lse, np.float32(1 / math.sqrt(8)))
+kernel[2, 4](Q, K, V, O, lse, np.float32(1 / math.sqrt(8)))
 print("O error:", flashlab.relative_error(O, flashlab.reference_attention(Q, K, V, causal=True)[0]))
 
 # %%
 flashlab.check("flash_shared_kernel", build_flash_shared)
+
+# %% [markdown]
+# Two rows per thread halve the shared reads per multiply-add, and the two rows' dot products are
+# independent, so one can proceed while the other waits. Lesson 09 takes the idea all the way: several
+# threads share a row, and each thread owns a small tile of S and of O.
 
 # %% [markdown]
 # ## Bank conflicts

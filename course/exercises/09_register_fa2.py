@@ -2,8 +2,8 @@
 # # Exercises 09: register tiling
 #
 # Goes with lesson [09 register-resident FA2](../notebooks/09_register_fa2.ipynb). First a register-tiled
-# score tile, the product at the heart of the fast kernel; then a short quiz on which local arrays stay in
-# registers.
+# score tile, the product at the heart of the fast kernel; then the row max and row sum that the threads
+# of a row share; then a short quiz on which local arrays stay in registers.
 
 # %%
 import math
@@ -91,7 +91,96 @@ print("S error:", flashlab.relative_error(S, Q.astype(np.float64) @ K.T))
 flashlab.check("scores_microtile", build_scores_kernel)
 
 # %% [markdown]
-# ## 2. Registers or local memory?
+# ## 2. Row statistics shared by the threads of a row
+#
+# In the register kernel a row of the S tile is split among the `tc` threads `(ty, 0), ..., (ty, tc-1)`:
+# each holds `RN` of the row's `block_k` scores in registers. The online softmax needs the row's max `m`
+# and the sum `l = sum_j exp(S_j - m)` over all of them, and every one of those threads needs both to
+# turn its own scores into `P`. There are no warp shuffles here (the simulator has none, and the lesson's
+# kernel does without): the threads of a row exchange their partial results through a small shared
+# buffer `red`, one slot per (thread column `tx`, row of the tile).
+#
+# Layout as in section 1: thread `t` is `(ty, tx) = (t // tc, t % tc)` and holds, in `sc[i, j]`, the
+# score of tile row `ty*RM + i` and key `tx*RN + j`; keys past `n_k` hold `-inf`. One tile of keys
+# (`n_k <= block_k`), grid `ceil(n_q / block_q)`. Fill `m_row[i]` and `l_row[i]` for each of your `RM`
+# rows, in every thread; the given code then writes `P = exp(sc - m_row) / l_row` for your keys, and
+# threads with `tx == 0` write `m` and `l`. The checker runs the simulator's race check: mind the barriers.
+
+# %%
+def build_row_stats(block_q, block_k, tr, tc):
+    RM, RN = block_q // tr, block_k // tc
+
+    @cuda.jit
+    def row_stats(s, p, m, l):
+        red = cuda.shared.array((tc, block_q), float32)  # red[tx, row]: one partial per thread of the row
+        t = cuda.threadIdx.x
+        ty, tx = t // tc, t % tc
+        q0 = cuda.blockIdx.x * block_q
+        n_q, n_k = s.shape[0], s.shape[1]
+        sc = cuda.local.array((RM, RN), float32)  # this thread's scores, as if just computed
+        for i in range(RM):
+            for j in range(RN):
+                r, c = q0 + ty * RM + i, tx * RN + j
+                sc[i, j] = -math.inf if c >= n_k else (s[r, c] if r < n_q else float32(0.0))
+        m_row = cuda.local.array(RM, float32)  # max of each of your rows over all block_k keys
+        l_row = cuda.local.array(RM, float32)  # sum of exp(score - m_row) over all block_k keys
+
+        ### BEGIN SOLUTION
+        for i in range(RM):
+            mx = sc[i, 0]
+            for j in range(1, RN):
+                mx = max(mx, sc[i, j])
+            red[tx, ty * RM + i] = mx
+        cuda.syncthreads()  # every partial max is in red
+        for i in range(RM):
+            mx = red[0, ty * RM + i]
+            for t2 in range(1, tc):
+                mx = max(mx, red[t2, ty * RM + i])
+            m_row[i] = mx
+        cuda.syncthreads()  # every thread has read the maxima: red may be reused
+        for i in range(RM):
+            part = float32(0.0)
+            for j in range(RN):
+                part += math.exp(sc[i, j] - m_row[i])
+            red[tx, ty * RM + i] = part
+        cuda.syncthreads()  # every partial sum is in red
+        for i in range(RM):
+            total = float32(0.0)
+            for t2 in range(tc):
+                total += red[t2, ty * RM + i]
+            l_row[i] = total
+        ### END SOLUTION
+
+        for i in range(RM):
+            r = q0 + ty * RM + i
+            if r < n_q:
+                for j in range(RN):
+                    if tx * RN + j < n_k:
+                        p[r, tx * RN + j] = math.exp(sc[i, j] - m_row[i]) / l_row[i]
+                if tx == 0:
+                    m[r] = m_row[i]
+                    l[r] = l_row[i]
+
+    return row_stats
+
+
+# %%
+S = rng.standard_normal((8, 6)).astype(np.float32)
+P, m, l = np.zeros_like(S), np.zeros(8, np.float32), np.zeros(8, np.float32)
+build_row_stats(8, 8, 4, 2)[1, 8](S, P, m, l)
+print("P error:", flashlab.relative_error(P, flashlab.safe_softmax(S.astype(np.float64))))
+
+# %%
+flashlab.check("row_stats", build_row_stats)
+
+# %% [markdown]
+# The register kernel does one thing differently: it combines the maxima every tile, but keeps each
+# thread's share of `l` (rescaled like `O` whenever `m` grows) and adds the `tc` shares up only once,
+# after the last tile. Sums can wait; the max cannot: P goes back to shared memory for the `P V`
+# product, and all of its entries must be relative to the same m.
+
+# %% [markdown]
+# ## 3. Registers or local memory?
 #
 # In each snippet, `acc` is a `cuda.local.array`. Does it stay in registers (True), or does the compiler
 # have to put it in local memory, which lives in DRAM behind the caches (False)? `t` is

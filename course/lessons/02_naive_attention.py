@@ -93,4 +93,4 @@ viz.plot_memory_vs_n(2 ** np.arange(6, 17), d, measured={"measured peak (naive_a
 # (the green line), which lesson 03 builds, and lesson 04 shows how that also cuts the traffic.
 #
 # **Exercises:** [02_naive_attention](../exercises/02_naive_attention.ipynb): write the three steps
-# yourself and count their HBM bytes.
+# yourself, count their HBM bytes, and find the peak memory they hold for a batch of heads.

@@ -132,4 +132,4 @@ viz.fa_explorer();
 # the gap to naive attention grow with $N$.
 #
 # **Exercises:** [05_fa2](../exercises/05_fa2.ipynb): decide which key blocks a causal query block
-# must visit, then write the FA2 forward.
+# must visit, write the FA2 forward, and count the thread blocks and FLOPs of FA2's grid.

@@ -155,5 +155,5 @@ fig.tight_layout()
 # $\varepsilon = 10^{-5}$ leaves. A backward with a bug (the $D$ term dropped, a mask off by one) lands
 # visibly off it: the exercise grader tries exactly such mistakes on your code.
 #
-# **Exercises:** [06_backward](../exercises/06_backward.ipynb): compute $D$, then write the FA2
-# backward pass.
+# **Exercises:** [06_backward](../exercises/06_backward.ipynb): compute $D$, write the FA2
+# backward pass, and weigh recomputing P against storing it on a roofline.

@@ -288,6 +288,6 @@ gviz.plot_occupancy_bars(infos);
 # and of O from values it loaded into registers once (one load feeds several FMAs, and the independent
 # FMAs of a tile overlap), and the softmax bookkeeping happens once per tile instead of once per key.
 #
-# **Exercises:** [08_first_flash_kernel](../exercises/08_first_flash_kernel.ipynb): write the inner loop
-# of this kernel (the online softmax over one tile, with the tail and causal masks), and count the passes
-# of a warp's shared-memory access.
+# **Exercises:** [08_first_flash_kernel](../exercises/08_first_flash_kernel.ipynb): write a variant of
+# this kernel with two query rows per thread (each shared read feeds both) that skips the key tiles a
+# causal block cannot see, and count the passes of a warp's shared-memory access.

@@ -157,4 +157,5 @@ if not ON_GPU and sweep:
 # sweep above (when present) comes from a GPU run.
 #
 # **Exercises:** [09_register_fa2](../exercises/09_register_fa2.ipynb): a register-tiled micro-tile of S
-# (the checker counts your shared-memory reads), and which local arrays stay in registers.
+# (the checker counts your shared-memory reads), the row max and sum shared by the threads of a row, and
+# which local arrays stay in registers.

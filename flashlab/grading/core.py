@@ -324,15 +324,21 @@ class Checker:
             matching.sort(key=lambda i: -score[i])
         return slips(*cases[failing])[matching[0]][1] if matching else None
 
-    def scalar(self, out, ref, name="the result", tol=1e-10) -> float:
-        """A real number within relative `tol` of `ref`."""
+    def scalar(self, out, ref, name="the result", tol=1e-10, slips=()) -> float:
+        """A real number within relative `tol` of `ref`.
+
+        slips: (value, why) pairs, the answers of usual mistakes; a wrong answer equal to one of them gets
+        its `why` as the hint.
+        """
         if isinstance(out, (bool, np.bool_)) or not isinstance(out, (int, float, np.integer, np.floating)):
             raise self.fail(f"{name} should be a number; got {type(out).__name__} {out!r:.60}")
         if not np.isfinite(float(out)):
             raise self.fail(f"{name} is {out}; expected a finite number")
         err = abs(float(out) - ref) / max(abs(ref), 1e-300)
         if err > tol:
-            raise self.fail(f"{name} is {float(out):.6g}; expected {ref:.6g}", error=err, tol=tol)
+            why = [w for v, w in slips if abs(float(out) - v) <= tol * max(abs(v), 1e-300)]
+            raise self.fail(f"{name} is {float(out):.6g}; expected {ref:.6g}", error=err, tol=tol,
+                            **({"hint": why[0]} if why else {}))
         return err
 
 

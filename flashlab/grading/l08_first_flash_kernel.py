@@ -9,6 +9,8 @@ from .core import exercise
 from .simcheck import kernel_of, launch, not_implemented
 
 LESSON = "08_first_flash_kernel"
+SKIP = " A block's rows see no key after its last row: the tiles from there on need not be loaded at all."
+
 
 def _attention_case_specs(t):
     # label, d, block_q, block_k, Nq, Nk, causal, q scale, hint
@@ -21,14 +23,16 @@ def _attention_case_specs(t):
         ("causal", 8, 8, 4, 13, 13, True, 1, CAUSAL),
         ("causal, Nq > Nk", 8, 8, 4, 20, 7, True, 1, CAUSAL),
         ("block_k > block_q, causal", 8, 4, 8, 6, 17, True, 1, CAUSAL),
+        ("causal, Nq < Nk: tiles to skip", 8, 4, 4, 9, 30, True, 1, CAUSAL + SKIP),
         ("huge logits (scores ~ 1e4)", 8, 8, 4, 9, 10, False, 100, HUGE),
     ]
 
 
 @exercise("flash_shared_kernel", lesson=LESSON, time_limit=45,
-          hint="For each key c of the tile that the row may see (k0 + c < n_k, and k0 + c <= row when causal): "
-               "s = q_row . K[c]; m_new = max(m, s); alpha = exp(m - m_new); p = exp(s - m_new); "
-               "l = l * alpha + p; acc = acc * alpha + p * V[c]; m = m_new.")
+          hint="Loop over the keys c of the tile; per x, read Ks[c, x] once into a local and add its product "
+               "with both query rows; then, for each row that may see the key (k0 + c < n_k, and k0 + c <= that "
+               "row when causal), the online update of its own m, l and acc; then read each Vs[c, x] once for "
+               "both rows. Under the causal mask the walk stops after the tile holding the block's last row.")
 def check_flash_shared_kernel(t, fn):
     from .attention import check_forward
 
@@ -38,18 +42,47 @@ def check_flash_shared_kernel(t, fn):
         raise NotImplementedYet()
     for label, d, bq, bk, nq, nk, causal, qs, hint in _attention_case_specs(t):
         Q, K, V = t.normal((nq, d), np.float32, qs), t.normal((nk, d), np.float32), t.normal((nk, d), np.float32)
+        grid, threads = -(-nq // bq), bq // 2
         t.case(label, hint, Q=(nq, d), K=(nk, d), dtype="float32", causal=causal, block_q=bq, block_k=bk,
-               grid=-(-nq // bq))
+               grid=grid, threads=threads)
         kernel = kernel_of(t, fn, d, bq, bk, causal)
         scale = np.float32(1 / math.sqrt(d))
 
         def run(Kp, Vp, kernel=kernel, Q=Q, bq=bq):
             O = np.full(Q.shape, np.nan, np.float32)
             lse = np.full(Q.shape[0], np.nan, np.float32)
-            return tuple(launch(t, kernel, -(-Q.shape[0] // bq), bq, [Q, Kp, Vp, O, lse, scale], [3, 4]))
+            return tuple(launch(t, kernel, -(-Q.shape[0] // bq), bq // 2, [Q, Kp, Vp, O, lse, scale], [3, 4]))
 
-        check_forward(t, run(K, V), Q, K, V, causal, bq, bk, rerun=run)
+        out = run(K, V)
+        log = t.last_log
+        check_forward(t, out, Q, K, V, causal, bq, bk, rerun=run)
+        if log.active:
+            _check_tiles_and_reads(t, log, grid, d, bq, bk, nq, nk, causal)
 
+
+def _check_tiles_and_reads(t, log, grid, d, bq, bk, nq, nk, causal):
+    """Tiles each block loaded (from its shared writes) and shared reads per thread, against the bounds."""
+    per_tile = 2 * bk * d  # the given copy writes every element of Ks and Vs once per tile
+    for b in range(grid):
+        writes = sum(n for (block, _), n in log.writes.items() if block[0] == b)
+        tiles = writes // per_tile
+        q0 = b * bq
+        needed = math.ceil(min(nk, q0 + bq) / bk) if causal else math.ceil(nk / bk)
+        if tiles > needed:  # (a block may also load the tiles its rows past n_q would see)
+            seen = min(q0 + bq, nq, nk)  # keys 0..seen-1 are all its real rows can see
+            raise t.fail(f"O and lse are right, but block {b} loaded {tiles} key tiles, while its rows see only "
+                         f"keys 0..{seen - 1} under the causal mask: {math.ceil(seen / bk)} tile(s)",
+                         hint="set k_end so that the walk stops after the tile holding the block's last row "
+                              "(and never past n_k)")
+        reads = [(n, tid) for (block, tid), n in log.reads.items() if block[0] == b]
+        if reads:
+            most, tid = max(reads)
+            if most > tiles * per_tile:
+                raise t.fail(f"O and lse are right, but thread {tid} of block {b} read shared memory {most} times "
+                             f"for {tiles} tile(s): each element of Ks and Vs needs one read per thread and tile, "
+                             f"{per_tile} per tile, used for both rows",
+                             hint="read Ks[c, x] (and Vs[c, x]) into a local variable once, then do the "
+                                  "multiply-add of each row with it")
 
 
 
