@@ -52,10 +52,13 @@ MUTANTS = {
         lambda n, p: [[i for m in range(n // (2 * p)) for i in (c + m * p, n - (c + m * p))] for c in range(p)],  # off by one
     ],
     "tt_pipeline_time": [
-        lambda tr, tc, n, depth: tr + tc + (n - 1) * max(tr, tc),  # ignores the depth
-        lambda tr, tc, n, depth: n * (tr + tc) if depth == 1 else n * max(tr, tc),  # forgets fill and drain
-        lambda tr, tc, n, depth: n * (tr + tc) if depth == 1 else tr + n * max(tr, tc),  # counts the slow stage n times
-        lambda tr, tc, n, depth: n * (tr + tc) if depth == 1 else tr + tc + (n - 1) * tc,  # assumes compute is slower
+        lambda tr, tc, tw, n, depth: n * (tr + tc + tw) if depth == 1 else tr + tc + tw + (n - 1) * max(tr, tc, tw),  # one slot: nothing overlaps
+        lambda tr, tc, tw, n, depth: tr + tc + tw + (n - 1) * max(tr, tc, tw),  # ignores the depth
+        lambda tr, tc, tw, n, depth: n * (tr + tc) if depth == 1 else tr + tc + (n - 1) * max(tr, tc),  # forgets the writer
+        lambda tr, tc, tw, n, depth: (tr + tc + tw + (n - 1) * (tc + max(tr, tw)) if depth == 1
+                                      else tr + tc + tw + (n - 1) * max(tr, tc)),  # writer never the slowest
+        lambda tr, tc, tw, n, depth: (tr + tc + tw + (n - 1) * (tc + max(tr, tw)) if depth != 2
+                                      else tr + tc + tw + (n - 1) * max(tr, tc, tw)),  # a third slot treated as one
     ],
 }
 

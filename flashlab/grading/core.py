@@ -303,15 +303,21 @@ class Checker:
         details, hint = explain(out)
         return list(details), hint
 
-    def scalar(self, out, ref, name="the result", tol=1e-10) -> float:
-        """A real number within relative `tol` of `ref`."""
+    def scalar(self, out, ref, name="the result", tol=1e-10, slips=()) -> float:
+        """A real number within relative `tol` of `ref`.
+
+        slips: (value, why) pairs, the answers of known mistakes for these inputs; a wrong `out` that
+        matches one gets its `why` as the verdict's hint.
+        """
         if isinstance(out, (bool, np.bool_)) or not isinstance(out, (int, float, np.integer, np.floating)):
             raise self.fail(f"{name} should be a number; got {type(out).__name__} {out!r:.60}")
         if not np.isfinite(float(out)):
             raise self.fail(f"{name} is {out}; expected a finite number")
         err = abs(float(out) - ref) / max(abs(ref), 1e-300)
         if err > tol:
-            raise self.fail(f"{name} is {float(out):.6g}; expected {ref:.6g}", error=err, tol=tol)
+            why = next((w for v, w in slips if abs(float(out) - v) <= tol * max(abs(v), 1e-300)), None)
+            raise self.fail(f"{name} is {float(out):.6g}; expected {ref:.6g}", error=err, tol=tol,
+                            **({"hint": why} if why else {}))
         return err
 
 
