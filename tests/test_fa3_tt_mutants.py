@@ -37,6 +37,8 @@ MUTANTS = {
         lambda x, b: _blocks(x, b, lambda r: np.abs(r).max() / 448),  # all-zero block: 0/0 = NaN
         lambda x, b: _blocks(x, b, lambda r: np.abs(x).max() / 448),  # one scale for the whole tensor
         lambda x, b: (lambda c, s: (c, s[: x.shape[0] // b]))(*_blocks(x, b, _amax)),  # drops the ragged block's scale
+        lambda x, b: _blocks(x, b, lambda r: np.abs(r).max() / 240 or 1.0),  # 240 (e4m3fnuz's max): codes too small
+        lambda x, b: (lambda c, s: (c * np.repeat(s, b)[: x.shape[0], None], s))(*_blocks(x, b, _amax)),  # returns codes * scale
     ],
     "fp8_incoherent": [
         lambda q, k, s: (q @ (s[:, None] * hadamard(q.shape[1])), k),  # rotates q only
