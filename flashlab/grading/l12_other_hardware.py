@@ -124,17 +124,16 @@ def _reads_slips(chunks, seq, d, q_chunk, k_chunk, causal):
         return q_part + 2 * sum(min(n_k, max(count(i), 0)) for i in chunks) * k_chunk * d
 
     slips = [(q_part + kv * k_chunk * d, "Each K/V step reads two chunks: K_j for the scores and V_j for P V_j."),
-             (2 * kv * k_chunk * d, "The reader also fetches each Q chunk once, before its K/V loop."),
-             (reads(lambda i: i + 1), "Q chunk i needs K chunks 0..i only when both have the same length: count "
-                                      "the K chunks that hold a key at or before row (i + 1) * q_chunk - 1."),
-             (reads(lambda i: (i + 1) * q_chunk // k_chunk), "A K chunk that the causal mask cuts in the middle is "
-                                                             "still read whole: round the chunk count up."),
-             (reads(lambda i: i * q_chunk // k_chunk + 1), "Q chunk i needs the keys of its LAST row, "
-                                                           "(i + 1) * q_chunk - 1, not only those of its first.")]
-    if causal:
-        slips.append((q_part + 2 * len(chunks) * n_k * k_chunk * d,
-                      "Under causal masking Q chunk i skips the K chunks that start after its last row."))
-    else:
-        slips.append((reads(lambda i: ((i + 1) * q_chunk - 1) // k_chunk + 1),
-                      "Without the causal mask every Q chunk reads every K chunk."))
-    return slips
+             (2 * kv * k_chunk * d, "The reader also fetches each Q chunk once, before its K/V loop.")]
+    if not causal:
+        return slips + [(reads(lambda i: ((i + 1) * q_chunk - 1) // k_chunk + 1),
+                         "Without the causal mask every Q chunk reads every K chunk.")]
+    return [  # the chunk counts first: they are what this exercise is about
+        (q_part + 2 * len(chunks) * n_k * k_chunk * d,
+         "Under causal masking Q chunk i skips the K chunks that start after its last row."),
+        (reads(lambda i: i + 1), "Q chunk i needs K chunks 0..i only when both have the same length: count the K "
+                                 "chunks that hold a key at or before row (i + 1) * q_chunk - 1."),
+        (reads(lambda i: (i + 1) * q_chunk // k_chunk), "A K chunk that the causal mask cuts in the middle is still "
+                                                        "read whole: round the chunk count up."),
+        (reads(lambda i: i * q_chunk // k_chunk + 1), "Q chunk i needs the keys of its LAST row, (i + 1) * q_chunk - 1, "
+                                                      "not only those of its first.")] + slips
