@@ -106,7 +106,7 @@ def check_tt_core_reads(t, fn):
     for label, chunks, seq, d, q_chunk, k_chunk, causal in specs:
         t.case(label, chunks=chunks, seq_len=seq, d=d, q_chunk=q_chunk, k_chunk=k_chunk, causal=causal)
         out = t.call(list(chunks), seq, d, q_chunk, k_chunk, causal)
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
+        if not isinstance(out, (tuple, list, np.ndarray)) or len(out) != 2:
             raise t.fail(f"return a pair (values read, values written); got {out!r:.80}")
         read, written = tt.core_traffic(chunks, seq, d, q_chunk, k_chunk, causal)
         t.scalar(out[0], read, "the values read", tol=1e-12, slips=_reads_slips(chunks, seq, d, q_chunk, k_chunk, causal))
