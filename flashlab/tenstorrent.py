@@ -102,11 +102,21 @@ def simulate(programs, depths):
     return end, busy
 
 
-def pipeline_time(t_read, t_compute, n_chunks, depth):
-    """Simulated time for a reader and a compute program passing n_chunks through one CB of `depth` slots."""
+def pipeline_time(t_read, t_compute, n_chunks, depth, t_write=None):
+    """Simulated time for a reader and a compute program passing n_chunks through one CB of `depth` slots.
+
+    With t_write, a writer takes each result from a second CB of `depth` slots: compute then holds a slot
+    of the input CB and one of the output CB while it works (wait in, reserve out, work, pop in, push out).
+    """
     reader = [op for _ in range(n_chunks) for op in (("reserve", "cb"), ("work", t_read, "read"), ("push", "cb"))]
-    compute = [op for _ in range(n_chunks) for op in (("wait", "cb"), ("work", t_compute, "compute"), ("pop", "cb"))]
-    return simulate({"reader": reader, "compute": compute}, {"cb": depth})[0]
+    if t_write is None:
+        compute = [op for _ in range(n_chunks) for op in (("wait", "cb"), ("work", t_compute, "compute"),
+                                                          ("pop", "cb"))]
+        return simulate({"reader": reader, "compute": compute}, {"cb": depth})[0]
+    compute = [op for _ in range(n_chunks) for op in (("wait", "cb"), ("reserve", "out"), ("work", t_compute, "compute"),
+                                                      ("pop", "cb"), ("push", "out"))]
+    writer = [op for _ in range(n_chunks) for op in (("wait", "out"), ("work", t_write, "write"), ("pop", "out"))]
+    return simulate({"reader": reader, "compute": compute, "writer": writer}, {"cb": depth, "out": depth})[0]
 
 
 # --- FlashAttention on one core, and on the grid ---------------------------------------------------------
@@ -127,6 +137,19 @@ def assign_q_chunks(n_heads, n_chunks, n_cores, balanced):
     return [[item for u in part for item in units[u]] for part in parts]
 
 
+def k_chunks_needed(i, n_k_chunks, q_chunk, k_chunk, causal):
+    """How many K chunks Q chunk i reads: all, or (causal) those holding a key at or before its last row.
+    Key chunks after that row are skipped entirely; one the mask cuts in the middle is read whole."""
+    return min(n_k_chunks, ((i + 1) * q_chunk - 1) // k_chunk + 1) if causal else n_k_chunks
+
+
+def core_traffic(chunks, seq_len, d, q_chunk, k_chunk, causal):
+    """(values read, values written) by the reader and writer of a core that owns Q chunks `chunks` (indices
+    into one head): each Q chunk once, K_j and V_j for every K chunk it needs, one O chunk out per Q chunk."""
+    kv = sum(k_chunks_needed(i, seq_len // k_chunk, q_chunk, k_chunk, causal) for i in chunks)
+    return len(chunks) * q_chunk * d + 2 * kv * k_chunk * d, len(chunks) * q_chunk * d
+
+
 def core_programs(chunks, n_k_chunks, q_chunk, k_chunk, d, causal, hw):
     """Reader, compute and writer programs of one core that owns the given Q chunks."""
     read_q, read_kv = hw.dram_ns(q_chunk * d), hw.dram_ns(k_chunk * d)
@@ -134,8 +157,7 @@ def core_programs(chunks, n_k_chunks, q_chunk, k_chunk, d, causal, hw):
     sm = hw.softmax_ns(q_chunk, k_chunk)
     reader, compute, writer = [], [], []
     for _, i in chunks:
-        # causal: chunk i sees keys up to its last row; key chunks after that are skipped entirely
-        n_k = min(n_k_chunks, ((i + 1) * q_chunk - 1) // k_chunk + 1) if causal else n_k_chunks
+        n_k = k_chunks_needed(i, n_k_chunks, q_chunk, k_chunk, causal)
         reader += [("reserve", "q"), ("work", read_q, f"Q{i}"), ("push", "q")]
         compute += [("wait", "q")]
         for j in range(n_k):

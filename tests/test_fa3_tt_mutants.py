@@ -37,6 +37,8 @@ MUTANTS = {
         lambda x, b: _blocks(x, b, lambda r: np.abs(r).max() / 448),  # all-zero block: 0/0 = NaN
         lambda x, b: _blocks(x, b, lambda r: np.abs(x).max() / 448),  # one scale for the whole tensor
         lambda x, b: (lambda c, s: (c, s[: x.shape[0] // b]))(*_blocks(x, b, _amax)),  # drops the ragged block's scale
+        lambda x, b: _blocks(x, b, lambda r: np.abs(r).max() / 240 or 1.0),  # 240 (e4m3fnuz's max): codes too small
+        lambda x, b: (lambda c, s: (c * np.repeat(s, b)[: x.shape[0], None], s))(*_blocks(x, b, _amax)),  # returns codes * scale
     ],
     "fp8_incoherent": [
         lambda q, k, s: (q @ (s[:, None] * hadamard(q.shape[1])), k),  # rotates q only
@@ -52,10 +54,13 @@ MUTANTS = {
         lambda n, p: [[i for m in range(n // (2 * p)) for i in (c + m * p, n - (c + m * p))] for c in range(p)],  # off by one
     ],
     "tt_pipeline_time": [
-        lambda tr, tc, n, depth: tr + tc + (n - 1) * max(tr, tc),  # ignores the depth
-        lambda tr, tc, n, depth: n * (tr + tc) if depth == 1 else n * max(tr, tc),  # forgets fill and drain
-        lambda tr, tc, n, depth: n * (tr + tc) if depth == 1 else tr + n * max(tr, tc),  # counts the slow stage n times
-        lambda tr, tc, n, depth: n * (tr + tc) if depth == 1 else tr + tc + (n - 1) * tc,  # assumes compute is slower
+        lambda tr, tc, tw, n, depth: n * (tr + tc + tw) if depth == 1 else tr + tc + tw + (n - 1) * max(tr, tc, tw),  # one slot: nothing overlaps
+        lambda tr, tc, tw, n, depth: tr + tc + tw + (n - 1) * max(tr, tc, tw),  # ignores the depth
+        lambda tr, tc, tw, n, depth: n * (tr + tc) if depth == 1 else tr + tc + (n - 1) * max(tr, tc),  # forgets the writer
+        lambda tr, tc, tw, n, depth: (tr + tc + tw + (n - 1) * (tc + max(tr, tw)) if depth == 1
+                                      else tr + tc + tw + (n - 1) * max(tr, tc)),  # writer never the slowest
+        lambda tr, tc, tw, n, depth: (tr + tc + tw + (n - 1) * (tc + max(tr, tw)) if depth != 2
+                                      else tr + tc + tw + (n - 1) * max(tr, tc, tw)),  # a third slot treated as one
     ],
 }
 

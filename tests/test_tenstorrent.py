@@ -15,6 +15,19 @@ def test_pipeline_time_matches_the_closed_form(t_read, t_compute, n):
     assert tt.pipeline_time(t_read, t_compute, n, 3) == pytest.approx(two)  # a third slot adds nothing here
 
 
+@pytest.mark.parametrize("t_read, t_compute, t_write", [(1.0, 2.0, 0.5), (3.0, 1.0, 2.0), (1.0, 1.0, 4.0),
+                                                         (2.0, 2.0, 2.0)])
+@pytest.mark.parametrize("n", [1, 2, 6])
+def test_three_program_pipeline_time(t_read, t_compute, t_write, n):
+    # One slot: reading chunk j+1 overlaps writing chunk j, and neither overlaps compute.
+    one = t_read + t_compute + t_write + (n - 1) * (t_compute + max(t_read, t_write))
+    assert tt.pipeline_time(t_read, t_compute, n, 1, t_write=t_write) == pytest.approx(one)
+    # Two slots: fill, the slowest program's pace, drain; a third slot adds nothing.
+    two = t_read + t_compute + t_write + (n - 1) * max(t_read, t_compute, t_write)
+    assert tt.pipeline_time(t_read, t_compute, n, 2, t_write=t_write) == pytest.approx(two)
+    assert tt.pipeline_time(t_read, t_compute, n, 3, t_write=t_write) == pytest.approx(two)
+
+
 def test_simulate_reports_deadlock():
     with pytest.raises(RuntimeError, match="deadlock"):
         tt.simulate({"a": [("wait", "cb")]}, {"cb": 1})
@@ -68,3 +81,18 @@ def test_bad_arguments():
         tt.flash_attention_grid(1000, 64, 1)
     with pytest.raises(ValueError, match="d must be a positive integer"):
         tt.flash_attention_grid(1024, 0, 1)
+
+
+@pytest.mark.parametrize("q_chunk, k_chunk", [(256, 256), (128, 256), (256, 128), (96, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_core_traffic_counts_what_the_reader_and_writer_move(q_chunk, k_chunk, causal):
+    seq, d = 768, 32
+    chunks = list(range(seq // q_chunk))[::2]
+    progs = tt.core_programs([(0, i) for i in chunks], seq // k_chunk, q_chunk, k_chunk, d, causal, tt.Wormhole())
+    reads = [op[2] for op in progs["reader"] if op[0] == "work"]
+    moved = sum(q_chunk * d if r.startswith("Q") else k_chunk * d for r in reads)
+    writes = sum(q_chunk * d for op in progs["writer"] if op[0] == "work")
+    assert tt.core_traffic(chunks, seq, d, q_chunk, k_chunk, causal) == (moved, writes)
+    if causal:  # the last chunk sees every key, the first only those up to its last row
+        assert tt.k_chunks_needed(seq // q_chunk - 1, seq // k_chunk, q_chunk, k_chunk, True) == seq // k_chunk
+        assert tt.k_chunks_needed(0, seq // k_chunk, q_chunk, k_chunk, True) == -(-q_chunk // k_chunk)

@@ -5,7 +5,7 @@
 # splits a long KV cache into chunks, computes a partial softmax state (m, l, O) for each chunk
 # independently (on a GPU: one thread block per chunk), and merges the states. You will write both halves
 # in NumPy; `flashlab.decoding` holds the library's versions, and the checker compares with the exact
-# float64 attention.
+# float64 attention. Then you will work out how fast a decoding step can possibly be.
 
 # %%
 import numpy as np
@@ -85,8 +85,47 @@ print(flashlab.relative_error(o, ref_o), flashlab.relative_error(lse, ref_lse))
 flashlab.check("merge_partials", merge_partials)
 
 # %% [markdown]
-# ## 3. Think about it
+# ## 3. How fast can a decoding step be?
 #
+# However well it splits the work, attention for `Nq` queries against a cache of `Nk` keys cannot beat two
+# limits: the GPU must move its bytes through HBM (at `bandwidth` bytes/s), and do its arithmetic (at
+# `peak_flops` FLOP/s). Write the lower bound on the time of one attention call for B sequences, H heads,
+# head dimension d and `itemsize` bytes per number: it reads q, k and v and writes o, each once, and every
+# query meets every key (no mask, no GQA). Return the time in seconds and which limit sets it, `"memory"`
+# or `"compute"`.
+
+# %%
+def decode_time(B, H, Nq, Nk, d, itemsize, peak_flops, bandwidth):
+    """(lower bound on the time in seconds, "memory" or "compute": which limit gives it)."""
+    ### BEGIN SOLUTION
+    bytes_moved = B * H * (2 * Nq * d + 2 * Nk * d) * itemsize  # q and o, k and v
+    flops = 4 * B * H * Nq * Nk * d  # Q K^T and P V, 2 Nq Nk d each
+    t_memory, t_compute = bytes_moved / bandwidth, flops / peak_flops
+    return max(t_memory, t_compute), ("memory" if t_memory >= t_compute else "compute")
+    ### END SOLUTION
+
+
+# %% [markdown]
+# An H100 SXM does about 989 TFLOP/s of dense FP16 products on its tensor cores (NVIDIA's H100 datasheet
+# gives 1979 with 2:4 sparsity, half that without; the FA3 paper uses 989) and moves 3.35 TB/s through
+# HBM3. How does the bound grow as more queries share one read of the cache, as when speculative
+# decoding checks several drafted tokens in one step?
+
+# %%
+for nq in (1, 8, 64, 256, 1024):
+    seconds, bound = decode_time(1, 16, nq, 32768, 128, 2, 989e12, 3.35e12)
+    print(f"Nq = {nq:4d}: at least {seconds * 1e6:7.1f} µs, {bound}-bound")
+
+# %%
+flashlab.check("decode_time", decode_time)
+
+# %% [markdown]
+# ## 4. Think about it
+#
+# - From exercise 3: up to how many queries per cache read does decoding stay memory-bound on an H100 in
+#   FP16? What does that say about the cost of checking 8 drafted tokens at once instead of 1?
+# - Lesson 14's split-KV kernel moved about 170 GB/s in float16, torch's SDPA about 3.5 TB/s (the lesson's
+#   table). Which one runs near a memory bound, and what did the lesson say our kernel is missing?
 # - With one query and Nk = 32768 keys split into 256 chunks, how many numbers does the merge read, and
 #   how does that compare with the 2 * 32768 * d numbers of K and V the chunks read (d = 128)?
 # - Your merge reads all chunks at once. Write it instead as a loop that merges one chunk at a time into

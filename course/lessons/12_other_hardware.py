@@ -198,5 +198,6 @@ print(f"model: {ratios.min():.1f}x to {ratios.max():.1f}x, mean {ratios.mean():.
 # - Fusing keeps S and P in L1; the report measured 9–44× over its unfused baseline, several times what
 #   this model predicts.
 #
-# **Next:** build the pairing and the pipeline formula yourself:
+# **Next:** build the pairing yourself, time a reader/compute/writer pipeline, and count what one core
+# reads from DRAM:
 # [exercises/12_other_hardware.ipynb](../exercises/12_other_hardware.ipynb).

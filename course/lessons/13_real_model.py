@@ -118,8 +118,11 @@ print(f"lse: relative error {flashlab.relative_error(lse.numpy(), lse_ref):.1e}"
 #
 # `flashlab.torch.scaled_dot_product_attention` takes the same arguments as PyTorch's function and calls
 # the Function above. It supports what FlashAttention supports here: 3-dim (batch, N, d) or 4-dim
-# (batch, heads, N, d) tensors, `is_causal`, `scale`, Nq ≠ Nk and a value width different from d. For the
-# rest it refuses loudly instead of quietly computing something else:
+# (batch, heads, N, d) tensors, `is_causal`, `scale`, Nq ≠ Nk and a value width different from d. Like
+# PyTorch's, its `is_causal` aligns the mask top-left: query i sees keys 0..i, even when Nq < Nk (the
+# `flash-attn` library aligns it bottom-right when the lengths differ, since its version 2.1; exercise 3
+# shows why a decoder with a KV cache needs that). For the rest it refuses loudly instead of quietly computing
+# something else:
 
 # %%
 for label, kwargs in [("an explicit mask", dict(attn_mask=torch.ones(77, 77, dtype=torch.bool))),
@@ -258,5 +261,6 @@ else:
 # - Swapped into a GPT, it gives the same logits, loss and gradients (to float32 rounding), and the model
 #   trains the same way.
 #
-# **Next:** write the Function yourself:
+# **Next:** write the Function yourself, count what it keeps for the backward, and use causal attention
+# with a KV cache:
 # [exercises/13_real_model.ipynb](../exercises/13_real_model.ipynb).

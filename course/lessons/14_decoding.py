@@ -251,5 +251,5 @@ else:
 # - The kernel: one block per (chunk, head, batch), reductions in shared memory, then a merge kernel.
 #   Decoding is memory-bound, so measure it in GB/s against the GPU's bandwidth.
 #
-# **Next:** write the chunk's partial state and the merge yourself:
+# **Next:** write the chunk's partial state and the merge yourself, and bound the time of a decoding step:
 # [exercises/14_decoding.ipynb](../exercises/14_decoding.ipynb).

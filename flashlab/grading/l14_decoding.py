@@ -1,4 +1,5 @@
-"""Lesson 14, split-KV decoding: partial (m, l, O) states of key chunks and their merge."""
+"""Lesson 14, split-KV decoding: partial (m, l, O) states of key chunks, their merge, and the time bound of a
+decoding step."""
 from __future__ import annotations
 
 import numpy as np
@@ -90,3 +91,41 @@ def check_chunk_partial(t, fn):
         o, _ = merge_partials(out[0][None], out[1][None], out[2][None])  # it must also merge to attention
         if not np.allclose(o, reference_attention(q, k_c, v_c, scale=scale)[0], rtol=1e-3, atol=1e-3):
             raise t.fail("(m, l, O) do not give softmax(S) v once merged: o = O / l")
+
+
+@exercise("decode_time", lesson=LESSON,
+          hint="Bytes: read Q (Nq x d) and K, V (Nk x d each), write O (Nq x d), per (batch, head), times the "
+               "element size. FLOPs: Q K^T and P V are 2 Nq Nk d each, per (batch, head). The time is at least "
+               "bytes / bandwidth and at least FLOPs / peak: the larger one is the bound.")
+def check_decode_time(t, fn):
+    h100 = (989e12, 3.35e12)  # FLOP/s (FP16 dense tensor cores) and bytes/s (HBM3) of an H100 SXM
+    specs = [("the lesson's decoding step", 1, 16, 1, 16384, 128, 2, *h100),
+             ("float32 (FP32 peak)", 1, 16, 1, 16384, 128, 4, 66.9e12, 3.35e12), ("a batch of 8 sequences", 8, 32, 1, 4096, 128, 2, *h100),
+             ("8 queries at once (speculative decoding)", 1, 16, 8, 8192, 128, 2, *h100),
+             ("few keys: Q and O matter", 2, 8, 64, 64, 64, 2, *h100),
+             ("a long prompt chunk", 1, 16, 2048, 4096, 128, 2, *h100)]
+    for _ in range(4):
+        nq = int(2 ** t.rng.integers(0, 12))
+        specs.append(("random", int(t.rng.integers(1, 9)), int(t.rng.integers(1, 65)), nq,
+                      nq + int(t.rng.integers(1, 65536)), int(2 ** t.rng.integers(5, 9)), int(t.rng.choice([2, 4])),
+                      float(t.rng.uniform(50e12, 1000e12)), float(t.rng.uniform(0.5e12, 5e12))))
+    for label, B, H, nq, nk, d, size, peak, bw in specs:
+        t.case(label, B=B, H=H, Nq=nq, Nk=nk, d=d, itemsize=size, peak_flops=peak, bandwidth=bw)
+        out = t.call(B, H, nq, nk, d, size, peak, bw)
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise t.fail(f"return a pair (seconds, 'memory' or 'compute'); got {out!r:.80}")
+        kv, qo, flops = 2 * B * H * nk * d * size, 2 * B * H * nq * d * size, 4 * B * H * nq * nk * d
+        t_mem, t_math = (kv + qo) / bw, flops / peak
+        t.scalar(out[0], max(t_mem, t_math), "the time (seconds)", tol=1e-9, slips=[
+            (max(kv / bw, t_math), "Reading Q and writing O move bytes too; they matter once Nq is not small next to Nk."),
+            (max((kv / 2 + qo) / bw, t_math), "Decoding reads V as well as K: both caches, Nk x d each."),
+            (max(t_mem, t_math / 2), "Count both products: Q K^T and P V take 2 Nq Nk d FLOPs each."),
+            (max(t_mem, 2 * t_math), "A multiply-add is 2 FLOPs: Q K^T is 2 Nq Nk d FLOPs, P V as many, 4 Nq Nk d in all."),
+            (t_mem + t_math, "Memory traffic and arithmetic overlap: the time is the larger of the two, not their sum."),
+            (t_mem, "The arithmetic takes FLOPs / peak_flops, and here that is the larger: a bound must take both."),
+            (t_math, "Moving the bytes takes bytes / bandwidth, and here that is the larger: a bound must take both."),
+            (max(t_mem / size, t_math), "Bytes, not numbers: multiply by itemsize.")])
+        want = "memory" if t_mem >= t_math else "compute"
+        if out[1] != want:
+            raise t.fail(f"the bound is {out[1]!r}; expected {want!r}: moving the bytes takes {t_mem:.3g} s, the "
+                         f"arithmetic {t_math:.3g} s")
