@@ -235,7 +235,10 @@ def test_explorers_full_views_draw():
     fig = viz.traffic._draw_sram(N=1024, d=64, M=16384, block_q=128, block_k=128)  # does not fit: warned
     assert any("do not fit" in t.get_text() for t in fig.axes[0].texts)
     _png_ok(fig)
-    _png_ok(viz.traffic._draw_fa(N=1024, d=64, M=4096, block_q=64, block_k=64, causal=True))
+    fig = viz.traffic._draw_fa(N=1024, d=64, M=4096, block_q=64, block_k=64, causal=True)
+    _png_ok(fig)
+    ticks = [t.get_text() for t in fig.axes[1].get_yticklabels() if t.get_text()]
+    assert ticks and all(t.endswith("B") for t in ticks)  # bytes in words, not a bare "1e8" offset
 
 
 def test_fast_mode_forces_the_static_grid(monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter
 
 from ..iomodel import HBMModel, SRAMOverflowError, asymptotic_traffic, default_block_sizes, formula_traffic
 from ._base import COLORS, LABELS, explore, human_bytes, own_axes, subplots, text_color_on
@@ -214,6 +215,7 @@ def _draw_fa(ax=None, N=4096, d=64, M=16384, block_q=64, block_k=64, causal=Fals
     for i, v in enumerate(vals):
         right.text(i, v, human_bytes(v), ha="center", va="bottom", fontsize=8)
     right.set_ylabel("HBM bytes")
+    right.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))  # "200 MB", not "2.0" x 1e8
     right.set_title(f"N = {N}: FA1 moves {vals[1] / vals[2]:.1f}× the bytes of FA2", fontsize=10)
     fig.tight_layout()
     return fig
