@@ -10,8 +10,12 @@ STAMP  := $(VENV)/.flashlab-installed
 
 .PHONY: lab test notebooks clean
 
+# Serve the repository root, so the links between notebooks/, exercises/ and solutions/ resolve, and open
+# lesson 00. Jupyter refuses to start as root (as in many containers) unless given --allow-root: pass it
+# only when we are root.
+LAB_FIRST := notebooks/00_setup.ipynb
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab --ServerApp.root_dir=. $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_FIRST)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -164,6 +164,48 @@ def test_block_heatmap_marks_overflow_and_best():
     _png_ok(viz.plot_block_heatmap("fa1", 1024, 64, 16384, mark=(32, 64)))
 
 
+def _contrast(c1, c2):
+    lum = sorted((viz._base.relative_luminance(matplotlib.colors.to_rgba(c)) for c in (c1, c2)), reverse=True)
+    return (lum[0] + 0.05) / (lum[1] + 0.05)
+
+
+def test_text_color_on_picks_the_stronger_contrast():
+    assert viz._base.text_color_on((1, 1, 0.2, 1)) == "black"  # yellow
+    assert viz._base.text_color_on((0.27, 0.0, 0.33, 1)) == "white"  # viridis' dark purple
+    cmap = matplotlib.colormaps["viridis"]
+    for x in np.linspace(0, 1, 41):  # the worse of black and white still reaches sqrt(21) : 1 on any colour
+        assert _contrast(viz._base.text_color_on(cmap(x)), cmap(x)) > 4.5
+
+
+def test_block_heatmap_labels_are_readable_on_their_cells():
+    fig = viz.plot_block_heatmap("fa1", 4096, 64, 65536)
+    ax = fig.axes[0]
+    im = ax.get_images()[-1]
+    data = im.get_array()
+    labels = [t for t in ax.texts if t.get_text() != "×"]
+    assert len(labels) == np.count_nonzero(~np.ma.getmaskarray(data) & np.isfinite(np.ma.filled(data, np.nan)))
+    colors = set()
+    for t in labels:
+        b, a = (int(round(v)) for v in t.get_position())
+        cell = im.cmap(im.norm(data[a, b]))
+        assert _contrast(t.get_color(), cell) > 4.5, (t.get_text(), t.get_color(), cell)
+        colors.add(t.get_color())
+    assert colors == {"black", "white"}  # viridis runs from dark to light: both are needed
+
+
+def test_block_heatmap_when_nothing_fits_says_so_without_a_colour_bar():
+    fig = viz.plot_block_heatmap("fa1", 4096, 128, 1024)
+    assert len(fig.axes) == 1  # no colour bar for an empty scale
+    msg = [t.get_text() for t in fig.axes[0].texts if "nothing fits" in t.get_text()]
+    need = viz.traffic.sram_need("fa1", 8, 8, 128)
+    assert msg and "M = 1024" in msg[0] and str(need) in msg[0] and need > 1024
+    _png_ok(fig)
+    fig = viz.plot_block_heatmap("fa1", 4096, 128, 1024, compact=True)  # a panel of the static grid
+    assert any("nothing fits" in t.get_text() for t in fig.axes[0].texts)
+    fig = viz.plot_block_heatmap("fa1", 4096, 64, 16384)
+    assert len(fig.axes) == 2 and not any("nothing fits" in t.get_text() for t in fig.axes[0].texts)
+
+
 def test_io_compare():
     ios = {}
     rng = np.random.default_rng(2)
@@ -193,7 +235,10 @@ def test_explorers_full_views_draw():
     fig = viz.traffic._draw_sram(N=1024, d=64, M=16384, block_q=128, block_k=128)  # does not fit: warned
     assert any("do not fit" in t.get_text() for t in fig.axes[0].texts)
     _png_ok(fig)
-    _png_ok(viz.traffic._draw_fa(N=1024, d=64, M=4096, block_q=64, block_k=64, causal=True))
+    fig = viz.traffic._draw_fa(N=1024, d=64, M=4096, block_q=64, block_k=64, causal=True)
+    _png_ok(fig)
+    ticks = [t.get_text() for t in fig.axes[1].get_yticklabels() if t.get_text()]
+    assert ticks and all(t.endswith("B") for t in ticks)  # bytes in words, not a bare "1e8" offset
 
 
 def test_fast_mode_forces_the_static_grid(monkeypatch):
@@ -219,6 +264,26 @@ def test_explore_uses_interact_when_widgets_are_there(monkeypatch):
     assert viz.sram_explorer() == "interact"
     assert set(calls) == {"N", "d", "M", "block_q", "block_k"}
     assert all(isinstance(c, widgets.SelectionSlider) for c in calls.values())
+
+
+def test_an_on_off_control_is_a_checkbox(monkeypatch):
+    widgets = pytest.importorskip("ipywidgets")
+    calls, drawn = {}, []
+
+    def fake_interact(fn, **controls):
+        calls.update(controls)
+        for causal in (False, True):  # what ticking the box does: call back with the new value
+            fn(**{**{name: c.value for name, c in controls.items()}, "causal": causal})
+        return "interact"
+
+    monkeypatch.setattr(viz._base, "use_widgets", lambda interactive=None: True)
+    monkeypatch.setattr(widgets, "interact", fake_interact)
+    monkeypatch.setattr(plt, "show", lambda: drawn.append(plt.gcf().axes[0].get_title()))
+    assert viz.fa_explorer() == "interact"
+    assert isinstance(calls["causal"], widgets.Checkbox) and calls["causal"].value is False
+    assert all(isinstance(c, widgets.SelectionSlider) for name, c in calls.items() if name != "causal")
+    assert len(drawn) == 2 and "causal" not in drawn[0] and "causal" in drawn[1]
+    assert not viz._base._is_switch((0, 1)) and not viz._base._is_switch((False, True, None))
 
 
 def test_import_flashlab_does_not_import_matplotlib():

@@ -51,6 +51,22 @@ def test_tile_sweep_heatmap_marks_the_fastest():
     to_png(fig)
 
 
+def test_tile_sweep_labels_are_readable_on_their_cells():
+    from flashlab.viz._base import relative_luminance
+
+    rows = [r for r in sweep_rows() if r["d"] == 64 and r["tr"] == 8]
+    for r, v in zip(rows, (100, 100, 100, 100, 70, 0)):  # skewed: 70 is below the mean yet light in viridis
+        r["tflops"] = v
+    fig = gviz.plot_tile_sweep(rows, d=64)
+    ax = fig.axes[0]
+    im = ax.get_images()[0]
+    for t in ax.texts:
+        j, i = (int(round(v)) for v in t.get_position())
+        lum = sorted((relative_luminance(matplotlib.colors.to_rgba(t.get_color())),
+                      relative_luminance(im.cmap(im.norm(im.get_array()[i, j])))), reverse=True)
+        assert (lum[0] + 0.05) / (lum[1] + 0.05) > 4.5, (t.get_text(), t.get_color())  # WCAG AA contrast
+
+
 def test_explorer_static_grid_and_no_data():
     fig = gviz.tile_explorer(sweep_rows(), interactive=False)
     assert len(fig.axes) >= 4

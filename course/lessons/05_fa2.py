@@ -120,8 +120,8 @@ viz.plot_traffic_vs_n(d=64, M=16384, causal=False);
 # %% [markdown]
 # ## Explore
 #
-# Sliders for $N$, $d$, $M$, both block sizes and the causal mask. Blocks that do not fit $M$ fall back
-# to the paper's rule. (Without widgets, or in the fast mode: a grid over $M$ and causal on/off.)
+# Sliders for $N$, $d$, $M$ and both block sizes; a checkbox for the causal mask. Blocks that do not fit
+# $M$ fall back to the paper's rule. (Without widgets, or in the fast mode: a grid over $M$ and causal on/off.)
 
 # %%
 viz.fa_explorer();

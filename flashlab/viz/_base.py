@@ -5,6 +5,7 @@ import io as _io
 import itertools
 
 import matplotlib.pyplot as plt
+import numpy as np
 
 from ..config import fast_mode
 
@@ -45,6 +46,19 @@ def human_bytes(n) -> str:
     return f"{n:.3g} PB"  # pragma: no cover
 
 
+def relative_luminance(rgba) -> float:
+    """WCAG 2 relative luminance of an sRGB colour (components in 0..1): 0 for black, 1 for white."""
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3]]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def text_color_on(rgba) -> str:
+    """"black" or "white", whichever contrasts more with a background of colour `rgba` (WCAG contrast ratio
+    (L1 + 0.05) / (L2 + 0.05)); labels stay readable on every cell of a colour map."""
+    lum = relative_luminance(rgba)
+    return "black" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "white"
+
+
 def widgets_available() -> bool:
     """True inside a Jupyter/Colab kernel with ipywidgets importable."""
     try:
@@ -66,11 +80,17 @@ def use_widgets(interactive=None) -> bool:
     return widgets_available() and not fast_mode()
 
 
+def _is_switch(options) -> bool:
+    opts = list(options)
+    return len(opts) == 2 and all(isinstance(o, (bool, np.bool_)) for o in opts) and set(opts) == {False, True}
+
+
 def explore(draw, controls: dict, grid: dict, *, fixed=None, interactive=None, ncols=None, title=None):
     """Show `draw(**params)` with sliders, or a static grid of small plots.
 
     draw(ax=None, **params) -> Figure draws one panel when given `ax` and its full view otherwise.
-    controls: {name: (options, default)}: a slider for each (ipywidgets SelectionSlider, common to 7.7 and 8).
+    controls: {name: (options, default)}: a slider for each (ipywidgets SelectionSlider, common to 7.7 and 8),
+    or a checkbox (ipywidgets Checkbox) when the options are (False, True).
     grid: {name: options} for at most two names: the static fallback draws every combination, one row per
     value of the first name. Parameters missing from `grid` take their slider default (or `fixed`).
     Returns the ipywidgets interact object, or the grid Figure.
@@ -80,11 +100,13 @@ def explore(draw, controls: dict, grid: dict, *, fixed=None, interactive=None, n
     if use_widgets(interactive):
         import ipywidgets as widgets
 
-        sliders = {
-            name: widgets.SelectionSlider(options=list(opts), value=default, description=name,
-                                          continuous_update=False)
-            for name, (opts, default) in controls.items()
-        }
+        def control(name, opts, default):
+            if _is_switch(opts):  # an on/off choice is a checkbox, not a two-stop slider
+                return widgets.Checkbox(value=bool(default), description=name)
+            return widgets.SelectionSlider(options=list(opts), value=default, description=name,
+                                           continuous_update=False)
+
+        sliders = {name: control(name, opts, default) for name, (opts, default) in controls.items()}
 
         def show(**params):
             draw(**fixed, **params)

@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ._base import explore, own_axes, subplots
+from ._base import explore, own_axes, subplots, text_color_on
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SWEEP_CSV = Path(__file__).resolve().parent.parent / "data" / "tile_sweep.csv"
@@ -276,7 +276,7 @@ def plot_tile_sweep(rows, d=64, metric="tflops", ax=None):
         if np.isfinite(grid[i, j]):
             star = "★ " if r is top else ""
             ax.text(j, i, f"{star}{fmt.format(grid[i, j])}\n{r['tr']}x{r['tc']} thr", ha="center", va="center",
-                    fontsize=7, color="white" if grid[i, j] < np.nanmean(grid) else "black")
+                    fontsize=7, color=text_color_on(im.cmap(im.norm(grid[i, j]))))
     ax.set_xticks(range(len(bks)), bks)
     ax.set_yticks(range(len(bqs)), bqs)
     ax.set_xlabel("block_k")

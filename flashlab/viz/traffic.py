@@ -8,28 +8,39 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter
 
 from ..iomodel import HBMModel, SRAMOverflowError, asymptotic_traffic, default_block_sizes, formula_traffic
-from ._base import COLORS, LABELS, explore, human_bytes, own_axes, subplots
+from ._base import COLORS, LABELS, explore, human_bytes, own_axes, subplots, text_color_on
 
 BLOCKS = (8, 16, 32, 64, 128, 256)
 SRAMS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 SEQS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
-def fits(algorithm, block_q, block_k, d, M, dv=None):
-    """Do the tiles `algorithm` streams through SRAM fit in M elements at these block sizes?"""
+def _tiles(algorithm, block_q, block_k, d, dv=None):
+    """{name: shape} of the tiles `algorithm` holds in SRAM at once."""
     dv = dv or d
     if algorithm == "fa2_backward":
-        tiles = dict(K_j=(block_k, d), V_j=(block_k, dv), dK_j=(block_k, d), dV_j=(block_k, dv),
-                     Q_i=(block_q, d), dO_i=(block_q, dv), dQ_i=(block_q, d))
-    else:
-        tiles = dict(Q_i=(block_q, d), K_j=(block_k, d), V_j=(block_k, dv), O_i=(block_q, dv))
+        return dict(K_j=(block_k, d), V_j=(block_k, dv), dK_j=(block_k, d), dV_j=(block_k, dv),
+                    Q_i=(block_q, d), dO_i=(block_q, dv), dQ_i=(block_q, d))
+    return dict(Q_i=(block_q, d), K_j=(block_k, d), V_j=(block_k, dv), O_i=(block_q, dv))
+
+
+def fits(algorithm, block_q, block_k, d, M, dv=None):
+    """Do the tiles `algorithm` streams through SRAM fit in M elements at these block sizes?"""
     try:
-        HBMModel(M).sram(**tiles)
+        HBMModel(M).sram(**_tiles(algorithm, block_q, block_k, d, dv))
     except SRAMOverflowError:
         return False
     return True
+
+
+def sram_need(algorithm, block_q, block_k, d, dv=None):
+    """SRAM elements the tiles of `algorithm` take at these block sizes (HBMModel's budget convention)."""
+    io = HBMModel(None)
+    io.sram(**_tiles(algorithm, block_q, block_k, d, dv))
+    return io.peak_sram
 
 
 def traffic_bytes(algorithm, n, d, M, block_q=None, block_k=None, causal=False, bytes_per_element=4):
@@ -78,24 +89,36 @@ def block_traffic_grid(algorithm, n, d, M, sizes=BLOCKS, causal=False):
 
 
 def plot_block_heatmap(algorithm, n, d, M, sizes=BLOCKS, causal=False, mark=None, ax=None, compact=False):
-    """HBM bytes for every (block_q, block_k); grey where the tiles overflow M; the best cell starred."""
+    """HBM bytes for every (block_q, block_k); grey where the tiles overflow M; the best cell starred.
+    When no block size fits, the panel says so instead of drawing a colour scale."""
     fig, ax = own_axes(ax, width=4.6, height=3.8)
     grid, ok = block_traffic_grid(algorithm, n, d, M, sizes, causal)
     ax.imshow(np.where(ok, np.nan, 1.0), cmap="Greys", vmin=0, vmax=5, origin="lower")  # overflow cells
-    im = ax.imshow(np.log10(grid), cmap="viridis_r", origin="lower")
-    if ok.any():  # least traffic; among ties, the largest tiles (fewest loop steps)
-        area = np.outer(sizes, sizes)
+    if ok.any():
+        im = ax.imshow(np.log10(grid), cmap="viridis_r", origin="lower")
+        area = np.outer(sizes, sizes)  # least traffic; among ties, the largest tiles (fewest loop steps)
         best = np.where(ok & (grid <= np.nanmin(grid) * (1 + 1e-9)), area, -1)
         a, b = np.unravel_index(np.argmax(best), best.shape)
-        ax.plot([b], [a], "*", color="white", ms=12, mec="black")
+        corner = 0.0 if compact else 0.3  # beside the cell's label, not on it
+        ax.plot([b + corner], [a + corner], "*", color="white", ms=8 if corner else 12, mec="black")
+    else:
+        need = sram_need(algorithm, min(sizes), min(sizes), d)
+        ax.text(0.5, 0.5, f"nothing fits in M = {M}:\nthe smallest tiles ({min(sizes)}×{min(sizes)})\n"
+                f"need {need} elements", transform=ax.transAxes, ha="center", va="center",
+                fontsize=7 if compact else 9, color="#b00000",
+                bbox=dict(boxstyle="round", fc="white", ec="#b00000"), zorder=5)
     if not compact and mark is not None and mark[0] in sizes and mark[1] in sizes:
         a, b = sizes.index(mark[0]), sizes.index(mark[1])
         ax.add_patch(Rectangle((b - 0.5, a - 0.5), 1, 1, fill=False, ec="red", lw=2))
-    if not compact:
+    if not compact and ok.any():
         for a in range(len(sizes)):
             for b in range(len(sizes)):
-                txt = human_bytes(grid[a, b]).replace(" ", "\n") if ok[a, b] else "×"
-                ax.text(b, a, txt, ha="center", va="center", fontsize=6, color="white" if ok[a, b] else "#777777")
+                if ok[a, b]:  # black or white, whichever reads better on this cell's colour
+                    color = text_color_on(im.cmap(im.norm(np.log10(grid[a, b]))))
+                    ax.text(b, a, human_bytes(grid[a, b]).replace(" ", "\n"), ha="center", va="center",
+                            fontsize=6, color=color)
+                else:
+                    ax.text(b, a, "×", ha="center", va="center", fontsize=6, color="#777777")
         fig.colorbar(im, ax=ax, shrink=0.8, label="log10 bytes")
     ax.set_xticks(range(len(sizes)), sizes, fontsize=7)
     ax.set_yticks(range(len(sizes)), sizes, fontsize=7)
@@ -192,6 +215,7 @@ def _draw_fa(ax=None, N=4096, d=64, M=16384, block_q=64, block_k=64, causal=Fals
     for i, v in enumerate(vals):
         right.text(i, v, human_bytes(v), ha="center", va="bottom", fontsize=8)
     right.set_ylabel("HBM bytes")
+    right.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))  # "200 MB", not "2.0" x 1e8
     right.set_title(f"N = {N}: FA1 moves {vals[1] / vals[2]:.1f}× the bytes of FA2", fontsize=10)
     fig.tight_layout()
     return fig
