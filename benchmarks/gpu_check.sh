@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of the forward kernels in one command (results: docs/gpu-runs.md, benchmarks/results/):
 #   bash benchmarks/gpu_check.sh [OUTDIR [BENCH_ARGS...]]
-# 1. flashlab.doctor()  2. the GPU tests  3. compute-sanitizer memcheck + racecheck on small shapes
+# 1. flashlab.doctor()  2. the GPU tests  3. compute-sanitizer memcheck + racecheck on small shapes (every variant)
 # 4. benchmarks/bench_kernels.py BENCH_ARGS (default: everything). Results land in OUTDIR (benchmarks/results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,14 +23,19 @@ sanitize() {  # sanitize TOOL VARIANT ARGS...
 
 {
   echo "## doctor"; $PY -c "import flashlab; flashlab.doctor()"
-  echo "## gpu tests: pytest -m gpu tests/test_kernels.py tests/test_device.py"
-  timeout 400 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels.py tests/test_device.py 2>&1 | tail -3
+  echo "## gpu tests: pytest -m gpu tests/test_kernels.py tests/test_device.py tests/test_tensor_kernel.py"
+  timeout 500 $PY -m pytest -q -m gpu -p no:cacheprovider -W ignore tests/test_kernels.py tests/test_device.py \
+    tests/test_tensor_kernel.py 2>&1 | tail -3
   echo "## compute-sanitizer (d=64, small shapes; the script also checks the result against float64)"
   sanitize memcheck register --n 200 --heads 2 --causal
   sanitize memcheck register --n 77 --heads 1 --dtype float16
   sanitize memcheck shared --n 200 --heads 2 --causal
   sanitize racecheck register --n 200 --heads 2 --causal
   sanitize racecheck shared --n 200 --heads 2 --causal
+  for dt in float16 bfloat16 float32; do
+    sanitize memcheck tensor --n 200 --heads 2 --causal --dtype $dt
+    sanitize racecheck tensor --n 200 --heads 2 --causal --dtype $dt
+  done
 } 2>&1 | tee "$OUT/gpu_check.log"
 echo "## benchmark"
 $PY benchmarks/bench_kernels.py --out "$OUT" "${BENCH_ARGS[@]}" 2>&1 | tee "$OUT/bench.log" | grep -v "^|"

@@ -5,7 +5,9 @@
     y.sum().backward()                         # gradients from flashlab's FA2 backward
 
 CPU tensors run the NumPy FA2 (`flash_attention_v2` / `flash_attention_v2_backward`); CUDA tensors run the
-Numba kernels (`flashlab.kernels`). The forward saves q, k, v, o and the log-sum-exp lse (one number per
+Numba kernels (`flashlab.kernels`): the forward on tensor cores (variant "tensor": float16, bfloat16, and
+float32 through 3xTF32) on GPUs that have them for the dtype, else the register kernel; the backward on the
+FP32 units (bfloat16 gradients are computed in float32 and rounded back). The forward saves q, k, v, o and the log-sum-exp lse (one number per
 query row) for the backward, which recomputes P from lse: no Nq x Nk tensor is kept between the passes.
 
 This module is named `torch` inside the flashlab package. Its `import torch` lines are absolute imports
@@ -19,7 +21,7 @@ import math
 __all__ = ["FlashAttentionFunction", "scaled_dot_product_attention", "flash_attention"]
 
 _CPU_DTYPES = ("float16", "float32", "float64")
-_CUDA_DTYPES = ("float16", "float32")
+_CUDA_DTYPES = ("float16", "bfloat16", "float32")
 
 
 def _function_class():
@@ -90,12 +92,31 @@ def _forward(q, k, v, causal, scale):
 
         four = q.dim() == 4
         q4, k4, v4 = (x if four else x.unsqueeze(1) for x in (q, k, v))
-        o, lse = flash_attention(q4.detach(), k4.detach(), v4.detach(), causal=causal, scale=scale)
+        variant = _cuda_variant(q)
+        if variant == "tensor":  # the tensor kernel reads 16-byte chunks of rows: the last dim must be contiguous
+            q4, k4, v4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4))
+        o, lse = flash_attention(q4.detach(), k4.detach(), v4.detach(), causal=causal, scale=scale, variant=variant)
         return (o, lse) if four else (o.squeeze(1), lse.squeeze(1))
     from .tiled import flash_attention_v2
 
     o, lse = flash_attention_v2(_to_numpy(q), _to_numpy(k), _to_numpy(v), causal=causal, scale=scale)
     return torch.from_numpy(o), torch.from_numpy(lse)
+
+
+def _cuda_variant(q) -> str:
+    """"tensor" where this GPU has tensor-core mma for q's dtype (fp16: sm_75+; bf16 and fp32 via tf32: sm_80+)
+    and the tensor kernel supports the head dim, else "register". On an H100 the tensor variant is also the
+    faster one for float32 (benchmarks/results/h100/tensor.csv)."""
+    from .device import device_limits
+    from .kernels import SUPPORTED_D
+
+    cc = device_limits()["cc"] or (8, 0)  # the simulator runs every instruction
+    dtype = str(q.dtype).replace("torch.", "")
+    if q.shape[-1] not in SUPPORTED_D:
+        return "register"
+    if dtype == "bfloat16" or cc >= ((7, 5) if dtype == "float16" else (8, 0)):
+        return "tensor"  # bf16 on a GPU without bf16 mma gets the tensor kernel's clear error
+    return "register"
 
 
 def _backward(q, k, v, o, lse, do, causal, scale):
@@ -106,7 +127,10 @@ def _backward(q, k, v, o, lse, do, causal, scale):
 
         four = q.dim() == 4
         args = [x if four else x.unsqueeze(1) for x in (q, k, v, o, lse, do)]
+        if q.dtype == torch.bfloat16:  # the backward kernel computes in fp32 from float16/float32 inputs
+            args = [x.float() for x in args]
         grads = flash_attention_backward(*(x.detach() for x in args), causal=causal, scale=scale)
+        grads = tuple(g.to(q.dtype) for g in grads)
         return grads if four else tuple(g.squeeze(1) for g in grads)
     from .tiled import flash_attention_v2_backward
 

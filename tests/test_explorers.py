@@ -42,7 +42,8 @@ def drive(monkeypatch):
     def run(explorer, *args, **kwargs):
         assert explorer(*args, **kwargs) == "interact"
         sliders = seen["sliders"]
-        assert all(isinstance(s, widgets.SelectionSlider) for s in sliders.values())
+        # sliders, and a checkbox for an on/off choice (explore() makes one for (False, True))
+        assert all(isinstance(s, (widgets.SelectionSlider, widgets.Checkbox)) for s in sliders.values())
 
         def callback(**params):
             plt.close("all")

@@ -206,3 +206,28 @@ def test_cuda_float16(rng):
     ours, ref = cuda_vs_float64(q, k, v, True)
     assert ours[0].dtype == torch.float16 and rel(ours[0], ref[0]) < 1e-2
     assert all(g.dtype == torch.float16 and rel(g, r) < 2e-2 for g, r in zip(ours[1:], ref[1:]))
+
+
+@pytest.mark.parametrize("cc,dtype,d,want", [
+    ((9, 0), torch.float16, 64, "tensor"), ((9, 0), torch.bfloat16, 128, "tensor"), ((9, 0), torch.float32, 64, "tensor"),
+    ((7, 5), torch.float16, 64, "tensor"), ((7, 5), torch.float32, 64, "register"),  # a T4: no tf32 mma
+    ((9, 0), torch.float32, 48, "register"),  # a head dim the kernels do not take: the register path says so
+])
+def test_cuda_variant_follows_the_gpu_and_dtype(monkeypatch, cc, dtype, d, want):
+    import flashlab.device
+    import flashlab.torch as ft
+
+    monkeypatch.setattr(flashlab.device, "device_limits", lambda: {"cc": cc})
+    assert ft._cuda_variant(torch.zeros(1, 2, 3, d, dtype=dtype)) == want
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_bfloat16_on_tensor_cores_with_autograd(rng):
+    import flashlab.torch as ft
+
+    q, k, v = qkv(rng, (2, 4, 100, 64), 90, dtype=torch.bfloat16, device="cuda")
+    assert ft._cuda_variant(q) == "tensor"
+    ours, ref = cuda_vs_float64(q, k, v, True)
+    assert ours[0].dtype == torch.bfloat16 and rel(ours[0], ref[0]) < 2e-2
+    assert all(g.dtype == torch.bfloat16 and rel(g, r) < 5e-2 for g, r in zip(ours[1:], ref[1:]))
