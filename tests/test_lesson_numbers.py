@@ -44,6 +44,8 @@ ALLOWED = {
     ("08_first_flash_kernel", "67 TFLOP/s"): "H100 SXM datasheet, FP32 (flashlab.roofline.PUBLISHED_FP32)",
     ("10_tuning", "67 TFLOP/s"): "H100 SXM datasheet, FP32 (flashlab.roofline.PUBLISHED_FP32)",
     ("08_first_flash_kernel", "3.35 TB/s"): "H100 SXM datasheet, HBM3 bandwidth (flashlab.roofline.PUBLISHED)",
+    ("14_decoding", "3.35 TB/s"): "H100 SXM datasheet, HBM3 bandwidth (flashlab.roofline.PUBLISHED)",
+    ("14_decoding", "989 TFLOP/s"): "H100 SXM datasheet: 1979 TFLOP/s dense-equivalent FP16 with 2:4 sparsity, 989 without",
     ("08_first_flash_kernel", "255 registers"): "CUDA C++ Programming Guide: at most 255 registers per thread",
     ("09_register_fa2", "255 registers"): "CUDA C++ Programming Guide: at most 255 registers per thread",
     ("12_other_hardware", "288 GB/s"): "tt-metal FlashAttention report, section 2.2: Wormhole's 12 GDDR6 channels",
@@ -130,8 +132,10 @@ def source_quotes(path: Path):
             tree = ast.parse(src)
         except SyntaxError:  # notebook magics; none today
             continue
+        specs = {id(c) for f in ast.walk(tree) if isinstance(f, ast.FormattedValue) and f.format_spec
+                 for c in ast.walk(f.format_spec)}  # "{x:4.0%}" is a format, not a quoted 4.0%
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in specs:
                 out += quotes(node.value)
     return out
 

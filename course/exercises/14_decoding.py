@@ -124,7 +124,7 @@ flashlab.check("decode_time", decode_time)
 #
 # - From exercise 3: up to how many queries per cache read does decoding stay memory-bound on an H100 in
 #   FP16? What does that say about the cost of checking 8 drafted tokens at once instead of 1?
-# - Lesson 14's split-KV kernel moved about 170 GB/s in float16, torch's SDPA about 3.5 TB/s (the lesson's
+# - Lesson 14's split-KV kernel moved about 166 GB/s, torch's SDPA about 3.5 TB/s (the lesson's
 #   table). Which one runs near a memory bound, and what did the lesson say our kernel is missing?
 # - With one query and Nk = 32768 keys split into 256 chunks, how many numbers does the merge read, and
 #   how does that compare with the 2 * 32768 * d numbers of K and V the chunks read (d = 128)?
