@@ -374,3 +374,16 @@ def test_gpu_torch_tensors_in_and_out_without_copies():
     qt = q.transpose(-1, -2)  # last dim not contiguous: refused, not silently copied
     with pytest.raises(ValueError, match="last dim contiguous"):
         flash_attention(qt, qt, qt, variant="tensor")
+
+
+def test_kernel_info_describes_the_tensor_tile():
+    from flashlab.kernels import kernel_info
+
+    info = kernel_info(64, variant="tensor", dtype=np.float16)
+    tile = tensor.choose_tile(64, "f16")
+    assert (info["precision"], info["block_q"], info["block_k"]) == ("f16", tile.block_q, tile.block_k)
+    assert info["threads_per_block"] == tile.threads and info["shared_bytes_per_block"] == 4 * tile.shared_words(64, "f16")
+    wide = kernel_info(128, variant="tensor")  # float32: 3xTF32, rows of d words
+    assert wide["precision"] == "3xtf32" and wide["shared_bytes_per_block"] == 4 * tensor.choose_tile(
+        128, "3xtf32").shared_words(128, "3xtf32")
+    assert 0 < info["occupancy"] <= 1

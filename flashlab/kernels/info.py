@@ -18,11 +18,11 @@ from ._launch import check_d
 from .forward import resolve_config
 
 
-def _signature(dtype):
+def _signature(dtype, words=False):
     from numba import float32, int64, types
 
     nb = {np.dtype(np.float32): float32, np.dtype(np.float16): types.float16}[np.dtype(dtype)]
-    arr = types.Array(nb, 4, "C")
+    arr = types.Array(types.uint32 if words else nb, 4, "C")  # the tensor kernel reads 16-bit pairs as words
     return (arr, arr, arr, arr, types.Array(float32, 3, "C"), int64, int64, int64, float32)
 
 
@@ -42,7 +42,7 @@ def occupancy(threads: int, regs: int | None, shared_bytes: int, limits: dict) -
 
 
 def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k=None, causal: bool = False,
-                dtype=np.float32, tile=None, asm: bool = False) -> dict:
+                dtype=np.float32, tile=None, asm: bool = False, precision=None) -> dict:
     """Registers/thread, spill (local) bytes/thread, shared bytes/block and theoretical occupancy of the
     forward kernel that flash_attention(..., variant, block_q, block_k) would launch for head dim d.
 
@@ -54,8 +54,17 @@ def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k
         variant = "register"
         config = tile.check(d, device_limits()["shared_per_block"])
     else:
-        config = resolve_config(variant, d, block_q, block_k)
-    if variant == "register":
+        if variant == "tensor" and precision is None:
+            precision = "3xtf32" if np.dtype(dtype) == np.float32 else "f16"
+        config = resolve_config(variant, d, block_q, block_k, precision)
+    if variant == "tensor":
+        from . import tensor as tensor_mod
+
+        kernel = tensor_mod.build(d, config, bool(causal), precision)
+        threads, shared = config.threads, 4 * config.shared_words(d, precision)
+        info = {"variant": variant, "precision": precision, "block_q": config.block_q, "block_k": config.block_k,
+                "warps": config.warps}
+    elif variant == "register":
         from . import register
 
         kernel = register.build(d, config, bool(causal))
@@ -73,7 +82,8 @@ def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k
                 registers_per_thread=None, local_bytes_per_thread=None)
     limits = device_limits()
     if has_gpu():
-        sig = _signature(dtype)
+        sig = _signature(np.float32 if precision in ("3xtf32", "tf32") else dtype,
+                         words=variant == "tensor" and precision not in ("3xtf32", "tf32"))
         kernel.compile(sig)
         compiled = kernel.overloads[sig]  # the compiled kernel for this signature on this device
         info["registers_per_thread"] = int(compiled.regs_per_thread)
