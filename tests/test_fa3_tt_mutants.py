@@ -46,6 +46,7 @@ MUTANTS = {
                          k @ (s[:, None] * hadamard(q.shape[1]) * np.sqrt(q.shape[1]))),  # unscaled Hadamard
         lambda q, k, s: (q @ hadamard(q.shape[1]), k @ hadamard(q.shape[1])),  # forgets the random signs
         lambda q, k, s: (q @ (s[:, None] * hadamard(q.shape[1])), k @ (s[:, None] * hadamard(q.shape[1])).T),  # M^T on k
+        lambda q, k, s: (q @ (hadamard(q.shape[1]) * s[None, :]), k @ (hadamard(q.shape[1]) * s[None, :])),  # signs after mixing
     ],
     "tt_causal_pairing": [
         lambda n, p: [list(range(c * n // p, (c + 1) * n // p)) for c in range(p)],  # consecutive chunks

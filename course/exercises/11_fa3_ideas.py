@@ -61,14 +61,28 @@ flashlab.check("fp8_block_quantize", fp8_block_quantize)
 # %% [markdown]
 # ## 2. The incoherent-processing rotation
 #
-# With `H = hadamard(d)` (orthogonal: `H @ H.T` is the identity) and a random ±1 vector `signs`, the
-# matrix `M = diag(signs) @ H` is orthogonal too, so `(q @ M) @ (k @ M).T == q @ k.T`. Rotate both.
+# One outlier in a row of Q forces a large FP8 scale on its whole block, and every other value of the block
+# loses precision. FA3 first multiplies Q and K by the same random orthogonal d x d matrix M: the scores do
+# not change, because (Q M)(K M)^T = Q M M^T K^T = Q K^T, and a well-chosen M spreads an outlier over all d
+# coordinates of its row. FA3's M has two parts (FlashAttention-3, arXiv 2407.08608, section 3.3):
+#
+# 1. flip the sign of each coordinate at random: coordinate i of every row of Q and of K is multiplied
+#    by `signs[i]`, one of +1 or -1;
+# 2. then mix the coordinates with the Hadamard matrix, which for d a power of two is built by doubling:
+#    H_1 = [1], and H_2n is the 2 x 2 block matrix [[H_n, H_n], [H_n, -H_n]].
+#
+# Write `fp8_incoherent(q, k, signs)`: it returns (Q M, K M). Build the Hadamard matrix yourself (not with
+# `flashlab.fp8.hadamard`), and check before you submit that your M is orthogonal: look at the length of
+# a row of H_n.
 
 # %%
 def fp8_incoherent(q, k, signs):
-    """q: (Nq, d), k: (Nk, d), signs: (d,) of +-1. Returns (q @ M, k @ M) with M = diag(signs) @ hadamard(d)."""
+    """q: (Nq, d), k: (Nk, d), signs: (d,) of +1/-1, d a power of two. Returns (q rotated, k rotated)."""
     ### BEGIN SOLUTION
-    m = signs[:, None] * hadamard(q.shape[-1])
+    h = np.ones((1, 1))
+    while h.shape[0] < q.shape[-1]:
+        h = np.block([[h, h], [h, -h]])
+    m = signs[:, None] * h / np.sqrt(q.shape[-1])  # flip coordinate i, then mix; rows of h have length sqrt(d)
     return q @ m, k @ m
     ### END SOLUTION
 

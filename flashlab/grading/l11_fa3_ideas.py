@@ -78,8 +78,9 @@ def _explain_codes(c, scaled, ref, rows):
 
 
 @exercise("fp8_incoherent", lesson=LESSON,
-          hint="M = diag(signs) @ H with H = flashlab.fp8.hadamard(d); return (q @ M, k @ M). "
-               "diag(signs) @ H is the same as signs[:, None] * H.")
+          hint="Double H from [[1]] until it is d x d; its rows have length sqrt(d), so divide by sqrt(d) to make it "
+               "orthogonal. Flipping coordinate i before mixing multiplies row i of H by signs[i]: "
+               "M = signs[:, None] * H. Rotate q and k by the same M.")
 def check_fp8_incoherent(t, fn):
     for label, nq, nk, d in [("the example", 4, 4, 4), ("Nq != Nk != d", 7, 5, 16), ("d = 1", 3, 2, 1),
                              ("d = 128", 9, 12, 128), ("random", int(t.rng.integers(1, 30)), int(t.rng.integers(1, 30)),
@@ -90,9 +91,20 @@ def check_fp8_incoherent(t, fn):
         out = t.call(q, k, signs)
         if not isinstance(out, tuple) or len(out) != 2:
             raise t.fail(f"return a tuple (q_rotated, k_rotated); got {type(out).__name__}")
-        m = signs[:, None] * fp8.hadamard(d)
+        h = fp8.hadamard(d)
+        m = signs[:, None] * h
         qr, kr = t.array(out[0], (nq, d), name="q_rotated"), t.array(out[1], (nk, d), name="k_rotated")
+        if d > 1 and np.allclose(qr @ kr.T, d * (q @ k.T)):
+            raise t.fail("the scores came out d times too large: your M is not orthogonal",
+                         hint="Every row of the doubled Hadamard matrix has length sqrt(d): divide it by sqrt(d).")
         t.compare(qr @ kr.T, q @ k.T, "(q_rotated) @ (k_rotated).T, which must equal q @ k.T", min_dtype=np.float64)
+        if d > 1 and np.allclose(qr, q @ h):
+            raise t.fail("q_rotated is q @ H: the random signs are missing",
+                         hint="Multiply coordinate i by signs[i] before mixing: M = signs[:, None] * H.")
+        if d > 1 and np.allclose(qr, q @ (h * signs[None, :])) and not np.allclose(qr, q @ m):
+            raise t.fail("the signs flip the mixed coordinates (H @ diag(signs)); FA3 flips the input coordinates "
+                         "before mixing", hint="Flipping coordinate i of the input multiplies row i of H: "
+                         "signs[:, None] * H.")
         t.compare(qr, q @ m, "q_rotated", min_dtype=np.float64)
         t.compare(kr, k @ m, "k_rotated", min_dtype=np.float64)
 
