@@ -17,7 +17,6 @@ Writes forward.csv, tensor.csv, backward.csv, memory.csv, env.json, summary.md a
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import platform
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import flashlab  # noqa: E402  (chooses the backend before numba.cuda is imported)
-from flashlab.bench import attention_flops, peak_memory_mib, tflops, time_cuda  # noqa: E402
+from flashlab.bench import attention_flops, peak_memory_mib, tflops, time_cuda, write_csv  # noqa: E402
 
 
 def environment() -> dict:
@@ -280,14 +279,6 @@ def sweep(ds, reps, n=4096, quick=False):
                   f"spill={row['local_bytes']} smem={row['shared_bytes']} occ={row['occupancy']} -> "
                   f"{ms:8.3f} ms {tf:6.2f} TFLOP/s", flush=True)
     return rows
-
-
-def write_csv(path: Path, rows):
-    if rows:
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
 
 
 def plot(rows, env, path):

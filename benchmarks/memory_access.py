@@ -18,7 +18,6 @@ only (--quick is implied). Writes a CSV (one row per setting) and prints it.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import flashlab  # noqa: E402,F401  (chooses the backend before numba.cuda is imported)
 from flashlab import memory_access as ma  # noqa: E402
+from flashlab.bench import write_csv  # noqa: E402
 from flashlab.device import get_cuda, has_gpu  # noqa: E402
 
 cuda = get_cuda()
@@ -133,11 +133,7 @@ def main():
         print(rows[-1], flush=True)
 
     if gpu:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(a.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(a.out, rows)
         print("wrote", a.out)
     else:
         print("simulator: kernels checked; no timings (run on a GPU to write", a.out + ")")

@@ -8,7 +8,6 @@ TFLOP/s = 2*M*N*K per mma. Lesson 15 and the roofline place the attention kernel
 Writes mma_ceiling.csv (instruction, TFLOP/s, the GPU) to --out.
 """
 import argparse
-import csv
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import flashlab  # noqa: E402  (chooses the backend first)
-from flashlab.bench import time_cuda  # noqa: E402
+from flashlab.bench import time_cuda, write_csv  # noqa: E402
 
 CHAINS, ITERS = 8, 2048
 REGS = 4 * CHAINS  # accumulator registers per lane (a local array size must be a plain constant)
@@ -82,11 +81,7 @@ def main(argv=None):
         print(f"{name:28s} {tf:7.1f} TFLOP/s", flush=True)
     rows.append({"instruction": "3xTF32 (3 tf32 mma per product)", "tflops": round(rows[-1]["tflops"] / 3, 1),
                  "gpu": lim["name"]})
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    with open(Path(args.out) / "mma_ceiling.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(Path(args.out) / "mma_ceiling.csv", rows)
     return 0
 
 

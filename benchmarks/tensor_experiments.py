@@ -7,7 +7,6 @@ tiles listed below (warps per block = block_q / 16, block_k), with each compiled
 shared memory, and writes tensor_experiments.csv. The defaults of kernels/tensor.py come from this table.
 """
 import argparse
-import csv
 import math
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import flashlab  # noqa: E402  (chooses the backend first)
-from flashlab.bench import attention_flops, tflops, time_cuda  # noqa: E402
+from flashlab.bench import attention_flops, tflops, time_cuda, write_csv  # noqa: E402
 
 TILES = {  # (warps, block_k); those that do not fit 48 KB are skipped
     "f16": [(4, 64), (4, 32), (8, 64), (8, 32), (2, 64), (8, 16), (4, 16)],
@@ -66,11 +65,7 @@ def main(argv=None):
                        "tflops": round(tf, 2), "sdpa_tflops": round(sdpa, 2), "ratio": round(tf / sdpa, 3)}
                 rows.append(row)
                 print("  ".join(f"{key}={val}" for key, val in row.items()), flush=True)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    with open(Path(args.out) / "tensor_experiments.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(Path(args.out) / "tensor_experiments.csv", rows)
     return 0
 
 

@@ -76,6 +76,19 @@ def time_cuda(fn, *, warmup: int = 3, reps: int = 20) -> dict:
             "samples_ms": samples}
 
 
+def write_csv(path, rows) -> None:
+    """Write a list of dicts (one per row, same keys) as a CSV file with a header; nothing when rows is empty."""
+    import csv
+    from pathlib import Path
+
+    if rows:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+
 def peak_memory_mib(fn) -> float:
     """Peak device memory allocated through torch while fn() runs (MiB), above what was allocated before.
 
