@@ -310,7 +310,7 @@ def test_gpu_tensor_forward(rng, d, n):
                 assert err <= 1e-5, f"3xtf32 o error {err:.2e}"
             else:  # within what torch's own SDPA gets in the same dtype on the same inputs
                 sdpa = _sdpa_error(tq, tk, tv, causal, ref_o)
-                assert err <= max(1.5 * sdpa, 1e-3), f"{dtype}: o error {err:.2e}, SDPA's {sdpa:.2e}"
+                assert err <= 1.5 * sdpa + 5e-5, f"{dtype}: o error {err:.2e}, SDPA's {sdpa:.2e}"
             assert lerr <= 1e-5, f"{dtype}: lse error {lerr:.2e}"
 
 
