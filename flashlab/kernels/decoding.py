@@ -157,6 +157,23 @@ def build(d: int, n_q: int, threads: int):
             m_part[b, h, c, t] = Ms[t] * LN2  # stored in natural-log units, like decoding.py
             l_part[b, h, c, t] = Ls[t]
 
+    return split, build_merge(d)
+
+
+@functools.lru_cache(maxsize=None)
+def build_merge(d: int, normalised: bool = False):
+    """The merge kernel, grid (Nq, H, B), one thread per output dim. Partial states are m_part, l_part
+    (B, H, n_splits, Nq) and o_part (B, H, n_splits, Nq, d), float32, m in natural-log units.
+
+    normalised=True: each chunk's state is written as an attention output over its keys, o_c = O_c / l_c and
+    lse_c = m_c + log(l_c) (the forward kernels' split mode, kernels/plan.py); that is the state
+    (m = lse_c, l = 1, O = o_c), so l_part is not read. The same merge rule either way."""
+    global cuda
+    cuda = get_cuda()
+    from numba import float32
+
+    UNIT_L = normalised
+
     @cuda.jit(fastmath={"contract", "afn", "arcp"})
     def merge(m_part, l_part, o_part, o, lse, n_splits):
         x = cuda.threadIdx.x
@@ -168,13 +185,26 @@ def build(d: int, n_q: int, threads: int):
         acc = float32(0.0)
         for c in range(n_splits):
             w = math.exp2(m_part[b, h, c, qi] * LOG2E - m)
-            l += l_part[b, h, c, qi] * w
+            l += w if UNIT_L else l_part[b, h, c, qi] * w
             acc += o_part[b, h, c, qi, x] * w
         o[b, h, qi, x] = acc / l
         if x == 0:
             lse[b, h, qi] = (m + math.log2(l)) * LN2
 
-    return split, merge
+    return merge
+
+
+def merge_split(run, o, lse, splits: int, alloc=None):
+    """Split-KV for the forward kernels (kernels/plan.py): `run(o_part, lse_part)` launches a forward kernel that
+    writes each key chunk's float32 attention output and lse into views (B, H * splits, Nq, d) and
+    (B, H * splits, Nq); the merge kernel then folds the chunks into o (B, H, Nq, d) and lse (B, H, Nq).
+    alloc(shape, dtype) makes the partial buffers (default: numba device arrays)."""
+    B, H, Nq, d = o.shape
+    alloc = alloc or (lambda shape, dtype: get_cuda().device_array(shape, dtype=dtype))
+    o_part = alloc((B, H, splits, Nq, d), np.float32)
+    lse_part = alloc((B, H, splits, Nq), np.float32)
+    run(o_part.reshape(B, H * splits, Nq, d), lse_part.reshape(B, H * splits, Nq))
+    build_merge(d, normalised=True)[(Nq, H, B), d](lse_part, lse_part, o_part, o, lse, splits)
 
 
 def default_threads() -> int:

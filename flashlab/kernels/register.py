@@ -20,6 +20,15 @@ global memory by runs of 8 threads reading 8 adjacent floats of one row (a 32-by
 warp, so the transposed stores of a warp hit 32 different banks. No warp shuffles: reductions go through
 `red`, so the CUDA simulator runs this same code.
 
+Two launch options, both chosen by kernels/plan.py (lesson 10):
+- split: the keys are cut into chunks of a multiple of Bc keys, one thread block per (query block, chunk);
+  each writes its chunk's attention output o_c and lse_c (float32), and kernels/decoding.py's merge kernel
+  combines them. Under causal masking a row may see no key of a chunk: those rows get o_c = 0 and
+  lse_c = -1e30, which the merge weighs by zero.
+- heavy_first: the grid is (B*H, splits, query blocks), so every head's last (heaviest, under causal) query
+  blocks are dispatched before any lighter one; otherwise the grid is (query blocks, B*H, splits) and the
+  heaviest-first order holds within each head.
+
 Index arithmetic is unsigned (U = uint64): Numba adds a negative-index check to every signed index, which
 in the inner loops costs more instructions than the multiply-adds themselves.
 """
@@ -93,6 +102,13 @@ PREFERRED = {
     128: [Tile(32, 16, 8, 16), Tile(16, 16, 4, 16)],
 }
 
+# d = 128 redesigned after the d = 64 tile: 4 threads per row (tc = 4), 4 rows per thread in one run of 4, and a
+# 4 x 2 micro-tile of S (0.5 shared loads per FMA against 0.8 for PREFERRED[128][0], which gives each thread one
+# key of S). Q's tile (d x block_q) is what 48 KB cannot hold at block_q = 128, so block_q = 64, block_k = 8
+# (46,400 bytes). Not measured yet: the planner picks it only when asked, flash_attention(..., tile=D128_REDESIGN)
+# or plan(..., tile=...); `python benchmarks/bench_kernels.py --suite --parts d128` times it against the default.
+D128_REDESIGN = Tile(64, 8, 16, 4)
+
 
 def choose_tile(d: int, block_q=None, block_k=None, shared_limit: int = 48 * 1024,
                 shared_per_sm: int | None = None) -> Tile:
@@ -121,9 +137,14 @@ def _vec(n: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int | None = None):
+def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int | None = None,
+          split: bool = False, heavy_first: bool = False):
     """Compile-time specialised kernel for (d, tile, causal). Numba compiles it on first launch,
     once per input dtype (float32 or float16).
+
+    split: the kernel works on one chunk of keys per block (grid axis "splits") and o, lse are the float32
+    partial outputs viewed as (B, H * splits, Nq, d) and (B, H * splits, Nq); heavy_first: the grid's axes
+    are (B*H, splits, query blocks) instead of (query blocks, B*H, splits). See the module docstring.
 
     unroll: steps of the two product loops per loop iteration (4 measured best; deeper unrolling adds
     registers, benchmarks/register_experiments.py); max_registers: a cap for the compiler (None: its own
@@ -157,6 +178,9 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     PREFETCH = tile.prefetch
     ALIGN = None if config.ENABLE_CUDASIM else 16  # the simulator has no aligned shared arrays
     CAUSAL = causal
+    SPLIT, HEAVY = bool(split), bool(heavy_first)
+    GUARD = SPLIT and CAUSAL  # a row can see no key of its chunk: keep its p = 0 and its output finite
+    HALF_NEG = float32(0.5 * NEG)
 
     options = {"max_registers": max_registers} if max_registers is not None and not config.ENABLE_CUDASIM else {}
 
@@ -167,8 +191,12 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
         ty = t // UTC
         tx = t % UTC
         nq, nk = U(n_q), U(n_k)
-        q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBR  # last (heaviest, under causal) blocks first
-        bh = U(cuda.blockIdx.y)
+        if HEAVY:  # grid (B*H, splits, query blocks): every head's heaviest block before any lighter one
+            bh, part, n_parts = U(cuda.blockIdx.x), U(cuda.blockIdx.y), U(cuda.gridDim.y)
+            q0 = U(cuda.gridDim.z - 1 - cuda.blockIdx.z) * UBR
+        else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
+            bh, part, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
+            q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBR
         qh, kh, vh = q[bh // U(n_heads), bh % U(n_heads)], k[bh // U(n_heads), bh % U(n_heads)], \
             v[bh // U(n_heads), bh % U(n_heads)]  # this head's (N, d) matrices
 
@@ -196,22 +224,26 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
             for j in range(URD):
                 acc[i, j] = 0.0
 
-        k_end = nk
+        k_begin, k_end = U(0), nk
+        if SPLIT:  # this block's chunk of keys: a multiple of Bc keys (plan.split_chunk computes the same)
+            chunk = ((nk + n_parts - U(1)) // n_parts + UBC - U(1)) // UBC * UBC
+            k_begin = part * chunk
+            k_end = min(nk, k_begin + chunk)
         if CAUSAL:
-            k_end = min(nk, q0 + UBR)  # key tiles after the block's last query are skipped
+            k_end = min(k_end, q0 + UBR)  # key tiles after the block's last query are skipped
         kreg = cuda.local.array(KV_REGS, float32)  # prefetched K/V values (PREFETCH only)
         vreg = cuda.local.array(KV_REGS, float32)
         if PREFETCH:
             for it in range(KV_LOADS):
                 e = it * NT + t
-                c = (e // U(8)) % UBC
+                c = k_begin + (e // U(8)) % UBC
                 x = (e // U(8)) // UBC * U(8) + e % U(8)
                 kreg[it] = 0.0
                 vreg[it] = 0.0
                 if e < UBC * D and c < nk:
                     kreg[it] = float32(kh[c, x])
                     vreg[it] = float32(vh[c, x])
-        for k0 in range(U(0), k_end, UBC):
+        for k0 in range(k_begin, k_end, UBC):
             cuda.syncthreads()  # everyone is done with the previous tile's Pt and V
             for it in range(KV_LOADS):  # each 8 threads read one 32-byte run of a row
                 e = it * NT + t
@@ -276,9 +308,14 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
                     m_new = max(m_new, sh[RO + t2 * RS + rl])
                 alpha = math.exp2(m[i] - m_new)  # rescales what was accumulated so far
                 m[i] = m_new
+                live = float32(1.0)
+                if GUARD and m_new < HALF_NEG:  # every key so far is masked: exp2(NEG - NEG) would be 1
+                    live = float32(0.0)
                 row_sum = float32(0.0)
                 for j in range(URN):
                     p = math.exp2(s[i, j] - m_new)
+                    if GUARD:
+                        p *= live
                     row_sum += p
                     cl = ((j // UVN) * UTC + tx) * UVN + j % UVN
                     sh[KP + cl * PS + rl] = p  # Pt overwrites Kt: every thread is past its S loop
@@ -304,26 +341,61 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
         for i in range(URM):
             sh[RO + tx * RS + ((i // UVM) * UTR + ty) * UVM + i % UVM] = l[i]
         cuda.syncthreads()
-        oh, lh = o[bh // U(n_heads), bh % U(n_heads)], lse[bh // U(n_heads), bh % U(n_heads)]
+        ob, oh_ = bh // U(n_heads), bh % U(n_heads)
+        if SPLIT:
+            oh_ = oh_ * n_parts + part  # o, lse: (B, H * splits, ...) views of the partial outputs
+        oh, lh = o[ob, oh_], lse[ob, oh_]
         for i in range(URM):
             rl = ((i // UVM) * UTR + ty) * UVM + i % UVM
             total = float32(0.0)
             for t2 in range(UTC):
                 total += sh[RO + t2 * RS + rl]
             if q0 + rl < nq:
-                inv = float32(1.0) / total
+                inv = float32(0.0)  # GUARD: the row sees no key of this chunk (total = 0)
+                row_lse = float32(NEG)
+                if not GUARD or total > float32(0.0):
+                    inv = float32(1.0) / total
+                    row_lse = (m[i] + math.log2(total)) * LN2
                 for j in range(URD):
                     oh[q0 + rl, ((j // UVD) * UTC + tx) * UVD + j % UVD] = acc[i, j] * inv
                 if tx == U(0):
-                    lh[q0 + rl] = (m[i] + math.log2(total)) * LN2
+                    lh[q0 + rl] = row_lse
 
     return flash_fwd_register
 
 
-def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile, **options):
-    """Launch on device arrays (B, H, N, d); o and lse are written. options: build's unroll, max_registers."""
+def split_chunk(nk: int, splits: int, block_k: int) -> tuple:
+    """(chunk, n_chunks): split-KV cuts Nk keys into chunks of ceil(Nk / splits) keys rounded up to a multiple of
+    block_k (so no key tile straddles two chunks), which can need fewer chunks than asked for; no chunk is empty.
+    The kernels compute the same chunk from Nk and their grid."""
+    splits = max(1, min(int(splits), nk))
+    chunk = -(-(-(-nk // splits)) // block_k) * block_k
+    return chunk, -(-nk // chunk)
+
+
+def grid(B: int, H: int, Nq: int, block_q: int, splits: int = 1, heavy_first: bool = False):
+    """The launch grid of the forward kernels (this one and the tensor kernel): see the module docstring."""
+    blocks = (Nq + block_q - 1) // block_q
+    return (B * H, splits, blocks) if heavy_first else (blocks, B * H, splits)
+
+
+def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile, *, splits: int = 1, heavy_first: bool = False,
+           alloc=None, **options):
+    """Launch on device arrays (B, H, N, d); o and lse are written. options: build's unroll, max_registers.
+
+    splits > 1: split-KV (the float32 partial outputs come from alloc(shape, dtype), default a numba device
+    array, and the merge kernel writes o and lse); heavy_first: see `grid`."""
     B, H, Nq, d = q.shape
-    kernel = build(d, tile, causal, **options)
-    grid = ((Nq + tile.block_q - 1) // tile.block_q, B * H)
-    kernel[grid, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, np.float32(scale * LOG2E))
+    splits = split_chunk(k.shape[2], splits, tile.block_k)[1]
+    split = splits > 1
+    kernel = build(d, tile, causal, split=split, heavy_first=heavy_first, **options)
+    g = grid(B, H, Nq, tile.block_q, splits, heavy_first)
+    scale_log2 = np.float32(scale * LOG2E)
+    if not split:
+        kernel[g, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, scale_log2)
+        return kernel
+    from .decoding import merge_split
+
+    merge_split(lambda o_part, lse_part: kernel[g, tile.threads](q, k, v, o_part, lse_part, Nq, k.shape[2], n_heads,
+                                                                 scale_log2), o, lse, splits, alloc)
     return kernel

@@ -24,6 +24,10 @@ For tf32 the K and V B fragments are single fp32 words (plain shared loads); the
 the A fragment of P V after renumbering the 8 keys of a k-step (key 2t -> column t, 2t+1 -> column t+4),
 the same renumbering applied to V's rows.
 
+Launch options, chosen by kernels/plan.py as for the register kernel (see kernels/register.py): split (each
+block takes one chunk of keys and writes a float32 partial output; the merge kernel of kernels/decoding.py
+combines them) and heavy_first (grid (B*H, splits, query blocks)).
+
 Where FlashAttention-2 itself goes further: 128-row tiles with more rows per warp (fewer shared-memory
 reads per mma), up to 227 KB of shared memory per block (numba-cuda exposes 48 KB), and CUDA C++ compiled
 ahead of time; on Hopper, FA3 replaces mma.sync with wgmma and cp.async with TMA.
@@ -111,9 +115,10 @@ def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> TensorTil
 
 
 @lru_cache(maxsize=None)
-def build(d: int, tile: TensorTile, causal: bool, precision: str):
+def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = False, heavy_first: bool = False):
     """Compile-time specialised forward kernel for (d, tile, causal, precision). 16-bit precisions take Q,
-    K, V and O as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d)."""
+    K, V and O as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d).
+    split: o and lse are float32 partial outputs viewed as (B, H * splits, Nq, d) and (B, H * splits, Nq)."""
     WIDE = precision in ("3xtf32", "tf32")
     SPLIT = precision == "3xtf32"
     BF16 = precision == "bf16"
@@ -139,6 +144,9 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
     LOADS, LOADS_EVEN = -(-(BK * W) // NT), (BK * W) % NT == 0  # words per thread (copies through registers)
     UW, URS, UBK, UBQ = U(W), U(RS), U(BK), U(BQ)  # unsigned: no negative-index checks
     CAUSAL = causal
+    SPLIT_KV, HEAVY = bool(split), bool(heavy_first)
+    GUARD = SPLIT_KV and CAUSAL  # a row can see no key of its chunk: keep its p = 0 and its output finite
+    HALF_NEG = float32(0.5 * NEG)
     ALIGN = None if config.ENABLE_CUDASIM else 16
     DT = float32 if WIDE else uint32
     # the 16-bit m16n8k16 step (two m16n8k8 on sm_75) and the fp32 -> 16-bit pair packing
@@ -152,9 +160,13 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)  # quad (row group) and lane within the quad
         nq, nk = U(n_q), U(n_k)
-        q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBQ  # last (heaviest, under causal) blocks first
+        if HEAVY:  # grid (B*H, splits, query blocks): every head's heaviest block before any lighter one
+            bh, kpart, n_parts = U(cuda.blockIdx.x), U(cuda.blockIdx.y), U(cuda.gridDim.y)
+            q0 = U(cuda.gridDim.z - 1 - cuda.blockIdx.z) * UBQ
+        else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
+            bh, kpart, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
+            q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBQ
         w0 = q0 + warp * U(16)  # this warp's first row
-        bh = U(cuda.blockIdx.y)
         b, h = bh // U(n_heads), bh % U(n_heads)
         qh, kh, vh = q[b, h], k[b, h], v[b, h]
 
@@ -181,16 +193,22 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
             for j in range(4):
                 acc[n, j] = 0.0
 
-        k_end = nk
+        k_begin, k_end = U(0), nk
+        if SPLIT_KV:  # this block's chunk of keys: a multiple of block_k keys (plan.split_chunk computes the same)
+            chunk = ((nk + n_parts - U(1)) // n_parts + UBK - U(1)) // UBK * UBK
+            k_begin = kpart * chunk
+            k_end = min(nk, k_begin + chunk)
         if CAUSAL:
-            k_end = min(nk, q0 + UBQ)  # key tiles after the block's last query are skipped
+            k_end = min(k_end, q0 + UBQ)  # key tiles after the block's last query are skipped
         n_tiles = (k_end + UBK - U(1)) // UBK
+        if SPLIT_KV:
+            n_tiles = (k_end - k_begin + UBK - U(1)) // UBK if k_end > k_begin else U(0)
         kbuf = cuda.local.array(LOADS, DT)  # the synchronous copy's words in flight (ASYNC: unused)
         vbuf = cuda.local.array(LOADS, DT)
         for j in range(n_tiles + U(LAG)):
             cuda.syncthreads()  # everyone is done with the stage this copy overwrites
             if j < n_tiles:  # copy K/V tile j to stage j % 2; rows past Nk become zeros (0 * garbage = NaN)
-                kc, st = j * UBK, (j % U(2)) * U(STAGE) if ASYNC else U(0)
+                kc, st = k_begin + j * UBK, (j % U(2)) * U(STAGE) if ASYNC else U(0)
                 if ASYNC:  # 16 bytes per copy; consecutive threads take consecutive chunks of a row
                     for it in range(CHUNK_ITERS):
                         e = U(it * NT) + tid
@@ -219,7 +237,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
                     continue
                 mma.cp_async_wait(1)  # this thread's copies of tile j - 1 have landed ...
             cuda.syncthreads()  # ... and everyone's
-            k0 = (j - U(LAG)) * UBK
+            k0 = k_begin + (j - U(LAG)) * UBK
             KO = ((j - U(LAG)) % U(2)) * U(STAGE) if ASYNC else U(0)  # the stage tile j - LAG is in
             if CAUSAL and k0 > w0 + U(15):
                 continue  # every key of this tile is after all 16 rows of this warp (warp-uniform)
@@ -291,10 +309,15 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
                 alpha[r] = math.exp2((m[r] - m_new) * scale_log2)
                 m[r] = m_new
                 offset = m_new * scale_log2
+                live = float32(1.0)
+                if GUARD and m_new < HALF_NEG:  # every key so far is masked: exp2(NEG - NEG) would be 1
+                    live = float32(0.0)
                 row_sum = float32(0.0)
                 for n in range(NTK):
                     for c in range(2):
                         p = math.exp2(s[n, 2 * r + c] * scale_log2 - offset)
+                        if GUARD:
+                            p *= live
                         s[n, 2 * r + c] = p
                         row_sum += p
                 l[r] = l[r] * alpha[r] + row_sum  # the quad's partial sums are added once, at the end
@@ -360,23 +383,28 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str):
                                 a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
 
         # Add up each row's sum over its quad, normalise once, write O and lse.
-        oh, lh = o[b, h], lse[b, h]
+        oh_ = h * n_parts + kpart if SPLIT_KV else h  # split: (B, H * splits, ...) views of the partial outputs
+        oh, lh = o[b, oh_], lse[b, oh_]
         for r in range(2):
             total = l[r]
             total += mma.shfl_xor(total, 1)
             total += mma.shfl_xor(total, 2)
             row = r_hi if r else r_lo
             if row < nq:
-                inv = float32(1.0) / total
+                inv = float32(0.0)  # GUARD: the row sees no key of this chunk (total = 0)
+                row_lse = float32(NEG)
+                if not GUARD or total > float32(0.0):
+                    inv = float32(1.0) / total
+                    row_lse = (m[r] * scale_log2 + math.log2(total)) * LN2
                 for n in range(NTD):
                     x0, x1 = acc[n, 2 * r] * inv, acc[n, 2 * r + 1] * inv
-                    if WIDE:
+                    if WIDE or SPLIT_KV:  # float32 outputs (split: the partial outputs are float32)
                         oh[row, U(8 * n) + U(2) * t] = x0
                         oh[row, U(8 * n) + U(2) * t + U(1)] = x1
                     else:
                         oh[row, U(4 * n) + t] = pack(x0, x1)
                 if t == U(0):
-                    lh[row] = (m[r] * scale_log2 + math.log2(total)) * LN2
+                    lh[row] = row_lse
 
     return flash_fwd_tensor
 
@@ -421,11 +449,28 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, pr
     return like_input(o, kind), like_input(lse, kind)
 
 
-def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision: str):
-    """Launch on device arrays: (B, H, N, d/2) uint32 pairs for 16-bit precisions, float32 otherwise."""
+def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision: str, *, splits: int = 1,
+           heavy_first: bool = False, alloc=None):
+    """Launch on device arrays: (B, H, N, d/2) uint32 pairs for 16-bit precisions, float32 otherwise.
+    splits > 1 (float16 and float32 only): split-KV, o's pairs are written by the merge kernel as float16;
+    heavy_first: see register.grid."""
+    from .register import grid, split_chunk
+
     B, H, Nq, w = q.shape
     d = w if precision in ("3xtf32", "tf32") else 2 * w
-    kernel = build(d, tile, causal, precision)
-    grid = ((Nq + tile.block_q - 1) // tile.block_q, B * H)
-    kernel[grid, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, np.float32(scale * LOG2E))
+    splits = split_chunk(k.shape[2], splits, tile.block_k)[1]
+    split = splits > 1
+    if split and precision == "bf16":
+        raise ValueError("split-KV writes its merged output as float16 or float32; bfloat16 runs with splits=1")
+    kernel = build(d, tile, causal, precision, split=split, heavy_first=heavy_first)
+    g = grid(B, H, Nq, tile.block_q, splits, heavy_first)
+    scale_log2 = np.float32(scale * LOG2E)
+    if not split:
+        kernel[g, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, scale_log2)
+        return kernel
+    from .decoding import merge_split
+
+    out = o if precision in ("3xtf32", "tf32") else o.view(np.float16)  # the merge writes values, not pairs
+    merge_split(lambda o_part, lse_part: kernel[g, tile.threads](q, k, v, o_part, lse_part, Nq, k.shape[2], n_heads,
+                                                                 scale_log2), out, lse, splits, alloc)
     return kernel
