@@ -26,7 +26,6 @@ import math
 
 import numpy as np
 
-from .._inputs import check_block
 from ..device import get_cuda, has_gpu
 from ._launch import SUPPORTED_D  # noqa: F401 (re-exported)
 from ._launch import check_kernel_backward_inputs, empty, like_input, to_device
@@ -86,8 +85,12 @@ def check_config(d: int, block_q: int, block_k: int, threads: int):
 
 
 @functools.lru_cache(maxsize=None)
-def make_kernels(d: int, block_q: int, block_k: int, threads: int):
-    """(preprocess, dkdv, cast) kernels specialised for one head dim and tile shape."""
+def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: bool = False):
+    """(preprocess, dkdv, cast) kernels specialised for one head dim and tile shape.
+
+    heavy_first: dkdv's grid is (H, B, key blocks) instead of (key blocks, H, B), so that under causal masking
+    (where key block j has the most query blocks to visit when j is small) every head's heaviest blocks are
+    dispatched before any lighter one; see kernels/plan.py."""
     global cuda
     check_config(d, block_q, block_k, threads)
     cuda = get_cuda()
@@ -112,6 +115,7 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int):
     KV_TR, KV_TD, KV_NR, KV_ND = u(kv_tr), u(kv_td), u(kv_nr), u(kv_nd)
     Q_TR, Q_TD, Q_NR, Q_ND = u(q_tr), u(q_td), u(q_nr), u(q_nd)
     K_ELEMS, Q_ELEMS = u(block_k * d), u(block_q * d)
+    HEAVY = bool(heavy_first)
 
     @cuda.jit
     def preprocess(o, do, D, dq):
@@ -127,8 +131,12 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int):
 
     @cuda.jit
     def dkdv(q, k, v, do, lse, D, dq, dk, dv, scale, causal):
-        head, batch = cuda.blockIdx.y, cuda.blockIdx.z
-        k0 = uint64(cuda.blockIdx.x) * Bc
+        if HEAVY:  # grid (H, B, key blocks)
+            head, batch = cuda.blockIdx.x, cuda.blockIdx.y
+            k0 = uint64(cuda.blockIdx.z) * Bc
+        else:  # grid (key blocks, H, B)
+            head, batch = cuda.blockIdx.y, cuda.blockIdx.z
+            k0 = uint64(cuda.blockIdx.x) * Bc
         tid = uint64(cuda.threadIdx.x)
         nq, nk = uint64(q.shape[2]), uint64(k.shape[2])
         scale = float32(scale)
@@ -299,11 +307,12 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     for name, x in args.items():
         dev[name], kinds[name] = to_device(x, name)
     B, H, Nq, Nk, d, causal, scale = check_kernel_backward_inputs(*dev.values(), causal=causal, scale=scale)
-    bq, bk, nt = default_config(d, simulator=not has_gpu())
-    block_q = check_block(block_q, "block_q") or bq
-    block_k = check_block(block_k, "block_k") or bk
-    threads = check_block(threads, "threads") or nt
-    preprocess, dkdv, cast = make_kernels(d, block_q, block_k, threads)
+    from .plan import plan
+
+    p = plan((B, H, Nq, Nk, d), causal=causal, dtype=np.dtype(dev["q"].dtype).name, direction="backward",
+             block_q=block_q, block_k=block_k, threads=threads)
+    block_q, block_k, threads = p.config
+    preprocess, dkdv, cast = make_kernels(d, block_q, block_k, threads, heavy_first=p.heavy_first)
 
     kind, dtype = kinds["q"], np.dtype(dev["q"].dtype)
     new = lambda shape, dt: empty(shape, dt, kind, like=q)
@@ -313,8 +322,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
 
     rows = 128 if has_gpu() else 32
     preprocess[((Nq + rows - 1) // rows, H, B), rows](dev["o"], dev["do"], D, dq)
-    dkdv[((Nk + block_k - 1) // block_k, H, B), threads](
-        dev["q"], dev["k"], dev["v"], dev["do"], dev["lse"], D, dq, dk, dv, np.float32(scale), causal)
+    dkdv[p.grid, threads](dev["q"], dev["k"], dev["v"], dev["do"], dev["lse"], D, dq, dk, dv, np.float32(scale), causal)
     if dtype != np.float32:
         dq16 = new((B, H, Nq, d), dtype)
         n = B * H * Nq * d

@@ -27,18 +27,24 @@ def _signature(dtype, words=False):
 
 
 def occupancy(threads: int, regs: int | None, shared_bytes: int, limits: dict) -> dict:
-    """Resident blocks per SM and theoretical occupancy, with the resource that limits it."""
+    """Resident blocks per SM and theoretical occupancy, with the resource that limits it.
+
+    The rules of NVIDIA's CUDA Occupancy Calculator (now part of Nsight Compute): registers are handed out per
+    warp in units of 256, and the warps that registers allow are rounded down to a multiple of 4 (the warp
+    allocation granularity); every block also takes the shared memory the driver reserves per block,
+    limits["reserved_shared_per_block"] (1 KB from compute capability 8.0 on; 1 KB when not given)."""
     warps = -(-threads // limits["warp"])
     max_warps = limits["max_threads_per_sm"] // limits["warp"]
     bounds = {"threads": max_warps // warps, "blocks": limits["max_blocks_per_sm"]}
-    if regs:  # registers are allocated per warp in units of 256
+    if regs:
         per_warp = -(-regs * limits["warp"] // 256) * 256
-        bounds["registers"] = limits["regs_per_sm"] // (per_warp * warps)
-    if shared_bytes:  # the driver reserves 1 KB of shared memory per block (compute capability >= 8.0)
-        bounds["shared memory"] = limits["shared_per_sm"] // (shared_bytes + 1024)
+        bounds["registers"] = limits["regs_per_sm"] // per_warp // 4 * 4 // warps
+    if shared_bytes:
+        bounds["shared memory"] = limits["shared_per_sm"] // (shared_bytes + limits.get("reserved_shared_per_block", 1024))
     limiter = min(bounds, key=bounds.get)
     blocks = bounds[limiter]
-    return {"blocks_per_sm": blocks, "occupancy": blocks * warps / max_warps, "limited_by": limiter}
+    return {"blocks_per_sm": blocks, "occupancy": blocks * warps / max_warps, "limited_by": limiter,
+            "bounds": bounds}
 
 
 def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k=None, causal: bool = False,
@@ -99,6 +105,8 @@ def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k
     else:
         info["note"] = ("CUDA simulator: registers, spills, PTX and SASS come from the GPU compiler and need a "
                         "real GPU; occupancy below counts threads and shared memory only (T4-like limits).")
-    info.update(occupancy(threads, info["registers_per_thread"], info["shared_bytes_per_block"], limits))
+    occ = occupancy(threads, info["registers_per_thread"], info["shared_bytes_per_block"], limits)
+    occ.pop("bounds")
+    info.update(occ)
     get_cuda()  # keep the import explicit: info is meaningless before the backend is chosen
     return info

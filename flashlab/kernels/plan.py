@@ -1,0 +1,617 @@
+"""Launch plans: the one place that decides how every kernel is launched (lesson 10).
+
+    from flashlab.kernels.plan import plan, T4, H100
+    p = plan((1, 16, 1024, 1024, 64), causal=True)         # on this GPU (in the simulator: its T4-like limits)
+    p = plan((1, 16, 1024, 1024, 64), device=H100)         # an H100 planned without one
+    print(p.explain())
+    o, lse = flash_attention(q, k, v, plan=p)              # or let flash_attention make the same plan
+
+For one problem (B, H, Nq, Nk, d, dtype, causal, forward or backward) on one device a plan holds:
+- the variant's tile and threads per block (the tiles the kernels have always used, or block_q / block_k /
+  tile overrides);
+- blocks per SM: how many blocks of this kernel an SM holds at once, limited by threads, registers or shared
+  memory (`info.occupancy`). Registers come from the compiled kernel on this GPU, and from
+  flashlab/data/kernel_resources.csv (written by benchmarks/kernel_resources.py with NVIDIA's compiler) for a
+  device passed by hand;
+- waves: the blocks that have work, over the blocks the whole GPU holds at once (SMs x blocks per SM);
+- split-KV: when the grid fills fewer than SPLIT_BELOW_WAVES waves, the keys are cut into chunks, one block
+  per (query block, chunk); each chunk's partial result is merged with the course's merge rule (lesson 03's
+  (m, l) merge, lesson 14's kernel);
+- the order of the blocks: under causal masking, the heaviest first across all heads.
+
+Predicted efficiency is a model, not a measurement: each block holds one of the GPU's SMs x blocks-per-SM
+slots for a time proportional to its work (key tiles visited); blocks go to free slots in launch order (what
+GPUs do in practice; CUDA does not promise an order). Efficiency = the slots' busy time / (slots x the time
+the last block ends). It ignores that a lonely block on an SM runs faster than one that shares it, and the
+merge's own cost; the shape suite (benchmarks/bench_kernels.py --suite) measures what it predicts.
+"""
+from __future__ import annotations
+
+import csv
+import heapq
+import math
+import numbers
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from .._inputs import check_block
+
+RESOURCES_CSV = Path(__file__).resolve().parent.parent / "data" / "kernel_resources.csv"
+RESOURCE_COLUMNS = ("variant", "direction", "d", "dtype", "precision", "tile", "causal", "split", "heavy_first",
+                    "cc", "registers", "spill_bytes", "shared_bytes", "threads")
+VARIANTS = {"forward": ("shared", "register", "tensor"), "backward": ("register",)}
+DTYPES = {"shared": ("float32", "float16"), "register": ("float32", "float16"),
+          "tensor": ("float32", "float16", "bfloat16")}
+
+# When and how far to split the keys. Chosen by the model above, not yet by measurement: the shape suite
+# records split and unsplit times side by side (suite_alternatives.csv) to tune these.
+SPLIT_BELOW_WAVES = 2.0  # consider split-KV when the blocks with work fill fewer waves than this
+SPLIT_TARGET = 0.9  # the fewest chunks whose predicted efficiency reaches this (else the best available)
+SPLIT_GAIN = 0.05  # ... and only if that beats no split by this much: partial results cost traffic and a merge
+MIN_CHUNK = 256  # keys per chunk, at least
+MAX_SPLITS = 32
+
+
+# ----------------------------------------------------------------------------------------------- devices
+@dataclass(frozen=True)
+class Device:
+    """What the planner needs to know about a GPU. Pass one by hand to plan for a GPU you do not have."""
+
+    name: str
+    sms: int
+    shared_per_block: int  # bytes a numba-cuda kernel may use (static shared memory: 48 KB at most)
+    shared_per_sm: int
+    regs_per_sm: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    cc: tuple | None = None  # compute capability; None for the simulator
+    reserved_shared_per_block: int = 1024  # the driver's share of every block (1 KB from cc 8.0 on)
+    warp: int = 32
+    simulated: bool = False
+
+    def __post_init__(self):
+        for name in ("sms", "shared_per_block", "shared_per_sm", "regs_per_sm", "max_threads_per_sm",
+                     "max_blocks_per_sm", "warp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"Device {name} must be a positive integer; got {value!r}")
+        reserved = self.reserved_shared_per_block
+        if isinstance(reserved, bool) or not isinstance(reserved, numbers.Integral) or reserved < 0:
+            raise ValueError(f"Device reserved_shared_per_block must be a non-negative integer; got {reserved!r}")
+        if self.cc is not None and (not isinstance(self.cc, tuple) or len(self.cc) != 2
+                                    or not all(isinstance(x, numbers.Integral) for x in self.cc)):
+            raise ValueError(f"Device cc must be None or a (major, minor) tuple of ints, e.g. (7, 5); got {self.cc!r}")
+
+    @property
+    def limits(self) -> dict:
+        """The dict info.occupancy reads."""
+        return {"warp": self.warp, "max_threads_per_sm": self.max_threads_per_sm, "regs_per_sm": self.regs_per_sm,
+                "max_blocks_per_sm": self.max_blocks_per_sm, "shared_per_sm": self.shared_per_sm,
+                "reserved_shared_per_block": self.reserved_shared_per_block}
+
+    @property
+    def label(self) -> str:
+        if self.simulated:
+            return f"{self.name} (one block at a time; T4-like limits)"
+        cc = f", cc {self.cc[0]}.{self.cc[1]}" if self.cc else ""
+        return f"{self.name} ({self.sms} SMs{cc})"
+
+
+# Vendor specifications (CUDA C++ Programming Guide, "Compute Capabilities"; the GPUs' datasheets for SM counts).
+# shared_per_block is numba-cuda's 48 KB of static shared memory on all three.
+T4 = Device("Tesla T4", sms=40, shared_per_block=48 * 1024, shared_per_sm=64 * 1024, regs_per_sm=65536,
+            max_threads_per_sm=1024, max_blocks_per_sm=16, cc=(7, 5), reserved_shared_per_block=0)
+A100 = Device("A100 SXM", sms=108, shared_per_block=48 * 1024, shared_per_sm=164 * 1024, regs_per_sm=65536,
+              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(8, 0))
+H100 = Device("H100 SXM", sms=132, shared_per_block=48 * 1024, shared_per_sm=228 * 1024, regs_per_sm=65536,
+              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(9, 0))
+DEVICES = {"T4": T4, "A100": A100, "H100": H100}
+RESOURCE_CCS = ((7, 5), (8, 0), (9, 0))  # kernel_resources.csv has builds for these
+
+
+@lru_cache(maxsize=1)
+def current_device() -> Device:
+    """This machine's GPU (numba-cuda's device attributes), or the simulator's stand-in."""
+    from ..device import device_limits, get_cuda, has_gpu
+
+    lim = device_limits()
+    reserved = 1024
+    if has_gpu():
+        try:
+            reserved = int(get_cuda().get_current_device().RESERVED_SHARED_MEMORY_PER_BLOCK)
+        except Exception:  # an old driver without the attribute
+            reserved = 1024 if lim["cc"] >= (8, 0) else 0
+    return Device(lim["name"], sms=lim["sms"], shared_per_block=lim["shared_per_block"],
+                  shared_per_sm=lim["shared_per_sm"], regs_per_sm=lim["regs_per_sm"],
+                  max_threads_per_sm=lim["max_threads_per_sm"], max_blocks_per_sm=lim["max_blocks_per_sm"],
+                  cc=tuple(lim["cc"]) if lim["cc"] else None, reserved_shared_per_block=reserved,
+                  warp=lim["warp"], simulated=not has_gpu())
+
+
+def _device(device) -> Device:
+    if device is None:
+        return current_device()
+    if isinstance(device, str):
+        if device not in DEVICES:
+            raise ValueError(f"device must be a Device, None (this GPU) or one of {sorted(DEVICES)}; got {device!r}")
+        return DEVICES[device]
+    if not isinstance(device, Device):
+        raise TypeError(f"device must be a flashlab.kernels.plan.Device, a name in {sorted(DEVICES)} or None; "
+                        f"got {type(device).__name__}")
+    return device
+
+
+# ---------------------------------------------------------------------------------------------- problems
+@dataclass(frozen=True)
+class Problem:
+    """One attention call: (B, H, Nq, Nk, d), dtype, causal, and forward or backward."""
+
+    B: int
+    H: int
+    Nq: int
+    Nk: int
+    d: int
+    causal: bool = False
+    dtype: str = "float32"
+    direction: str = "forward"
+
+    def __post_init__(self):
+        from ._launch import check_d
+
+        for name in ("B", "H", "Nq", "Nk", "d"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        check_d(self.d)
+        if self.direction not in VARIANTS:
+            raise ValueError(f"direction must be 'forward' or 'backward'; got {self.direction!r}")
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32', 'float16' or 'bfloat16'; got {self.dtype!r}")
+
+    @property
+    def shape(self) -> str:
+        nk = "" if self.Nk == self.Nq else f" Nk={self.Nk}"
+        return f"B={self.B} H={self.H} N={self.Nq}{nk} d={self.d}"
+
+
+def _problem(problem, causal, dtype, direction) -> Problem:
+    if isinstance(problem, Problem):
+        return Problem(problem.B, problem.H, problem.Nq, problem.Nk, problem.d,
+                       problem.causal if causal is None else bool(causal), dtype or problem.dtype,
+                       direction or problem.direction)
+    shape = tuple(problem)
+    if len(shape) == 4:
+        shape = shape[:3] + (shape[2],) + shape[3:]
+    if len(shape) != 5:
+        raise ValueError(f"problem must be a Problem, (B, H, N, d) or (B, H, Nq, Nk, d); got {problem!r}")
+    return Problem(*(int(x) if isinstance(x, numbers.Integral) else x for x in shape), causal=bool(causal),
+                   dtype=dtype or "float32", direction=direction or "forward")
+
+
+# ------------------------------------------------------------------------------------------------ configs
+def config_text(variant: str, direction: str, config) -> str:
+    """A configuration in a few characters: the `tile` column of kernel_resources.csv."""
+    if direction == "backward":
+        bq, bk, threads = config
+        return f"{bq}x{bk} {threads}t"
+    if variant == "register":
+        return f"{config.block_q}x{config.block_k} {config.tr}x{config.tc}" + (" prefetch" if config.prefetch else "")
+    if variant == "tensor":
+        return f"{config.block_q}x{config.block_k} {config.warps}w"
+    return f"{config[0]}x{config[1]}"
+
+
+def _choose_config(p: Problem, variant: str, dev: Device, block_q, block_k, tile, threads, precision):
+    """(config, precision, threads per block, shared bytes, block_q, block_k) of the kernel this call launches."""
+    d = p.d
+    if p.direction == "backward":
+        from . import backward
+
+        bq, bk, nt = backward.default_config(d, simulator=dev.simulated)
+        config = (block_q or bq, block_k or bk, threads or nt)
+        backward.check_config(d, *config)
+        return config, None, config[2], backward.shared_bytes(d, config[0], config[1]), config[0], config[1]
+    if variant == "register":
+        from . import register
+
+        config = tile.check(d, dev.shared_per_block) if tile is not None else \
+            register.choose_tile(d, block_q, block_k, dev.shared_per_block, dev.shared_per_sm)
+        return config, None, config.threads, config.shared_bytes(d), config.block_q, config.block_k
+    if variant == "tensor":
+        from . import tensor
+
+        precision = tensor.resolve_precision(p.dtype, precision, dev.cc)
+        config = tensor.choose_tile(d, precision, block_q, block_k)
+        config.check(d, precision, dev.shared_per_block)
+        return config, precision, config.threads, 4 * config.shared_words(d, precision), config.block_q, config.block_k
+    from . import shared
+
+    bq, bk = block_q or shared.DEFAULT_BLOCK_Q, block_k or shared.DEFAULT_BLOCK_K
+    shared.check_blocks(d, bq, bk, dev.shared_per_block)
+    return (bq, bk), None, bq, shared.shared_bytes(d, bk), bq, bk
+
+
+# ---------------------------------------------------------------------------------------- registers
+@lru_cache(maxsize=1)
+def resource_table() -> dict:
+    """kernel_resources.csv as {key: row}; key = (variant, direction, d, dtype, precision, tile, causal, split,
+    heavy_first, cc). Empty when the file is missing."""
+    table = {}
+    if RESOURCES_CSV.exists():
+        with open(RESOURCES_CSV, newline="") as f:
+            for row in csv.DictReader(f):
+                key = resource_key(row["variant"], row["direction"], int(row["d"]), row["dtype"], row["precision"],
+                                   row["tile"], row["causal"] == "1", row["split"] == "1", row["heavy_first"] == "1",
+                                   row["cc"])
+                table[key] = {"registers": int(row["registers"]), "spill_bytes": int(row["spill_bytes"]),
+                              "shared_bytes": int(row["shared_bytes"])}
+    return table
+
+
+def resource_key(variant, direction, d, dtype, precision, tile, causal, split, heavy_first, cc) -> tuple:
+    cc = cc if isinstance(cc, str) else f"{cc[0]}.{cc[1]}"
+    return (variant, direction, int(d), dtype, precision or "", tile, bool(causal), bool(split), bool(heavy_first), cc)
+
+
+def _table_cc(cc):
+    """The compute capability whose build stands in for `cc`: the newest table build not newer than it."""
+    older = [c for c in RESOURCE_CCS if c <= tuple(cc)]
+    return older[-1] if older else None
+
+
+def _compiled_resources(p: Problem, variant, config, precision, split, heavy):
+    """(registers, spill bytes) of the kernel compiled for this GPU (C-contiguous arrays of p's dtype)."""
+    from numba import float32, int64, types
+
+    if p.direction == "backward":
+        from . import backward
+
+        kernel = backward.make_kernels(p.d, *config, heavy_first=heavy)[1]
+        dt = {"float32": float32, "float16": types.float16}[p.dtype]
+        a4, f3, f4 = types.Array(dt, 4, "C"), types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
+        sig = (a4, a4, a4, a4, f3, f3, f4, a4, a4, float32, types.boolean)
+    else:
+        if variant == "register":
+            from . import register
+
+            kernel = register.build(p.d, config, p.causal, split=split, heavy_first=heavy)
+        elif variant == "tensor":
+            from . import tensor
+
+            kernel = tensor.build(p.d, config, p.causal, precision, split=split, heavy_first=heavy)
+        else:
+            from . import shared
+
+            kernel = shared.build(p.d, *config, p.causal)
+        wide = precision in (None, "3xtf32", "tf32")
+        dt = types.uint32 if not wide else {"float32": float32, "float16": types.float16}[p.dtype]
+        a_in = types.Array(dt, 4, "C")
+        a_out = types.Array(float32, 4, "C") if split else a_in
+        sig = (a_in, a_in, a_in, a_out, types.Array(float32, 3, "C"), int64, int64, int64, float32)
+    kernel.compile(sig)
+    compiled = kernel.overloads[sig]
+    return int(compiled.regs_per_thread), int(compiled.local_mem_per_thread)
+
+
+def _resources(p, variant, config, precision, split, heavy, dev):
+    """(registers, spill bytes, where they come from)."""
+    from ..device import has_gpu
+
+    if dev.simulated:
+        return None, None, "simulator: registers need NVIDIA's compiler"
+    if has_gpu() and dev == current_device():
+        regs, spill = _compiled_resources(p, variant, config, precision, split, heavy)
+        return regs, spill, "the compiled kernel"
+    cc = _table_cc(dev.cc) if dev.cc else None
+    if cc is not None:
+        key = resource_key(variant, p.direction, p.d, p.dtype, precision, config_text(variant, p.direction, config),
+                           p.causal if p.direction == "forward" else False, split, heavy, cc)
+        row = resource_table().get(key)
+        if row:
+            return row["registers"], row["spill_bytes"], f"kernel_resources.csv (cc {cc[0]}.{cc[1]} build)"
+    return None, None, "unknown (no row in kernel_resources.csv): counted without registers"
+
+
+# ------------------------------------------------------------------------------------------ the model
+def block_work(p: Problem, block_q: int, block_k: int, splits: int = 1, chunk: int | None = None) -> np.ndarray:
+    """Work of every block of one (batch, head), in key tiles (forward: rows = query blocks, columns = chunks)
+    or query blocks visited (backward: one column, rows = key blocks)."""
+    if p.direction == "backward":
+        kb = np.arange(-(-p.Nk // block_k))
+        start = (kb * block_k // block_q) * block_q if p.causal else np.zeros_like(kb)
+        return (-(-np.maximum(p.Nq - start, 0) // block_q))[:, None]
+    chunk = chunk or p.Nk
+    qb = np.arange(-(-p.Nq // block_q))[:, None]
+    begin = np.arange(splits)[None, :] * chunk
+    end = np.minimum(p.Nk, begin + chunk)
+    if p.causal:
+        end = np.minimum(end, (qb + 1) * block_q)
+    return np.broadcast_to(-(-np.maximum(end - begin, 0) // block_k), (len(qb), splits))
+
+
+def dispatch_order(work: np.ndarray, batch_heads: int, heavy_first: bool, direction: str = "forward") -> np.ndarray:
+    """Work of every block of the grid in launch order (x fastest, then y, then z), from one head's `work`.
+
+    Forward grids: (query blocks, B*H, splits) with query block Tr-1-x, or heavy-first (B*H, splits, query
+    blocks) with query block Tr-1-z. Backward: (key blocks, H, B), or heavy-first (H, B, key blocks)."""
+    rows = work.shape[0]
+    if direction == "backward":
+        col = work[:, 0]
+        return np.repeat(col, batch_heads) if heavy_first else np.tile(col, batch_heads)
+    w = work[::-1]  # grid index x (or z) = Tr - 1 - query block
+    if heavy_first:  # z (query block, heaviest first), then y (chunk), then x (head)
+        return np.repeat(w.reshape(-1), batch_heads)
+    return np.tile(w.T.reshape(work.shape[1], 1, rows), (1, batch_heads, 1)).reshape(-1)
+
+
+def slot_efficiency(works, slots: int) -> tuple:
+    """(makespan, efficiency) of `works` (in launch order) on `slots` slots, each block taking the first free
+    slot: efficiency = sum(works) / (slots x makespan)."""
+    works = np.asarray(works, dtype=np.float64)
+    total = float(works.sum())
+    if total == 0:
+        return 0.0, 1.0
+    if np.all(works == works[0]):  # equal blocks: whole waves
+        makespan = math.ceil(len(works) / slots) * works[0]
+    elif len(works) <= slots:
+        makespan = float(works.max())
+    else:
+        free = [0.0] * slots
+        for w in works:
+            t = heapq.heappop(free)
+            heapq.heappush(free, t + w)
+        makespan = max(free)
+    return makespan, total / (slots * makespan)
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class Plan:
+    """How one kernel call is launched, and why (see the module docstring). `explain()` says it in words."""
+
+    problem: Problem
+    device: Device
+    variant: str
+    precision: str | None
+    config: object
+    threads: int
+    shared_bytes: int
+    registers: int | None
+    spill_bytes: int | None
+    registers_from: str
+    blocks_per_sm: int
+    limited_by: str
+    bounds: tuple
+    occupancy: float
+    block_q: int
+    block_k: int
+    splits: int
+    chunk: int
+    heavy_first: bool
+    blocks: int  # launched
+    busy_blocks: int  # with work
+    efficiency: float
+    unsplit: tuple  # (waves, efficiency) without split
+    split_reason: str
+
+    @property
+    def direction(self) -> str:
+        return self.problem.direction
+
+    @property
+    def slots(self) -> int:
+        return self.device.sms * self.blocks_per_sm
+
+    @property
+    def waves(self) -> float:
+        return self.busy_blocks / self.slots
+
+    @property
+    def grid(self) -> tuple:
+        p = self.problem
+        if p.direction == "backward":
+            nkb = -(-p.Nk // self.block_k)
+            return (p.H, p.B, nkb) if self.heavy_first else (nkb, p.H, p.B)
+        from .register import grid
+
+        return grid(p.B, p.H, p.Nq, self.block_q, self.splits, self.heavy_first)
+
+    @property
+    def order(self) -> str:
+        if not self.problem.causal:
+            return "in order (every block has the same work)"
+        if self.heavy_first:
+            return "heaviest first across all heads"
+        return "heaviest first within each head"
+
+    def summary(self) -> str:
+        """The plan in a few words (the suite's `plan` column)."""
+        split = f" split {self.splits}x{self.chunk}" if self.splits > 1 else ""
+        regs = f" {self.registers}r" if self.registers else ""
+        order = " heavy-first" if self.heavy_first else ""
+        return (f"{self.variant} {config_text(self.variant, self.direction, self.config)}{regs} "
+                f"{self.blocks_per_sm}/SM {self.waves:.2f}w{split}{order}")
+
+    def explain(self) -> str:
+        p, dev = self.problem, self.device
+        mask = ", causal" if p.causal else ""
+        prec = f" ({self.precision})" if self.precision else ""
+        lines = [f"{p.direction} {self.variant}{prec}, {p.dtype}, {p.shape}{mask}, on {dev.label}"]
+        regs = f"{self.registers} registers per thread (from {self.registers_from})" if self.registers else \
+            f"registers: {self.registers_from}"
+        lines.append(f"- tile: block_q = {self.block_q}, block_k = {self.block_k} "
+                     f"({config_text(self.variant, self.direction, self.config)}), {self.threads} threads, "
+                     f"{self.shared_bytes:,} bytes of shared memory, {regs}")
+        others = ", ".join(f"{k} {v}" for k, v in self.bounds if k != self.limited_by)
+        warps = self.blocks_per_sm * -(-self.threads // dev.warp)
+        lines.append(f"- {self.blocks_per_sm} blocks per SM, limited by {self.limited_by} ({others}): "
+                     f"{warps} warps of {dev.max_threads_per_sm // dev.warp}, occupancy {self.occupancy:.0%}")
+        what = "key blocks" if p.direction == "backward" else "query blocks"
+        per_head = -(-(p.Nk if p.direction == "backward" else p.Nq) // (self.block_k if p.direction == "backward"
+                                                                       else self.block_q))
+        lines.append(f"- grid: {per_head} {what} x {p.B * p.H} heads = {per_head * p.B * p.H} blocks for "
+                     f"{dev.sms} SMs x {self.blocks_per_sm} = {self.slots} slots: {self.unsplit[0]:.2f} waves, "
+                     f"predicted efficiency {self.unsplit[1]:.0%}")
+        if self.splits > 1:
+            idle = self.blocks - self.busy_blocks
+            gone = f" ({idle} of them see no key of their chunk and exit at once)" if idle else ""
+            lines.append(f"- split-KV: {self.splits} chunks of {self.chunk} keys -> {self.blocks} blocks{gone}: "
+                         f"{self.waves:.2f} waves, predicted efficiency {self.efficiency:.0%}; a merge kernel then "
+                         f"combines the {self.splits} partial results of each row")
+        else:
+            lines.append(f"- no split: {self.split_reason}")
+        lines.append(f"- order: {self.order}")
+        return "\n".join(lines)
+
+    __str__ = explain
+
+    # ---- launching
+    def check_inputs(self, B, H, Nq, Nk, d, causal, dtype):
+        p = self.problem
+        got = (B, H, Nq, Nk, d, bool(causal))
+        if got != (p.B, p.H, p.Nq, p.Nk, p.d, p.causal) or dtype != p.dtype:
+            raise ValueError(f"plan= was made for {p.shape}, {p.dtype}, causal={p.causal}; these inputs are "
+                             f"B={B} H={H} Nq={Nq} Nk={Nk} d={d}, {dtype}, causal={bool(causal)}: make a plan for "
+                             f"them with flashlab.kernels.plan.plan(...)")
+
+
+def _choose_splits(p, variant, precision, dev, block_q, block_k, slots, splits):
+    """(splits, chunk, reason) for a forward launch."""
+    if splits is not None:
+        from .register import split_chunk
+
+        if variant == "shared" and splits > 1:
+            raise ValueError("splits > 1 needs variant='register' or 'tensor'; the textbook kernel does not split")
+        if precision == "bf16" and splits > 1:
+            raise ValueError("splits > 1 does not apply to bfloat16 (the merge writes float16 or float32)")
+        chunk, n = split_chunk(p.Nk, splits, block_k)
+        return n, chunk, f"splits={splits} asked for"
+    if variant == "shared":
+        return 1, p.Nk, "the textbook kernel does not split"
+    if precision == "bf16":
+        return 1, p.Nk, "bfloat16 does not split (the merge kernel writes float16 or float32)"
+    if dev.simulated:
+        return 1, p.Nk, "the simulator runs one block at a time (pass a device, or splits=)"
+    return None, None, None
+
+
+def plan(problem, *, variant: str = "register", direction: str | None = None, causal=None, dtype: str | None = None,
+         device=None, block_q=None, block_k=None, tile=None, threads=None, precision=None, splits=None) -> Plan:
+    """The launch plan for `problem`: a Problem, (B, H, N, d) or (B, H, Nq, Nk, d) (then causal, dtype and
+    direction, default False, "float32", "forward"). device: a Device, "T4" / "A100" / "H100", or None for
+    this GPU. block_q / block_k / tile (register) / threads (backward) / precision (tensor) override the
+    kernel's configuration as in flash_attention; splits forces a number of key chunks (1: none)."""
+    p = _problem(problem, causal, dtype, direction)
+    dev = _device(device)
+    if variant not in VARIANTS[p.direction]:
+        raise ValueError(f"variant for the {p.direction} must be one of {VARIANTS[p.direction]}; got {variant!r}")
+    if p.direction == "forward" and p.dtype not in DTYPES[variant]:
+        raise ValueError(f"variant {variant!r} takes {' or '.join(DTYPES[variant])}; got dtype {p.dtype!r}")
+    if p.direction == "backward" and p.dtype == "bfloat16":
+        raise ValueError("the backward kernel takes float32 or float16 (flashlab.torch computes bfloat16 in float32)")
+    block_q, block_k = check_block(block_q, "block_q"), check_block(block_k, "block_k")
+    threads, splits = check_block(threads, "threads"), check_block(splits, "splits")
+    if tile is not None and (variant != "register" or p.direction != "forward"):
+        raise ValueError("tile= configures the register forward kernel; use block_q / block_k otherwise")
+    if threads is not None and p.direction != "backward":
+        raise ValueError("threads= configures the backward kernel; forward tiles set their own threads")
+    if precision is not None and variant != "tensor":
+        raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
+    if splits is not None and p.direction == "backward":
+        raise ValueError("the backward kernel does not split (one block per key block already)")
+    return _plan(p, variant, dev, block_q, block_k, tile, threads, precision, splits)
+
+
+@lru_cache(maxsize=256)
+def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, precision, splits) -> Plan:
+    from .info import occupancy
+
+    config, precision, nthreads, shared_bytes, bq, bk = _choose_config(p, variant, dev, block_q, block_k, tile,
+                                                                       threads, precision)
+    heavy = p.causal and variant != "shared"
+    bh = p.B * p.H
+
+    def model(n_splits, chunk, blocks_per_sm):
+        work = block_work(p, bq, bk, n_splits, chunk)
+        order = dispatch_order(work, bh, heavy, p.direction)
+        busy = int(np.count_nonzero(order))
+        return len(order), busy, busy / (dev.sms * blocks_per_sm), slot_efficiency(order, dev.sms * blocks_per_sm)[1]
+
+    regs, spill, source = _resources(p, variant, config, precision, False, heavy, dev)
+    occ = occupancy(nthreads, regs, shared_bytes, dev.limits)
+    if occ["blocks_per_sm"] < 1:
+        raise ValueError(f"{config_text(variant, p.direction, config)} does not fit one block on an SM of "
+                         f"{dev.label}: {occ['limited_by']} ({occ['bounds']})")
+    blocks, busy, waves, eff = model(1, p.Nk, occ["blocks_per_sm"])
+    unsplit = (waves, eff)
+    n, chunk, reason = (1, p.Nk, "the backward kernel has one block per key block") if p.direction == "backward" \
+        else _choose_splits(p, variant, precision, dev, bq, bk, None, splits)
+    if n is None:  # the planner's choice
+        from .register import split_chunk
+
+        n, chunk, reason = 1, p.Nk, f"{waves:.2f} waves fill the GPU (>= {SPLIT_BELOW_WAVES:g})"
+        if waves < SPLIT_BELOW_WAVES:
+            reason = f"shorter chunks than {MIN_CHUNK} keys would cost more than they win"
+            options = {}
+            for s in range(2, MAX_SPLITS + 1):
+                c, m = split_chunk(p.Nk, s, bk)
+                if c < MIN_CHUNK:
+                    break
+                if m not in options:
+                    options[m] = (c, model(m, c, occ["blocks_per_sm"])[3])
+            if options:
+                good = [m for m, (c, e) in options.items() if e >= SPLIT_TARGET]
+                best = min(good) if good else max(options, key=lambda m: (round(options[m][1], 3), -m))
+                if options[best][1] >= eff + SPLIT_GAIN:
+                    n, chunk = best, options[best][0]
+                    reason = "split"
+                else:
+                    reason = (f"splitting would not help: {options[best][1]:.0%} with {best} chunks against "
+                              f"{eff:.0%} (a split must win {SPLIT_GAIN:.0%} to pay for its merge)")
+    if n > 1:
+        regs2, spill2, source2 = _resources(p, variant, config, precision, True, heavy, dev)
+        if regs2 is not None or regs is None:
+            regs, spill, source = regs2, spill2, source2
+            occ = occupancy(nthreads, regs, shared_bytes, dev.limits)
+        blocks, busy, _, eff = model(n, chunk, occ["blocks_per_sm"])
+    return Plan(problem=p, device=dev, variant=variant, precision=precision, config=config, threads=nthreads,
+                shared_bytes=shared_bytes, registers=regs, spill_bytes=spill, registers_from=source,
+                blocks_per_sm=occ["blocks_per_sm"], limited_by=occ["limited_by"], bounds=tuple(occ["bounds"].items()),
+                occupancy=occ["occupancy"], block_q=bq, block_k=bk, splits=n, chunk=chunk, heavy_first=heavy,
+                blocks=blocks, busy_blocks=busy, efficiency=eff, unsplit=unsplit, split_reason=reason)
+
+
+def planner_configs(devices=(T4, A100, H100)):
+    """Every kernel configuration the planner chooses without overrides on `devices`, plus the tiles kept
+    selectable (register.D128_REDESIGN): tuples (variant, direction, d, dtype, precision, config, causal, split,
+    heavy_first, cc). benchmarks/kernel_resources.py compiles each; a test checks the table has them all."""
+    from ._launch import SUPPORTED_D
+    from .register import D128_REDESIGN
+
+    out = {}
+    for dev in devices:
+        for d in SUPPORTED_D:
+            for causal in (False, True):
+                for direction, variant, dtype, precision in (
+                        [("forward", v, dt, None) for v in ("shared", "register") for dt in ("float32", "float16")]
+                        + [("forward", "tensor", dt, None) for dt in ("float16", "bfloat16", "float32")]
+                        + [("forward", "tensor", "float32", "tf32"), ("backward", "register", "float32", None),
+                           ("backward", "register", "float16", None)]):
+                    prob = Problem(1, 1, 256, 256, d, causal, dtype, direction)
+                    try:
+                        config, prec, *_ = _choose_config(prob, variant, dev, None, None, None, None, precision)
+                    except ValueError:  # e.g. bfloat16 on a T4
+                        continue
+                    heavy = causal and variant != "shared"
+                    can_split = direction == "forward" and variant != "shared" and prec != "bf16"
+                    configs = [config] + ([D128_REDESIGN] if variant == "register" and direction == "forward"
+                                          and d == 128 else [])
+                    for cfg in configs:
+                        for split in ((False, True) if can_split else (False,)):
+                            key = (variant, direction, d, dtype, prec, cfg, causal if direction == "forward" else False,
+                                   split, heavy, dev.cc)
+                            out[key] = None
+    return list(out)
