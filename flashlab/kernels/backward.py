@@ -28,6 +28,7 @@ import numpy as np
 
 from ..device import get_cuda, has_gpu
 from ._launch import SUPPORTED_D  # noqa: F401 (re-exported)
+from . import _fast
 from ._launch import check_kernel_backward_inputs, empty, like_input, to_device
 
 # numba.cuda, bound on first use (importing it is what picks GPU or simulator: see device.py). A module
@@ -302,30 +303,46 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     the gradients come back in q's kind and dtype (float32 accumulation for float16 inputs).
     block_q (Br), block_k (Bc) and threads (per block) override the tile shape; see GPU_CONFIG.
     """
-    args = dict(q=q, k=k, v=v, o=o, lse=lse, do=do)
-    dev, kinds = {}, {}
-    for name, x in args.items():
-        dev[name], kinds[name] = to_device(x, name)
-    B, H, Nq, Nk, d, causal, scale = check_kernel_backward_inputs(*dev.values(), causal=causal, scale=scale)
-    from .plan import plan
-
-    p = plan((B, H, Nq, Nk, d), causal=causal, dtype=np.dtype(dev["q"].dtype).name, direction="backward",
-             block_q=block_q, block_k=block_k, threads=threads)
+    if _fast.available():  # torch tensors: kernels/_fast.py's prepared path after the first call
+        key = _fast.torch_key(q, k, v, o, lse, do)
+        if key is not None:
+            key = ("backward", key, causal, scale, block_q, block_k, threads)
+            call = _fast.lookup(key)
+            if call is None:
+                p, scale_, rows = _setup(q, k, v, o, lse, do, causal, scale, block_q, block_k, threads)[:3]
+                call = _fast.store(key, _fast.PreparedBackward(p, scale_, rows, q, k, v, o, lse, do))
+            return call(q, k, v, o, lse, do)
+    p, scale, rows, dev, kind = _setup(q, k, v, o, lse, do, causal, scale, block_q, block_k, threads)
+    B, H, Nq, Nk, d = p.problem.B, p.problem.H, p.problem.Nq, p.problem.Nk, p.problem.d
     block_q, block_k, threads = p.config
     preprocess, dkdv, cast = make_kernels(d, block_q, block_k, threads, heavy_first=p.heavy_first)
 
-    kind, dtype = kinds["q"], np.dtype(dev["q"].dtype)
+    dtype = np.dtype(dev["q"].dtype)
     new = lambda shape, dt: empty(shape, dt, kind, like=q)
     D = new((B, H, Nq), np.float32)
     dq = new((B, H, Nq, d), np.float32)  # accumulated with atomics, so always float32
     dk, dv = new((B, H, Nk, d), dtype), new((B, H, Nk, d), dtype)
 
-    rows = 128 if has_gpu() else 32
     preprocess[((Nq + rows - 1) // rows, H, B), rows](dev["o"], dev["do"], D, dq)
-    dkdv[p.grid, threads](dev["q"], dev["k"], dev["v"], dev["do"], dev["lse"], D, dq, dk, dv, np.float32(scale), causal)
+    dkdv[p.grid, threads](dev["q"], dev["k"], dev["v"], dev["do"], dev["lse"], D, dq, dk, dv, np.float32(scale),
+                          p.problem.causal)
     if dtype != np.float32:
         dq16 = new((B, H, Nq, d), dtype)
         n = B * H * Nq * d
         cast[(n + 255) // 256, 256](dq.reshape(n), dq16.reshape(n))
         dq = dq16
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
+
+
+def _setup(q, k, v, o, lse, do, causal, scale, block_q, block_k, threads):
+    """Check the inputs and make the plan: (plan, scale, rows per preprocess block, device arrays, kind)."""
+    from .plan import plan
+
+    args = dict(q=q, k=k, v=v, o=o, lse=lse, do=do)
+    dev, kinds = {}, {}
+    for name, x in args.items():
+        dev[name], kinds[name] = to_device(x, name)
+    B, H, Nq, Nk, d, causal, scale = check_kernel_backward_inputs(*dev.values(), causal=causal, scale=scale)
+    p = plan((B, H, Nq, Nk, d), causal=causal, dtype=np.dtype(dev["q"].dtype).name, direction="backward",
+             block_q=block_q, block_k=block_k, threads=threads)
+    return p, scale, 128 if has_gpu() else 32, dev, kinds["q"]

@@ -5,6 +5,7 @@ import numpy as np
 
 from .._inputs import check_block
 from ..device import device_limits
+from . import _fast
 from . import plan as planner
 from ._launch import check_kernel_inputs, empty, like_input, to_device
 
@@ -48,43 +49,81 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     How the kernel is launched (tile, split-KV, block order) is decided by kernels/plan.py for this GPU;
     block_q / block_k override the tile shape, `tile` (a register.Tile) sets the register kernel's thread
     layout as well (used by the tile sweep), splits=n forces n key chunks (1: no split), and plan= launches a
-    plan made beforehand with flashlab.kernels.plan.plan (then no overrides).
+    plan made beforehand with flashlab.kernels.plan.plan (then no overrides). Torch tensors on a GPU take
+    kernels/_fast.py's prepared path after the first call with their shapes.
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
-    if plan is not None:
-        if any(x is not None for x in (block_q, block_k, tile, precision, splits)):
-            raise ValueError("plan= already fixes the tile, precision and splits; pass either plan= or the overrides")
-        variant = plan.variant
-    if variant == "tensor":
-        from .tensor import forward
-
-        if tile is not None:
-            raise ValueError("tile= configures the register kernel; for variant='tensor' use block_q / block_k")
-        return forward(q, k, v, causal=causal, scale=scale, block_q=block_q, block_k=block_k, precision=precision,
-                       splits=splits, plan=plan)
-    if precision is not None:
-        raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r} with "
-                         f"variant={variant!r}")
-    (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k, "k"), to_device(v, "v")
-    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale)
-    dtype = np.dtype(q_d.dtype).name
-    if plan is None:
-        plan = planner.plan((B, H, Nq, Nk, d), causal=causal, dtype=dtype,
-                            variant="register" if tile is not None else variant, block_q=block_q, block_k=block_k,
-                            tile=tile, splits=splits)
-    else:
-        plan.check_inputs(B, H, Nq, Nk, d, causal, dtype)
-
-    o = empty((B, H, Nq, d), q_d.dtype, kind, like=q)
-    lse = empty((B, H, Nq), np.float32, kind, like=q)
+    options = (causal, scale, variant, block_q, block_k, tile, precision, splits, plan)
+    if _fast.available():
+        key = _fast.torch_key(q, k, v)
+        if key is not None:
+            key = ("forward", key, options)
+            call = _fast.lookup(key)
+            if call is None:
+                plan_, scale_, _ = setup(q, k, v, *options)
+                call = _fast.store(key, _fast.PreparedForward(plan_, scale_, q, k, v))
+            return call(q, k, v)
+    plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options)
+    H, causal = plan.problem.H, plan.problem.causal
+    alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731 (partial results of split-KV)
     if plan.variant == "register":
         from .register import launch
 
         launch(q_d, k_d, v_d, o, lse, H, scale, causal, plan.config, splits=plan.splits,
-               heavy_first=plan.heavy_first, alloc=lambda shape, dt: empty(shape, dt, kind, like=q))
+               heavy_first=plan.heavy_first, alloc=alloc)
+    elif plan.variant == "tensor":
+        from .tensor import launch
+
+        launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, plan.config, plan.precision, splits=plan.splits,
+               heavy_first=plan.heavy_first, alloc=alloc)
     else:
         from .shared import launch
 
         launch(q_d, k_d, v_d, o, lse, H, scale, causal, *plan.config)
     return like_input(o, kind), like_input(lse, kind)
+
+
+def setup(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, splits, plan):
+    """Check the arguments and inputs and make the plan: (plan, scale, (q, k, v as device arrays, kind,
+    o, lse, o's 32-bit words (tensor kernel) or None))."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
+    if plan is not None:
+        if not isinstance(plan, planner.Plan) or plan.direction != "forward":
+            raise TypeError(f"plan must be a forward flashlab.kernels.plan.Plan; got {plan!r:.80}")
+        if any(x is not None for x in (block_q, block_k, tile, precision, splits)):
+            raise ValueError("plan= already fixes the tile, precision and splits; pass either plan= or the overrides")
+        variant = plan.variant
+    if variant == "tensor":
+        from ._launch import empty_words, to_device_words
+        from .tensor import resolve_precision
+
+        if tile is not None:
+            raise ValueError("tile= configures the register kernel; for variant='tensor' use block_q / block_k")
+        (q_d, kind, dtype), (k_d, _, k_dtype), (v_d, _, v_dtype) = (to_device_words(x, n) for x, n in
+                                                                     ((q, "q"), (k, "k"), (v, "v")))
+        if not dtype == k_dtype == v_dtype:
+            raise TypeError(f"q, k and v must share one dtype; got q {dtype}, k {k_dtype}, v {v_dtype}")
+        if plan is None:
+            precision = resolve_precision(dtype, precision, device_limits()["cc"])
+        B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale,
+                                                             words=dtype != "float32")
+    else:
+        if precision is not None:
+            raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r} with "
+                             f"variant={variant!r}")
+        (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k, "k"), to_device(v, "v")
+        B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale)
+        dtype = np.dtype(q_d.dtype).name
+    if plan is None:
+        plan = planner.plan((B, H, Nq, Nk, d), causal=causal, dtype=dtype,
+                            variant="register" if tile is not None else variant, block_q=block_q, block_k=block_k,
+                            tile=tile, precision=precision, splits=splits)
+    else:
+        plan.check_inputs(B, H, Nq, Nk, d, causal, dtype)
+    if variant == "tensor":
+        o, o_words = empty_words((B, H, Nq, d), dtype, kind, like=q)
+        lse = empty_words((B, H, Nq), "float32", kind, like=q)[0]
+    else:
+        o, o_words = empty((B, H, Nq, d), q_d.dtype, kind, like=q), None
+        lse = empty((B, H, Nq), np.float32, kind, like=q)
+    return plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words)

@@ -262,35 +262,40 @@ def _table_cc(cc):
     return older[-1] if older else None
 
 
-def _compiled_resources(p: Problem, variant, config, precision, split, heavy):
-    """(registers, spill bytes) of the kernel compiled for this GPU (C-contiguous arrays of p's dtype)."""
+def kernel_and_signature(variant, direction, d, dtype, precision, config, causal, split, heavy_first):
+    """(numba dispatcher, argument types) of one configuration, C-contiguous arrays of `dtype` in (compiled
+    here on a GPU; by benchmarks/kernel_resources.py for other compute capabilities)."""
     from numba import float32, int64, types
 
-    if p.direction == "backward":
+    if direction == "backward":
         from . import backward
 
-        kernel = backward.make_kernels(p.d, *config, heavy_first=heavy)[1]
-        dt = {"float32": float32, "float16": types.float16}[p.dtype]
+        kernel = backward.make_kernels(d, *config, heavy_first=heavy_first)[1]
+        dt = {"float32": float32, "float16": types.float16}[dtype]
         a4, f3, f4 = types.Array(dt, 4, "C"), types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
-        sig = (a4, a4, a4, a4, f3, f3, f4, a4, a4, float32, types.boolean)
+        return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, float32, types.boolean)
+    if variant == "register":
+        from . import register
+
+        kernel = register.build(d, config, causal, split=split, heavy_first=heavy_first)
+    elif variant == "tensor":
+        from . import tensor
+
+        kernel = tensor.build(d, config, causal, precision, split=split, heavy_first=heavy_first)
     else:
-        if variant == "register":
-            from . import register
+        from . import shared
 
-            kernel = register.build(p.d, config, p.causal, split=split, heavy_first=heavy)
-        elif variant == "tensor":
-            from . import tensor
+        kernel = shared.build(d, *config, causal)
+    wide = precision in (None, "3xtf32", "tf32")
+    dt = {"float32": float32, "float16": types.float16}[dtype] if wide else types.uint32
+    a_in = types.Array(dt, 4, "C")
+    a_out = types.Array(float32, 4, "C") if split else a_in
+    return kernel, (a_in, a_in, a_in, a_out, types.Array(float32, 3, "C"), int64, int64, int64, float32)
 
-            kernel = tensor.build(p.d, config, p.causal, precision, split=split, heavy_first=heavy)
-        else:
-            from . import shared
 
-            kernel = shared.build(p.d, *config, p.causal)
-        wide = precision in (None, "3xtf32", "tf32")
-        dt = types.uint32 if not wide else {"float32": float32, "float16": types.float16}[p.dtype]
-        a_in = types.Array(dt, 4, "C")
-        a_out = types.Array(float32, 4, "C") if split else a_in
-        sig = (a_in, a_in, a_in, a_out, types.Array(float32, 3, "C"), int64, int64, int64, float32)
+def _compiled_resources(p: Problem, variant, config, precision, split, heavy):
+    """(registers, spill bytes) of the kernel compiled for this GPU."""
+    kernel, sig = kernel_and_signature(variant, p.direction, p.d, p.dtype, precision, config, p.causal, split, heavy)
     kernel.compile(sig)
     compiled = kernel.overloads[sig]
     return int(compiled.regs_per_thread), int(compiled.local_mem_per_thread)

@@ -431,29 +431,11 @@ def resolve_precision(dtype: str, precision, cc) -> str:
 
 def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, precision=None, splits=None,
             plan=None):
-    """flash_attention(..., variant="tensor"): check, pack 16-bit inputs as uint32 pairs (no copy), plan, launch."""
-    from . import plan as planner
-    from ._launch import check_kernel_inputs, empty, empty_words, like_input, to_device_words
+    """flash_attention(..., variant="tensor"): 16-bit inputs go in as uint32 pairs (no copy); see forward.py."""
+    from .forward import flash_attention
 
-    (q_d, kind, dtype), (k_d, _, k_dtype), (v_d, _, v_dtype) = (to_device_words(x, n) for x, n in
-                                                                 ((q, "q"), (k, "k"), (v, "v")))
-    if not dtype == k_dtype == v_dtype:
-        raise TypeError(f"q, k and v must share one dtype; got q {dtype}, k {k_dtype}, v {v_dtype}")
-    if plan is None:
-        from ..device import device_limits
-
-        precision = resolve_precision(dtype, precision, device_limits()["cc"])
-    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale, words=dtype != "float32")
-    if plan is None:
-        plan = planner.plan((B, H, Nq, Nk, d), causal=causal, dtype=dtype, variant="tensor", block_q=block_q,
-                            block_k=block_k, precision=precision, splits=splits)
-    else:
-        plan.check_inputs(B, H, Nq, Nk, d, causal, dtype)
-    o, o_words = empty_words((B, H, Nq, d), dtype, kind, like=q)
-    lse = empty_words((B, H, Nq), "float32", kind, like=q)[0]
-    launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, plan.config, plan.precision, splits=plan.splits,
-           heavy_first=plan.heavy_first, alloc=lambda shape, dt: empty(shape, dt, kind, like=q))
-    return like_input(o, kind), like_input(lse, kind)
+    return flash_attention(q, k, v, causal=causal, scale=scale, variant="tensor", block_q=block_q, block_k=block_k,
+                           precision=precision, splits=splits, plan=plan)
 
 
 def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision: str, *, splits: int = 1,
