@@ -11,8 +11,11 @@ Measures, all in the same run (CUDA events, median of >= 20 after warm-up, compi
   backward flashlab.kernels.flash_attention_backward (when present) vs torch SDPA's backward
   memory   peak device memory of forward (+ backward) as N grows: linear means no N x N buffer
   sweep    tile shapes (block_q, block_k, threads) of the register kernel -> flashlab/data/tile_sweep.csv
+  host     the host time of one call on tiny inputs, torch tensors and numba device arrays in -> host.csv
 Writes forward.csv, tensor.csv, backward.csv, memory.csv, env.json, summary.md and forward.png to --out
 (default benchmarks/results/) and prints the tables.
+
+    python benchmarks/bench_kernels.py --suite    # the shape suite of issue 12: see benchmarks/suite.py
 """
 from __future__ import annotations
 
@@ -27,9 +30,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import flashlab  # noqa: E402  (chooses the backend before numba.cuda is imported)
 from flashlab.bench import attention_flops, peak_memory_mib, tflops, time_cuda, write_csv  # noqa: E402
+
+import suite  # noqa: E402  (benchmarks/suite.py: the shape suite and the host overhead)
 
 
 def environment() -> dict:
@@ -327,6 +333,7 @@ def main(argv=None):
     ap.add_argument("--parts", default="forward,tensor,backward,memory,sweep", help="comma-separated subset")
     ap.add_argument("--reps", type=int, default=20, help="timed repetitions per measurement (>= 20)")
     ap.add_argument("--sweep-csv", default=str(ROOT / "flashlab" / "data" / "tile_sweep.csv"))
+    suite.add_arguments(ap)
     args = ap.parse_args(argv)
     if not flashlab.device.has_gpu():
         print("No CUDA GPU found: this benchmark needs one (flashlab.doctor() says why).")
@@ -337,6 +344,13 @@ def main(argv=None):
     parts = set(args.parts.split(","))
     env = environment()
     print(json.dumps(env), flush=True)
+    if args.suite:
+        return suite.main_suite(args, env)
+    if "host" in parts:
+        write_csv(out / "host.csv", [{**r, "gpu": env["gpu"]} for r in suite.host_overhead()])
+        parts.discard("host")
+        if not parts:
+            return 0
     sizes = [1024, 4096] if args.quick else [1024, 4096, 16384]
     ds = [64] if args.quick else [64, 128]
     (out / "env.json").write_text(json.dumps(env, indent=1) + "\n")

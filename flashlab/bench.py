@@ -131,3 +131,37 @@ def load_lesson_facts(path=None) -> dict:
     path = Path(path) if path else FACTS_JSON
     with open(path) as f:
         return check_lesson_facts(json.load(f))
+
+
+#: The columns of benchmarks/results/suite.csv (`python benchmarks/bench_kernels.py --suite`, issue 12).
+SUITE_COLUMNS = ("direction", "variant", "dtype", "B", "H", "N", "d", "causal", "flashlab_tflops", "torch_tflops",
+                 "ratio", "plan")
+
+
+def geometric_mean(values) -> float:
+    """exp(mean(log x)) of positive finite values; nan when there are none."""
+    import math
+
+    logs = [math.log(v) for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
+    return math.exp(sum(logs) / len(logs)) if logs else float("nan")
+
+
+def suite_summary(rows) -> list:
+    """Per (direction, variant, dtype), and per d within each: shapes, minimum ratio (and where), geometric mean
+    and how many shapes are below 50%: what the suite prints and the README quotes."""
+    groups = {}
+    for r in rows:
+        for key in ((r["direction"], r["variant"], r["dtype"], "all d"), (r["direction"], r["variant"], r["dtype"],
+                                                                          f"d={r['d']}")):
+            groups.setdefault(key, []).append(r)
+    out = []
+    for (direction, variant, dtype, which), rs in groups.items():
+        ok = [r for r in rs if isinstance(r["ratio"], (int, float)) and r["ratio"] == r["ratio"]]
+        worst = min(ok, key=lambda r: r["ratio"]) if ok else None
+        out.append({"direction": direction, "variant": variant, "dtype": dtype, "d": which, "shapes": len(rs),
+                    "min_ratio": worst["ratio"] if worst else float("nan"),
+                    "min_at": (f"B{worst['B']} H{worst['H']} N{worst['N']} d{worst['d']}"
+                               + (" causal" if int(worst["causal"]) else "")) if worst else "",
+                    "geomean_ratio": geometric_mean(r["ratio"] for r in ok),
+                    "below_half": sum(r["ratio"] < 0.5 for r in ok)})
+    return out

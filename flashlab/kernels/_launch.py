@@ -13,6 +13,8 @@ the same as the NumPy API's and no device memory is read.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .._inputs import check_attention_inputs, check_backward_inputs
@@ -171,6 +173,24 @@ def check_kernel_inputs(q, k, v, *, causal=False, scale=None, words=False):
     v's d equal to q's, d in SUPPORTED_D. words=True: the arrays are the tensor kernel's uint32 pairs of
     16-bit values (their dtype was checked already), so d is twice their last dim.
     """
+    key = (tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, k.dtype, v.dtype, causal, scale, words)
+    try:
+        return _checked(key)
+    except TypeError as exc:  # an unhashable argument: check without the cache, which names it
+        if "unhashable" not in str(exc):
+            raise
+    return _check_kernel_inputs(*key)
+
+
+@lru_cache(maxsize=1024)
+def _checked(key):
+    """check_kernel_inputs depends only on shapes, dtypes and options: each combination is checked once."""
+    return _check_kernel_inputs(*key)
+
+
+def _check_kernel_inputs(q_shape, k_shape, v_shape, q_dtype, k_dtype, v_dtype, causal, scale, words):
+    q, k, v = (np.broadcast_to(np.zeros((), np.dtype(dt)), tuple(int(x) for x in shape))
+               for shape, dt in ((q_shape, q_dtype), (k_shape, k_dtype), (v_shape, v_dtype)))
     if words:
         shapes = {n: tuple(int(x) for x in a.shape) for n, a in (("q", q), ("k", k), ("v", v))}
         shells = [(n, np.broadcast_to(np.zeros((), np.float16), s[:-1] + (2 * s[-1],))) for n, s in shapes.items()]

@@ -509,6 +509,22 @@ def plan(problem, *, variant: str = "register", direction: str | None = None, ca
     direction, default False, "float32", "forward"). device: a Device, "T4" / "A100" / "H100", or None for
     this GPU. block_q / block_k / tile (register) / threads (backward) / precision (tensor) override the
     kernel's configuration as in flash_attention; splits forces a number of key chunks (1: none)."""
+    args = (problem if isinstance(problem, Problem) else tuple(problem), variant, direction, causal, dtype, device,
+            block_q, block_k, tile, threads, precision, splits)
+    try:
+        hash(args)
+    except TypeError:  # e.g. a list somewhere: plan without the cache (the checks name the bad argument)
+        return _make_plan(*args)
+    return _cached_plan(*args)
+
+
+@lru_cache(maxsize=1024)
+def _cached_plan(*args) -> Plan:
+    return _make_plan(*args)
+
+
+def _make_plan(problem, variant, direction, causal, dtype, device, block_q, block_k, tile, threads, precision,
+               splits) -> Plan:
     p = _problem(problem, causal, dtype, direction)
     dev = _device(device)
     if variant not in VARIANTS[p.direction]:
