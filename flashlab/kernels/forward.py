@@ -69,12 +69,12 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
         from .register import launch
 
         launch(q_d, k_d, v_d, o, lse, H, scale, causal, plan.config, splits=plan.splits,
-               heavy_first=plan.heavy_first, alloc=alloc)
+               heavy_first=plan.heavy_first, section=plan.section, alloc=alloc)
     elif plan.variant == "tensor":
         from .tensor import launch
 
         launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, plan.config, plan.precision, splits=plan.splits,
-               heavy_first=plan.heavy_first, alloc=alloc)
+               heavy_first=plan.heavy_first, section=plan.section, alloc=alloc)
     else:
         from .shared import launch
 

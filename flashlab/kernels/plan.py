@@ -69,6 +69,7 @@ class Device:
     max_blocks_per_sm: int
     cc: tuple | None = None  # compute capability; None for the simulator
     reserved_shared_per_block: int = 1024  # the driver's share of every block (1 KB from cc 8.0 on)
+    l2_bytes: int = 0  # L2 cache size; 0: unknown
     warp: int = 32
     simulated: bool = False
 
@@ -78,9 +79,10 @@ class Device:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"Device {name} must be a positive integer; got {value!r}")
-        reserved = self.reserved_shared_per_block
-        if isinstance(reserved, bool) or not isinstance(reserved, numbers.Integral) or reserved < 0:
-            raise ValueError(f"Device reserved_shared_per_block must be a non-negative integer; got {reserved!r}")
+        for name in ("reserved_shared_per_block", "l2_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"Device {name} must be a non-negative integer; got {value!r}")
         if self.cc is not None and (not isinstance(self.cc, tuple) or len(self.cc) != 2
                                     or not all(isinstance(x, numbers.Integral) for x in self.cc)):
             raise ValueError(f"Device cc must be None or a (major, minor) tuple of ints, e.g. (7, 5); got {self.cc!r}")
@@ -100,14 +102,16 @@ class Device:
         return f"{self.name} ({self.sms} SMs{cc})"
 
 
-# Vendor specifications (CUDA C++ Programming Guide, "Compute Capabilities"; the GPUs' datasheets for SM counts).
-# shared_per_block is numba-cuda's 48 KB of static shared memory on all three.
+# Vendor specifications (CUDA C++ Programming Guide, "Compute Capabilities"; the Turing, A100 and H100
+# architecture whitepapers for SM counts and L2 sizes). shared_per_block is numba-cuda's 48 KB of static
+# shared memory on all three.
 T4 = Device("Tesla T4", sms=40, shared_per_block=48 * 1024, shared_per_sm=64 * 1024, regs_per_sm=65536,
-            max_threads_per_sm=1024, max_blocks_per_sm=16, cc=(7, 5), reserved_shared_per_block=0)
+            max_threads_per_sm=1024, max_blocks_per_sm=16, cc=(7, 5), reserved_shared_per_block=0,
+            l2_bytes=4 * 2**20)
 A100 = Device("A100 SXM", sms=108, shared_per_block=48 * 1024, shared_per_sm=164 * 1024, regs_per_sm=65536,
-              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(8, 0))
+              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(8, 0), l2_bytes=40 * 2**20)
 H100 = Device("H100 SXM", sms=132, shared_per_block=48 * 1024, shared_per_sm=228 * 1024, regs_per_sm=65536,
-              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(9, 0))
+              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(9, 0), l2_bytes=50 * 2**20)
 DEVICES = {"T4": T4, "A100": A100, "H100": H100}
 RESOURCE_CCS = ((7, 5), (8, 0), (9, 0))  # kernel_resources.csv has builds for these
 
@@ -118,16 +122,21 @@ def current_device() -> Device:
     from ..device import device_limits, get_cuda, has_gpu
 
     lim = device_limits()
-    reserved = 1024
+    reserved, l2 = 1024, 0
     if has_gpu():
+        dev = get_cuda().get_current_device()
         try:
-            reserved = int(get_cuda().get_current_device().RESERVED_SHARED_MEMORY_PER_BLOCK)
+            reserved = int(dev.RESERVED_SHARED_MEMORY_PER_BLOCK)
         except Exception:  # an old driver without the attribute
             reserved = 1024 if lim["cc"] >= (8, 0) else 0
+        try:
+            l2 = int(dev.L2_CACHE_SIZE)
+        except Exception:
+            l2 = 0
     return Device(lim["name"], sms=lim["sms"], shared_per_block=lim["shared_per_block"],
                   shared_per_sm=lim["shared_per_sm"], regs_per_sm=lim["regs_per_sm"],
                   max_threads_per_sm=lim["max_threads_per_sm"], max_blocks_per_sm=lim["max_blocks_per_sm"],
-                  cc=tuple(lim["cc"]) if lim["cc"] else None, reserved_shared_per_block=reserved,
+                  cc=tuple(lim["cc"]) if lim["cc"] else None, reserved_shared_per_block=reserved, l2_bytes=l2,
                   warp=lim["warp"], simulated=not has_gpu())
 
 
@@ -337,19 +346,52 @@ def block_work(p: Problem, block_q: int, block_k: int, splits: int = 1, chunk: i
     return np.broadcast_to(-(-np.maximum(end - begin, 0) // block_k), (len(qb), splits))
 
 
-def dispatch_order(work: np.ndarray, batch_heads: int, heavy_first: bool, direction: str = "forward") -> np.ndarray:
+def dispatch_order(work: np.ndarray, batch_heads: int, heavy_first: bool, direction: str = "forward",
+                   section=None) -> np.ndarray:
     """Work of every block of the grid in launch order (x fastest, then y, then z), from one head's `work`.
 
-    Forward grids: (query blocks, B*H, splits) with query block Tr-1-x, or heavy-first (B*H, splits, query
-    blocks) with query block Tr-1-z. Backward: (key blocks, H, B), or heavy-first (H, B, key blocks)."""
+    Forward grids: (query blocks, B*H, splits) with query block Tr-1-x, or heavy-first (g, splits, B*H/g x query
+    blocks): sections of g = `section` heads, each section's blocks heaviest first. Backward: (key blocks, H,
+    B), or heavy-first (g, 1, B*H/g x key blocks), key block 0 (the heaviest under causal) first."""
     rows = work.shape[0]
+    g = section or batch_heads
     if direction == "backward":
         col = work[:, 0]
-        return np.repeat(col, batch_heads) if heavy_first else np.tile(col, batch_heads)
-    w = work[::-1]  # grid index x (or z) = Tr - 1 - query block
-    if heavy_first:  # z (query block, heaviest first), then y (chunk), then x (head)
-        return np.repeat(w.reshape(-1), batch_heads)
+        return np.tile(np.repeat(col, g), batch_heads // g) if heavy_first else np.tile(col, batch_heads)
+    if heavy_first:  # per section: z (query block, heaviest first), then y (chunk), then x (head in the section)
+        return np.tile(np.repeat(work[::-1].reshape(-1), g), batch_heads // g)
+    w = work[::-1]  # grid index x = Tr - 1 - query block
     return np.tile(w.T.reshape(work.shape[1], 1, rows), (1, batch_heads, 1)).reshape(-1)
+
+
+def l2_section(p: Problem, dev: Device, itemsize: int) -> int:
+    """Heads per section of the heaviest-first order: the most heads (a power of two dividing B*H) whose
+    streamed operand fits in L2 (K and V for the forward, Q and dO for the backward), as FlashAttention's
+    SingleTileLPTScheduler does (flash_attn/cute/tile_scheduler.py); all of B*H when L2 is unknown. Grid
+    axis z (sections x blocks) must stay below 65536."""
+    bh = p.B * p.H
+    rows = p.Nk if p.direction == "forward" else p.Nq
+    per_head = 2 * rows * p.d * itemsize
+    g = bh
+    if dev.l2_bytes:
+        fit = max(1, dev.l2_bytes // per_head)
+        g = 1 << (fit.bit_length() - 1)
+        while bh % g:
+            g //= 2
+    return g
+
+
+def schedule(works, slots: int):
+    """(slot, start, end) of every block of `works` (in launch order) on `slots` slots, each block taking the
+    slot that frees first (the earliest started on ties): what lesson 10's timelines draw."""
+    works = np.asarray(works, dtype=np.float64)
+    slot, start = np.empty(len(works), np.int64), np.empty(len(works))
+    free = [(0.0, i) for i in range(slots)]
+    for b, w in enumerate(works):
+        t, i = heapq.heappop(free)
+        slot[b], start[b] = i, t
+        heapq.heappush(free, (t + w, i))
+    return slot, start, start + works
 
 
 def slot_efficiency(works, slots: int) -> tuple:
@@ -396,6 +438,7 @@ class Plan:
     splits: int
     chunk: int
     heavy_first: bool
+    section: int  # heads per section of the heaviest-first order (B*H when not heavy-first)
     blocks: int  # launched
     busy_blocks: int  # with work
     efficiency: float
@@ -419,18 +462,42 @@ class Plan:
         p = self.problem
         if p.direction == "backward":
             nkb = -(-p.Nk // self.block_k)
-            return (p.H, p.B, nkb) if self.heavy_first else (nkb, p.H, p.B)
+            return (self.section, 1, p.B * p.H // self.section * nkb) if self.heavy_first else (nkb, p.H, p.B)
         from .register import grid
 
-        return grid(p.B, p.H, p.Nq, self.block_q, self.splits, self.heavy_first)
+        return grid(p.B, p.H, p.Nq, self.block_q, self.splits, self.heavy_first, self.section)
 
     @property
     def order(self) -> str:
         if not self.problem.causal:
             return "in order (every block has the same work)"
         if self.heavy_first:
-            return "heaviest first across all heads"
+            bh = self.problem.B * self.problem.H
+            return "heaviest first across all heads" if self.section == bh else \
+                f"heaviest first, in sections of {self.section} heads whose K and V fit in L2"
         return "heaviest first within each head"
+
+    def works(self, splits=None, heavy_first=None) -> np.ndarray:
+        """Every block's work in launch order (key tiles, or query blocks for the backward); by default this
+        plan's, or with another number of chunks / order for comparison."""
+        from .register import split_chunk
+
+        p = self.problem
+        splits = self.splits if splits is None else splits
+        chunk = self.chunk if splits == self.splits else split_chunk(p.Nk, splits, self.block_k)[0]
+        if p.direction == "forward" and splits > 1:
+            splits = split_chunk(p.Nk, splits, self.block_k)[1]
+        heavy = self.heavy_first if heavy_first is None else heavy_first
+        return dispatch_order(block_work(p, self.block_q, self.block_k, splits, chunk), p.B * p.H, heavy, p.direction,
+                              self.section)
+
+    def predict(self, splits=None, heavy_first=None) -> dict:
+        """The model's numbers for this plan, or for it with another number of chunks / order."""
+        works = self.works(splits, heavy_first)
+        busy = int(np.count_nonzero(works))
+        makespan, eff = slot_efficiency(works, self.slots)
+        return {"blocks": len(works), "busy_blocks": busy, "waves": busy / self.slots, "efficiency": eff,
+                "time": makespan}
 
     def summary(self) -> str:
         """The plan in a few words (the suite's `plan` column)."""
@@ -554,10 +621,15 @@ def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, pre
                                                                        threads, precision)
     heavy = p.causal and variant != "shared"
     bh = p.B * p.H
+    itemsize = 4 if p.dtype == "float32" else 2
+    section = l2_section(p, dev, itemsize) if heavy else bh
+    n_blocks = -(-(p.Nk if p.direction == "backward" else p.Nq) // (bk if p.direction == "backward" else bq))
+    if heavy and bh // section * n_blocks > 65535:  # grid axis z would overflow: keep the per-head order
+        heavy, section = False, bh
 
     def model(n_splits, chunk, blocks_per_sm):
         work = block_work(p, bq, bk, n_splits, chunk)
-        order = dispatch_order(work, bh, heavy, p.direction)
+        order = dispatch_order(work, bh, heavy, p.direction, section)
         busy = int(np.count_nonzero(order))
         return len(order), busy, busy / (dev.sms * blocks_per_sm), slot_efficiency(order, dev.sms * blocks_per_sm)[1]
 
@@ -602,7 +674,7 @@ def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, pre
                 shared_bytes=shared_bytes, registers=regs, spill_bytes=spill, registers_from=source,
                 blocks_per_sm=occ["blocks_per_sm"], limited_by=occ["limited_by"], bounds=tuple(occ["bounds"].items()),
                 occupancy=occ["occupancy"], block_q=bq, block_k=bk, splits=n, chunk=chunk, heavy_first=heavy,
-                blocks=blocks, busy_blocks=busy, efficiency=eff, unsplit=unsplit, split_reason=reason)
+                section=section, blocks=blocks, busy_blocks=busy, efficiency=eff, unsplit=unsplit, split_reason=reason)
 
 
 def planner_configs(devices=(T4, A100, H100)):

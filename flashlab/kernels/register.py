@@ -25,9 +25,10 @@ Two launch options, both chosen by kernels/plan.py (lesson 10):
   each writes its chunk's attention output o_c and lse_c (float32), and kernels/decoding.py's merge kernel
   combines them. Under causal masking a row may see no key of a chunk: those rows get o_c = 0 and
   lse_c = -1e30, which the merge weighs by zero.
-- heavy_first: the grid is (B*H, splits, query blocks), so every head's last (heaviest, under causal) query
-  blocks are dispatched before any lighter one; otherwise the grid is (query blocks, B*H, splits) and the
-  heaviest-first order holds within each head.
+- heavy_first: the grid is (g, splits, B*H/g x query blocks): heads go in sections of g, and within a section
+  every head's last (heaviest, under causal) query block is dispatched before any lighter one. g is chosen so
+  that a section's K and V fit in L2 (plan.l2_section). Otherwise the grid is (query blocks, B*H, splits)
+  and the heaviest-first order holds within each head.
 
 Index arithmetic is unsigned (U = uint64): Numba adds a negative-index check to every signed index, which
 in the inner loops costs more instructions than the multiply-adds themselves.
@@ -191,9 +192,12 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
         ty = t // UTC
         tx = t % UTC
         nq, nk = U(n_q), U(n_k)
-        if HEAVY:  # grid (B*H, splits, query blocks): every head's heaviest block before any lighter one
-            bh, part, n_parts = U(cuda.blockIdx.x), U(cuda.blockIdx.y), U(cuda.gridDim.y)
-            q0 = U(cuda.gridDim.z - 1 - cuda.blockIdx.z) * UBR
+        if HEAVY:  # grid (g, splits, B*H/g x query blocks): in each section of g heads, the heaviest blocks first
+            n_qb = (nq + UBR - U(1)) // UBR
+            z = U(cuda.blockIdx.z)
+            bh = z // n_qb * U(cuda.gridDim.x) + U(cuda.blockIdx.x)
+            part, n_parts = U(cuda.blockIdx.y), U(cuda.gridDim.y)
+            q0 = (n_qb - U(1) - z % n_qb) * UBR
         else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
             bh, part, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
             q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBR
@@ -373,14 +377,20 @@ def split_chunk(nk: int, splits: int, block_k: int) -> tuple:
     return chunk, -(-nk // chunk)
 
 
-def grid(B: int, H: int, Nq: int, block_q: int, splits: int = 1, heavy_first: bool = False):
-    """The launch grid of the forward kernels (this one and the tensor kernel): see the module docstring."""
+def grid(B: int, H: int, Nq: int, block_q: int, splits: int = 1, heavy_first: bool = False, section=None):
+    """The launch grid of the forward kernels (this one and the tensor kernel): see the module docstring.
+    section: heads per section under heavy_first (a divisor of B*H; None: all of them)."""
     blocks = (Nq + block_q - 1) // block_q
-    return (B * H, splits, blocks) if heavy_first else (blocks, B * H, splits)
+    if not heavy_first:
+        return (blocks, B * H, splits)
+    g = section or B * H
+    if (B * H) % g:
+        raise ValueError(f"section = {g} heads must divide B*H = {B * H}")
+    return (g, splits, B * H // g * blocks)
 
 
 def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile, *, splits: int = 1, heavy_first: bool = False,
-           alloc=None, **options):
+           section=None, alloc=None, **options):
     """Launch on device arrays (B, H, N, d); o and lse are written. options: build's unroll, max_registers.
 
     splits > 1: split-KV (the float32 partial outputs come from alloc(shape, dtype), default a numba device
@@ -389,7 +399,7 @@ def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile, *, splits: int =
     splits = split_chunk(k.shape[2], splits, tile.block_k)[1]
     split = splits > 1
     kernel = build(d, tile, causal, split=split, heavy_first=heavy_first, **options)
-    g = grid(B, H, Nq, tile.block_q, splits, heavy_first)
+    g = grid(B, H, Nq, tile.block_q, splits, heavy_first, section)
     scale_log2 = np.float32(scale * LOG2E)
     if not split:
         kernel[g, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, scale_log2)

@@ -26,7 +26,7 @@ the same renumbering applied to V's rows.
 
 Launch options, chosen by kernels/plan.py as for the register kernel (see kernels/register.py): split (each
 block takes one chunk of keys and writes a float32 partial output; the merge kernel of kernels/decoding.py
-combines them) and heavy_first (grid (B*H, splits, query blocks)).
+combines them) and heavy_first (grid (g, splits, B*H/g x query blocks): sections of g heads, heaviest first).
 
 Where FlashAttention-2 itself goes further: 128-row tiles with more rows per warp (fewer shared-memory
 reads per mma), up to 227 KB of shared memory per block (numba-cuda exposes 48 KB), and CUDA C++ compiled
@@ -160,9 +160,12 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)  # quad (row group) and lane within the quad
         nq, nk = U(n_q), U(n_k)
-        if HEAVY:  # grid (B*H, splits, query blocks): every head's heaviest block before any lighter one
-            bh, kpart, n_parts = U(cuda.blockIdx.x), U(cuda.blockIdx.y), U(cuda.gridDim.y)
-            q0 = U(cuda.gridDim.z - 1 - cuda.blockIdx.z) * UBQ
+        if HEAVY:  # grid (g, splits, B*H/g x query blocks): in each section of g heads, the heaviest blocks first
+            n_qb = (nq + UBQ - U(1)) // UBQ
+            z = U(cuda.blockIdx.z)
+            bh = z // n_qb * U(cuda.gridDim.x) + U(cuda.blockIdx.x)
+            kpart, n_parts = U(cuda.blockIdx.y), U(cuda.gridDim.y)
+            q0 = (n_qb - U(1) - z % n_qb) * UBQ
         else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
             bh, kpart, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
             q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBQ
@@ -439,7 +442,7 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, pr
 
 
 def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision: str, *, splits: int = 1,
-           heavy_first: bool = False, alloc=None):
+           heavy_first: bool = False, section=None, alloc=None):
     """Launch on device arrays: (B, H, N, d/2) uint32 pairs for 16-bit precisions, float32 otherwise.
     splits > 1 (float16 and float32 only): split-KV, o's pairs are written by the merge kernel as float16;
     heavy_first: see register.grid."""
@@ -452,7 +455,7 @@ def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision:
     if split and precision == "bf16":
         raise ValueError("split-KV writes its merged output as float16 or float32; bfloat16 runs with splits=1")
     kernel = build(d, tile, causal, precision, split=split, heavy_first=heavy_first)
-    g = grid(B, H, Nq, tile.block_q, splits, heavy_first)
+    g = grid(B, H, Nq, tile.block_q, splits, heavy_first, section)
     scale_log2 = np.float32(scale * LOG2E)
     if not split:
         kernel[g, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, scale_log2)
