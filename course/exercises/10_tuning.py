@@ -1,12 +1,14 @@
 # %% [markdown]
 # # Exercises 10: budgets and benchmarks
 #
-# Goes with lesson [10 tuning and benchmarking](../notebooks/10_tuning.ipynb). Three tools a kernel tuner
+# Goes with lesson [10 tuning and benchmarking](../notebooks/10_tuning.ipynb). Four tools a kernel tuner
 # needs: a quick test of whether a tile shape fits the GPU's budgets at all, a timing function that
-# measures the kernel rather than the compiler or a hiccup of the machine, and the arithmetic that turns
-# a profile of issue slots into the speed it predicts.
+# measures the kernel rather than the compiler or a hiccup of the machine, the arithmetic that turns
+# a profile of issue slots into the speed it predicts, and the count of waves that says when a grid is too
+# small for the GPU.
 
 # %%
+import math
 import statistics
 
 import numpy as np
@@ -116,3 +118,70 @@ if profile:  # the register kernel, profiled on an H100 (flashlab/data/issue_pro
 
 # %%
 flashlab.check("predicted_tflops", predicted_tflops)
+
+# %% [markdown]
+# ## 4. Waves, occupancy, and when to split
+#
+# `waves_and_split(B, H, N, block_q, threads, registers, shared_bytes, gpu)` describes one launch of a
+# forward kernel: ceil(N / block_q) query blocks per head, B x H heads, blocks of `threads` threads that use
+# `registers` registers per thread and `shared_bytes` of shared memory, on the GPU `gpu`, a dict with
+# `sms`, `max_threads_per_sm`, `max_blocks_per_sm`, `regs_per_sm`, `shared_per_sm` and
+# `reserved_shared_per_block`. Return a dict with
+#
+# - `blocks_per_sm` (int): the blocks one SM holds at once. Each resource allows some number and the
+#   smallest wins: the SM's warps (32 threads each, `max_threads_per_sm / 32` of them), its block limit, its
+#   registers and its shared memory. Registers go to a warp in units of 256, so a warp takes
+#   `registers x 32` rounded *up* to a multiple of 256; the number of warps the registers hold is then
+#   rounded *down* to a multiple of 4. Every block takes its `shared_bytes` plus the reserved bytes.
+# - `occupancy`: the resident warps as a fraction of the SM's maximum;
+# - `waves`: the grid's blocks over the GPU's slots (SMs x blocks per SM), as a fraction;
+# - `efficiency`: the busy share of the slots' time if every block takes the same time;
+# - `splits` (int): how many chunks to cut the keys into. 1 when the grid fills 2 waves or more. Otherwise
+#   try s = 2, 3, ... up to 32, as long as a chunk keeps at least 256 keys (N // s >= 256): with s chunks the
+#   grid has s times as many blocks. Take the fewest s whose efficiency reaches 0.9 or, if none does, the s
+#   with the best efficiency (the fewest on ties); keep it only if its efficiency beats no split by at least
+#   0.05 (a split costs a merge), else 1.
+#
+# (These are the rules of flashlab's planner, `flashlab/kernels/plan.py`, for grids of equal blocks; the
+# planner also weighs causal blocks by their work and rounds chunks to whole key tiles.)
+
+# %%
+def waves_and_split(B, H, N, block_q, threads, registers, shared_bytes, gpu):
+    """blocks_per_sm, occupancy, waves, efficiency and splits of one launch (the rules above)."""
+    ### BEGIN SOLUTION
+    warps = -(-threads // 32)
+    max_warps = gpu["max_threads_per_sm"] // 32
+    reg_warps = gpu["regs_per_sm"] // (-(-registers * 32 // 256) * 256) // 4 * 4
+    blocks_per_sm = min(max_warps // warps, gpu["max_blocks_per_sm"], reg_warps // warps,
+                        gpu["shared_per_sm"] // (shared_bytes + gpu["reserved_shared_per_block"]))
+    slots = gpu["sms"] * blocks_per_sm
+    blocks = -(-N // block_q) * B * H
+
+    def efficiency(s):
+        w = s * blocks / slots
+        return w / math.ceil(w)
+
+    splits = 1
+    if blocks / slots < 2:
+        options = [s for s in range(2, 33) if N // s >= 256]
+        good = [s for s in options if efficiency(s) >= 0.9]
+        best = min(good) if good else max(options, key=lambda s: (efficiency(s), -s), default=1)
+        if best > 1 and efficiency(best) >= efficiency(1) + 0.05:
+            splits = best
+    return {"blocks_per_sm": blocks_per_sm, "occupancy": blocks_per_sm * warps / max_warps,
+            "waves": blocks / slots, "efficiency": efficiency(1), "splits": splits}
+    ### END SOLUTION
+
+
+# %%
+# the register kernel's launch on an H100 as lesson 10 plans it, and your numbers for it
+from flashlab.kernels.plan import H100, plan  # noqa: E402
+
+p = plan((1, 16, 1024, 1024, 64), device=H100)  # the register kernel's plan on an H100 (lesson 10)
+gpu = {**H100.limits, "sms": H100.sms}
+mine = waves_and_split(1, 16, 1024, p.block_q, p.threads, p.registers, p.shared_bytes, gpu)
+print(mine)
+print(f"the planner: {p.blocks_per_sm} blocks per SM, {p.unsplit[0]:.3f} waves, {p.splits} chunks")
+
+# %%
+flashlab.check("waves_and_split", waves_and_split)

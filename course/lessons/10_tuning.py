@@ -6,7 +6,9 @@
 # - sweep the tile shape of the register kernel and read the result (speed, registers, occupancy);
 # - place flashlab's kernels and PyTorch's on a roofline and say which limit each one meets;
 # - read a profile of issue slots and explain how far a compute-bound kernel is from the FP32 peak;
-# - compare flashlab with PyTorch from a benchmark run, and say what the comparison does and does not show.
+# - compare flashlab with PyTorch from a benchmark run, and say what the comparison does and does not show;
+# - say how a grid of blocks fills the GPU in waves, what limits the blocks an SM holds, and when cutting the
+#   keys into chunks (split-KV) or launching causal blocks heaviest first shortens the tail.
 
 # %%
 import math
@@ -197,3 +199,133 @@ gviz.plot_vs_torch(results, N=N, d=d, source=f"from {source}");
 # **Exercises:** [10_tuning](../exercises/10_tuning.ipynb): decide whether a tile fits the shared-memory
 # and register budgets, write a timing function that a compile or a hiccup cannot fool, and turn an
 # issue-slot profile into the TFLOP/s it predicts.
+
+# %% [markdown]
+# ## Waves, occupancy and tails
+#
+# Why is N = 1024 slow when N = 4096 is not? Look at where the blocks run. An SM holds several blocks at
+# once, as many as its threads, registers and shared memory allow (lesson 09's occupancy); call each place
+# a **slot**, so a GPU has SMs x blocks-per-SM slots. The grid's blocks take free slots as they come, so a
+# grid runs in **waves** of that many blocks. `flashlab.kernels.plan` is the one place that decides how every
+# kernel of the course is launched, and it plans for any GPU from its properties, so we can plan for an
+# H100 here without one (registers come from `flashlab/data/kernel_resources.csv`, compiled for each GPU
+# generation by `benchmarks/kernel_resources.py`; on a GPU the planner asks the compiled kernel).
+
+# %%
+from flashlab.kernels.plan import H100, T4, plan
+from flashlab.viz import waves as gwaves
+
+p1024 = plan((1, 16, 1024, 1024, 64), device=H100)
+print(p1024.explain())
+
+# %% [markdown]
+# The same grid drawn on the H100's SMs over time, before the planner (left) and as planned (right). Each
+# row is an SM; a cell's shade is the share of the SM's slots that hold a block (white: idle).
+
+# %%
+import matplotlib.pyplot as plt  # noqa: E402
+
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+gwaves.plot_timeline(p1024, splits=1, heavy_first=False, ax=axes[0], title="one block per query block")
+gwaves.plot_timeline(p1024, ax=axes[1], title=f"split-KV: {p1024.splits} chunks of {p1024.chunk} keys")
+fig.tight_layout()
+
+# %% [markdown]
+# With G blocks of equal work on S slots:
+#
+#     waves = G / S          predicted efficiency = waves / ceil(waves)
+#
+# Below one wave, most slots never get a block; just above a whole number of waves, the last wave is
+# mostly empty: the **tail**. The planner's model goes one step further and gives each block a time in
+# proportion to its work (its key tiles), handing blocks to free slots in launch order, which is what GPUs
+# do in practice (CUDA does not promise an order). It is a model: a lone block on an SM runs faster than
+# one of four sharing it, and the model ignores that.
+#
+# **Split-KV.** When the grid is too small, cut the keys into chunks and give each (query block, chunk) its
+# own block. Each block writes its chunk's output o_c and log-sum-exp lse_c in float32; a second kernel
+# merges them with lesson 03's rule, the same merge lesson 14's decoding kernel runs: lse = log sum_c
+# exp(lse_c), o = sum_c exp(lse_c - lse) o_c. The result is the same attention, up to rounding:
+
+# %%
+from flashlab import reference_attention, relative_error  # noqa: E402
+from flashlab.kernels import flash_attention  # noqa: E402
+
+rng = np.random.default_rng(0)
+nq, nk = device.kernel_size(1000, 20), device.kernel_size(4000, 200)
+q, k, v = (rng.standard_normal((1, 1, n, 16)).astype(np.float32) for n in (nq, nk, nk))
+ref_o, ref_lse = reference_attention(q, k, v, causal=True)
+for splits in (1, 3):
+    o, lse = flash_attention(q, k, v, causal=True, splits=splits)
+    print(f"splits={splits}: relative error of o {relative_error(o, ref_o):.1e}, of lse {relative_error(lse, ref_lse):.1e}")
+
+# %% [markdown]
+# Splitting has a price: every chunk writes a partial output, and the merge reads them all back. So the
+# planner splits only when the blocks with work fill fewer than `SPLIT_BELOW_WAVES` waves, takes the fewest
+# chunks whose predicted efficiency reaches `SPLIT_TARGET`, keeps chunks of at least `MIN_CHUNK` keys, and
+# splits only if that beats no split by `SPLIT_GAIN` (all in `flashlab/kernels/plan.py`):
+
+# %%
+from flashlab.kernels import plan as planner  # noqa: E402
+
+print({name: getattr(planner, name) for name in ("SPLIT_BELOW_WAVES", "SPLIT_TARGET", "SPLIT_GAIN", "MIN_CHUNK")})
+for shape in [(1, 16, 1024, 1024, 64), (1, 16, 2048, 2048, 64), (1, 16, 4096, 4096, 64), (4, 16, 1024, 1024, 64)]:
+    p = plan(shape, device=H100)
+    print(f"B={shape[0]} H={shape[1]} N={shape[2]}: {p.unsplit[0]:.2f} waves -> {p.splits} chunk(s), "
+          f"predicted efficiency {p.unsplit[1]:.0%} -> {p.efficiency:.0%}")
+
+# %% [markdown]
+# **Causal tails.** Under causal masking query block i visits i + 1 key tiles: the last blocks of a head
+# are the heaviest. Launched head by head, the heavy blocks of the last heads start late and finish long
+# after everything else. Launching the heaviest blocks of all heads first leaves only light blocks for the
+# end (the longest-processing-time-first rule of scheduling). The planner does that for causal grids, in
+# sections of heads whose K and V fit in L2 together, so the blocks running at the same time still share
+# their K and V through L2. Left: head by head; right: heaviest first.
+
+# %%
+pc = plan((4, 16, 16384, 16384, 64), device=H100, causal=True)
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+gwaves.plot_timeline(pc, heavy_first=False, ax=axes[0], title="head by head")
+gwaves.plot_timeline(pc, ax=axes[1], title=f"heaviest first, sections of {pc.section} heads")
+fig.tight_layout()
+print(pc.explain())
+
+# %% [markdown]
+# Move the sliders: B·H, N, d, the GPU and causal. Left, the launch before the planner; middle, the plan;
+# right, the predicted efficiency against N, with the measured flashlab / SDPA ratios of the shape suite
+# (`python benchmarks/bench_kernels.py --suite`, `benchmarks/results/suite.csv`) when that file is there. On
+# a T4 the blocks per SM and the waves change with its 40 SMs and 64 KB of shared memory per SM. (Without
+# widgets, or in the fast mode: the efficiency curves for d = 64 and 128.)
+
+# %%
+gwaves.wave_explorer();
+
+# %% [markdown]
+# On a GPU, time the planned launch against one block per query block (the cell does nothing without one):
+
+# %%
+if ON_GPU:
+    import torch
+
+    from flashlab.bench import time_cuda
+
+    qt, kt, vt = (torch.randn(1, 16, 1024, 64, device="cuda") for _ in range(3))
+    flops = attention_flops(1, 16, 1024, 1024, 64)
+    for splits in (1, None):
+        ms = time_cuda(lambda: flash_attention(qt, kt, vt, splits=splits), warmup=2, reps=20)["median_ms"]
+        print(f"splits={splits or 'planned'}: {tflops(flops, ms):.1f} TFLOP/s")
+
+# %% [markdown]
+# **Where this differs from FlashAttention.** FlashAttention-2's code splits the keys in its forward the
+# same way (`num_splits_heuristic` in `csrc/flash_attn/flash_api.cpp`): no split when the grid fills at
+# least 0.8 of the GPU, counted as two 128-thread blocks per SM; otherwise the fewest splits whose
+# efficiency waves / ceil(waves) reaches 0.85 times the best. The course's planner counts slots from the
+# kernel's own registers and shared memory, weighs causal blocks by their work, and its thresholds are
+# first guesses until the shape suite has measured them. For causal attention, FlashAttention-3
+# (`hopper/tile_scheduler.hpp`, `DynamicPersistentTileScheduler`) runs a *persistent* kernel, one block per SM
+# that takes tile after tile from a counter, longest tiles first, in sections of heads whose K and V fit in
+# L2; its newer CuTe kernels order one-block-per-tile grids the same way (`SingleTileLPTScheduler` in
+# `flash_attn/cute/tile_scheduler.py`). The course launches one block per tile and lets the GPU's own
+# dispatcher hand them out.
+#
+# **Exercise:** [10_tuning](../exercises/10_tuning.ipynb), part 4: compute the blocks per SM, occupancy and
+# waves of a plan and decide how many chunks to split the keys into.

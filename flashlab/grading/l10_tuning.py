@@ -1,6 +1,8 @@
 """Lesson 10: checkers of its kernel exercises."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .core import exercise
@@ -140,3 +142,142 @@ def check_predicted_tflops(t, fn):
                 if abs(float(out) / want - ratio) < 1e-6 * ratio:
                     raise t.fail(f"you returned {float(out):.4g}, {ratio:g} times the answer {want:.4g}: {why}")
         t.scalar(out, want, "the predicted TFLOP/s", tol=1e-9)
+
+
+# ------------------------------------------------------------------------------ waves and split-KV (4)
+def _limits(threads, registers, shared_bytes, gpu, *, unit=256, granularity=4, reserved=True):
+    """Blocks per SM allowed by each resource (the exercise's rules; the keyword arguments switch one off to
+    name a learner's slip)."""
+    warps = -(-threads // 32)
+    max_warps = gpu["max_threads_per_sm"] // 32
+    per_warp = -(-registers * 32 // unit) * unit
+    reg_warps = gpu["regs_per_sm"] // per_warp // granularity * granularity
+    extra = gpu["reserved_shared_per_block"] if reserved else 0
+    return {"threads": max_warps // warps, "blocks": gpu["max_blocks_per_sm"], "registers": reg_warps // warps,
+            "shared memory": gpu["shared_per_sm"] // (shared_bytes + extra)}
+
+
+def _efficiency(waves):
+    return waves / math.ceil(waves)
+
+
+def _splits(N, blocks, slots, target=0.9, gain=0.05, below=2.0, min_chunk=256, max_splits=32):
+    waves = blocks / slots
+    if waves >= below:
+        return 1
+    options = {s: _efficiency(s * blocks / slots) for s in range(2, max_splits + 1) if N // s >= min_chunk}
+    if not options:
+        return 1
+    good = [s for s, e in options.items() if e >= target]
+    best = min(good) if good else max(options, key=lambda s: (options[s], -s))
+    return best if options[best] >= _efficiency(waves) + gain else 1
+
+
+def waves_and_split_reference(B, H, N, block_q, threads, registers, shared_bytes, gpu):
+    """The answer of exercise 10.4 (tests check it agrees with flashlab.kernels.plan on non-causal grids)."""
+    bps = min(_limits(threads, registers, shared_bytes, gpu).values())
+    warps = -(-threads // 32)
+    slots = gpu["sms"] * bps
+    blocks = -(-N // block_q) * B * H
+    waves = blocks / slots
+    return {"blocks_per_sm": bps, "occupancy": bps * warps / (gpu["max_threads_per_sm"] // 32), "waves": waves,
+            "efficiency": _efficiency(waves), "splits": _splits(N, blocks, slots)}
+
+
+GPU_T4 = {"sms": 40, "max_threads_per_sm": 1024, "max_blocks_per_sm": 16, "regs_per_sm": 65536,
+          "shared_per_sm": 64 * 1024, "reserved_shared_per_block": 0}
+GPU_A100 = {"sms": 108, "max_threads_per_sm": 2048, "max_blocks_per_sm": 32, "regs_per_sm": 65536,
+            "shared_per_sm": 164 * 1024, "reserved_shared_per_block": 1024}
+GPU_H100 = {**GPU_A100, "sms": 132, "shared_per_sm": 228 * 1024}
+WAVES_KEYS = ("blocks_per_sm", "occupancy", "waves", "efficiency", "splits")
+
+
+def _waves_cases(rng):
+    cases = [  # (label, B, H, N, block_q, threads, registers, shared_bytes, gpu)
+        ("H100, B1 H16 N1024, the d = 64 register tile: far less than a wave", 1, 16, 1024, 128, 128, 128, 48960,
+         GPU_H100),
+        ("H100, B1 H16 N4096: almost one wave", 1, 16, 4096, 128, 128, 128, 48960, GPU_H100),
+        ("H100, B4 H16 N4096: several waves", 4, 16, 4096, 128, 128, 128, 48960, GPU_H100),
+        ("a wave and a tenth: a long tail", 1, 16, 4096, 64, 64, 96, 28224, GPU_H100),
+        ("registers decide: 195 per thread, 64 threads (warps rounded down to a multiple of 4)", 1, 16, 2048, 64,
+         64, 195, 20000, GPU_H100),
+        ("registers per warp come in units of 256: 42 per thread", 2, 8, 2048, 64, 64, 42, 4096, GPU_A100),
+        ("the driver's 1 KB per block decides", 1, 8, 4096, 64, 64, 32, 40 * 1024, GPU_A100),
+        ("a T4: 40 SMs, 1024 threads per SM, no reserved shared memory", 1, 16, 1024, 64, 64, 96, 28224, GPU_T4),
+        ("N not a multiple of block_q", 1, 3, 1000, 128, 128, 96, 30000, GPU_H100),
+        ("short keys: no chunk of 256 keys to split into", 1, 2, 384, 64, 128, 64, 16384, GPU_H100),
+    ]
+    for _ in range(12):
+        gpu = [GPU_T4, GPU_A100, GPU_H100][int(rng.integers(3))]
+        threads = int(32 * rng.integers(1, 9))
+        cases.append(("random", int(rng.integers(1, 5)), int(2 ** rng.integers(0, 6)), int(2 ** rng.integers(8, 15)),
+                      int(2 ** rng.integers(4, 8)), threads, int(rng.integers(24, 256)),
+                      int(rng.integers(1, 48)) * 1024, gpu))
+    return cases
+
+
+def _waves_slips(B, H, N, block_q, threads, registers, shared_bytes, gpu, want):
+    """{key: [(value, why)]}: the answers of usual mistakes, for the checker's hints."""
+    warps = -(-threads // 32)
+    max_warps = gpu["max_threads_per_sm"] // 32
+    bps = want["blocks_per_sm"]
+    slots = gpu["sms"] * bps
+    blocks = -(-N // block_q) * B * H
+    return {
+        "blocks_per_sm": [
+            (min(_limits(threads, registers, shared_bytes, gpu, unit=1).values()),
+             "registers are handed out per warp in units of 256: round registers x 32 up to a multiple of 256"),
+            (min(_limits(threads, registers, shared_bytes, gpu, granularity=1).values()),
+             "the warps that the registers allow are rounded down to a multiple of 4 before dividing by the warps "
+             "of a block"),
+            (min(_limits(threads, registers, shared_bytes, gpu, reserved=False).values()),
+             "every block also takes the driver's reserved shared memory (gpu['reserved_shared_per_block'])"),
+            (min(v for k, v in _limits(threads, registers, shared_bytes, gpu).items() if k != "registers"),
+             "registers limit the blocks too"),
+        ],
+        "occupancy": [(bps / gpu["max_blocks_per_sm"], "occupancy counts warps: resident warps / the SM's maximum "
+                                                       "warps, not blocks / the block limit"),
+                      (bps * threads / gpu["max_threads_per_sm"] * 100, "occupancy is a fraction, not a percentage")],
+        "waves": [(math.ceil(blocks / slots), "waves is a fraction here (blocks / slots): do not round it up"),
+                  (N / block_q * B * H / slots, "a partial query block is still a whole block: ceil(N / block_q)"),
+                  (blocks / gpu["sms"], "a wave is SMs x blocks per SM slots, not one block per SM")],
+        "efficiency": [(1 - want["efficiency"], "efficiency is the busy fraction: waves / ceil(waves)")],
+        "splits": [(_splits(N, blocks, slots, below=1.0), "split whenever the grid fills fewer than 2 waves, not 1"),
+                   (_splits(N, blocks, slots, min_chunk=1), "a chunk needs at least 256 keys: s <= N // 256"),
+                   (_splits(N, blocks, slots, gain=0.0), "a split must beat no split by 0.05 (it costs a merge)"),
+                   (_splits(N, blocks, slots, target=1.01), "take the fewest chunks that reach 0.9, not the best")],
+    }
+
+
+@exercise("waves_and_split", lesson=LESSON,
+          hint="Blocks per SM is the smallest of four limits: warps (threads), the block limit, registers (per "
+               "warp in units of 256; the warps they allow rounded down to a multiple of 4) and shared memory "
+               "(plus the reserved bytes). Slots = SMs x blocks per SM; waves = ceil(N / block_q) x B x H / slots; "
+               "efficiency = waves / ceil(waves). Split only below 2 waves, trying s = 2, 3, ... while N // s >= 256.")
+def check_waves_and_split(t, fn):
+    for label, B, H, N, bq, threads, regs, smem, gpu in _waves_cases(t.rng):
+        t.case(label, B=B, H=H, N=N, block_q=bq, threads=threads, registers=regs, shared_bytes=smem,
+               gpu={k: gpu[k] for k in ("sms", "max_threads_per_sm", "shared_per_sm")})
+        out = t.call(B, H, N, bq, threads, regs, smem, dict(gpu))
+        if not isinstance(out, dict):
+            raise t.fail(f"return a dict with keys {', '.join(WAVES_KEYS)}; got {type(out).__name__} {out!r:.60}")
+        missing = [k for k in WAVES_KEYS if k not in out]
+        if missing:
+            raise t.fail(f"the dict has no {', '.join(repr(k) for k in missing)}; it needs {', '.join(WAVES_KEYS)}")
+        want = waves_and_split_reference(B, H, N, bq, threads, regs, smem, gpu)
+        slips = _waves_slips(B, H, N, bq, threads, regs, smem, gpu, want)
+        for key in ("blocks_per_sm", "splits"):
+            got = out[key]
+            if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, np.integer)):
+                raise t.fail(f"{key} should be an int; got {type(got).__name__} {got!r:.40}")
+        if out["blocks_per_sm"] != want["blocks_per_sm"]:
+            why = [w for v, w in slips["blocks_per_sm"] if v == out["blocks_per_sm"] and v != want["blocks_per_sm"]]
+            limits = _limits(threads, regs, smem, gpu)
+            raise t.fail(f"blocks_per_sm is {out['blocks_per_sm']}; expected {want['blocks_per_sm']} (the limits: "
+                         + ", ".join(f"{k} {v}" for k, v in limits.items()) + ")", **({"hint": why[0]} if why else {}))
+        for key in ("occupancy", "waves", "efficiency"):
+            t.scalar(out[key], want[key], key, tol=1e-9, slips=slips[key])
+        if out["splits"] != want["splits"]:
+            why = [w for v, w in slips["splits"] if v == out["splits"]]
+            raise t.fail(f"splits is {out['splits']}; expected {want['splits']} at {want['waves']:.3f} waves",
+                         **({"hint": why[0]} if why else {}))

@@ -4,6 +4,7 @@
     dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do)
     o = flash_decoding(q, k, v)                # split-KV attention for a few queries (lesson 14)
     kernel_info(q.shape, variant="register")   # registers, spills, shared memory, occupancy, PTX/SASS
+    print(plan.plan((B, H, N, d), causal=True).explain())   # how a call is launched (kernels/plan.py)
 
 Inputs are (B, H, N, d) NumPy arrays, numba device arrays or torch CUDA tensors (no copies); outputs come
 back in the same kind. Variants: "shared" (lesson 08: one thread per query row, K/V tiles in shared

@@ -89,9 +89,10 @@ def check_config(d: int, block_q: int, block_k: int, threads: int):
 def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: bool = False):
     """(preprocess, dkdv, cast) kernels specialised for one head dim and tile shape.
 
-    heavy_first: dkdv's grid is (g, 1, B*H/g x key blocks) instead of (key blocks, H, B): heads in sections of
-    g, and under causal masking (where key block j has the most query blocks to visit when j is small) every
-    head of a section has its heaviest blocks dispatched before any lighter one; see kernels/plan.py."""
+    heavy_first: dkdv's grid is (g, key blocks, B*H/g sections) instead of (key blocks, H, B): heads in
+    sections of g, and under causal masking (where key block j has the most query blocks to visit when j is
+    small) every head of a section has its heaviest blocks dispatched before any lighter one; see
+    kernels/plan.py."""
     global cuda
     check_config(d, block_q, block_k, threads)
     cuda = get_cuda()
@@ -132,12 +133,10 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
 
     @cuda.jit
     def dkdv(q, k, v, do, lse, D, dq, dk, dv, scale, causal):
-        if HEAVY:  # grid (g, 1, B*H/g x key blocks)
-            n_kb = (uint64(k.shape[2]) + Bc - ONE) // Bc
-            z = uint64(cuda.blockIdx.z)
-            bh = z // n_kb * uint64(cuda.gridDim.x) + uint64(cuda.blockIdx.x)
+        if HEAVY:  # grid (g, key blocks, sections)
+            bh = uint64(cuda.blockIdx.z) * uint64(cuda.gridDim.x) + uint64(cuda.blockIdx.x)
             head, batch = bh % uint64(q.shape[1]), bh // uint64(q.shape[1])
-            k0 = z % n_kb * Bc
+            k0 = uint64(cuda.blockIdx.y) * Bc
         else:  # grid (key blocks, H, B)
             head, batch = cuda.blockIdx.y, cuda.blockIdx.z
             k0 = uint64(cuda.blockIdx.x) * Bc

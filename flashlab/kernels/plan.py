@@ -350,16 +350,18 @@ def dispatch_order(work: np.ndarray, batch_heads: int, heavy_first: bool, direct
                    section=None) -> np.ndarray:
     """Work of every block of the grid in launch order (x fastest, then y, then z), from one head's `work`.
 
-    Forward grids: (query blocks, B*H, splits) with query block Tr-1-x, or heavy-first (g, splits, B*H/g x query
-    blocks): sections of g = `section` heads, each section's blocks heaviest first. Backward: (key blocks, H,
-    B), or heavy-first (g, 1, B*H/g x key blocks), key block 0 (the heaviest under causal) first."""
+    Forward grids: (query blocks, B*H, splits) with query block Tr-1-x, or heavy-first (g, query blocks,
+    sections x splits): sections of g = `section` heads, chunk by chunk, each section's blocks heaviest first.
+    Backward: (key blocks, H, B), or heavy-first (g, key blocks, sections), key block 0 (the heaviest under
+    causal) first."""
     rows = work.shape[0]
     g = section or batch_heads
     if direction == "backward":
         col = work[:, 0]
         return np.tile(np.repeat(col, g), batch_heads // g) if heavy_first else np.tile(col, batch_heads)
-    if heavy_first:  # per section: z (query block, heaviest first), then y (chunk), then x (head in the section)
-        return np.tile(np.repeat(work[::-1].reshape(-1), g), batch_heads // g)
+    if heavy_first:  # z = (chunk, section), then y (query block, heaviest first), then x (head in the section)
+        per_chunk = [np.tile(np.repeat(work[::-1, c], g), batch_heads // g) for c in range(work.shape[1])]
+        return np.concatenate(per_chunk)
     w = work[::-1]  # grid index x = Tr - 1 - query block
     return np.tile(w.T.reshape(work.shape[1], 1, rows), (1, batch_heads, 1)).reshape(-1)
 
@@ -368,7 +370,7 @@ def l2_section(p: Problem, dev: Device, itemsize: int) -> int:
     """Heads per section of the heaviest-first order: the most heads (a power of two dividing B*H) whose
     streamed operand fits in L2 (K and V for the forward, Q and dO for the backward), as FlashAttention's
     SingleTileLPTScheduler does (flash_attn/cute/tile_scheduler.py); all of B*H when L2 is unknown. Grid
-    axis z (sections x blocks) must stay below 65536."""
+    axes y (blocks) and z (sections x splits) must stay below 65536."""
     bh = p.B * p.H
     rows = p.Nk if p.direction == "forward" else p.Nq
     per_head = 2 * rows * p.d * itemsize
@@ -462,7 +464,7 @@ class Plan:
         p = self.problem
         if p.direction == "backward":
             nkb = -(-p.Nk // self.block_k)
-            return (self.section, 1, p.B * p.H // self.section * nkb) if self.heavy_first else (nkb, p.H, p.B)
+            return (self.section, nkb, p.B * p.H // self.section) if self.heavy_first else (nkb, p.H, p.B)
         from .register import grid
 
         return grid(p.B, p.H, p.Nq, self.block_q, self.splits, self.heavy_first, self.section)
@@ -624,7 +626,7 @@ def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, pre
     itemsize = 4 if p.dtype == "float32" else 2
     section = l2_section(p, dev, itemsize) if heavy else bh
     n_blocks = -(-(p.Nk if p.direction == "backward" else p.Nq) // (bk if p.direction == "backward" else bq))
-    if heavy and bh // section * n_blocks > 65535:  # grid axis z would overflow: keep the per-head order
+    if heavy and n_blocks > 65535:  # grid axis y would overflow: keep the per-head order
         heavy, section = False, bh
 
     def model(n_splits, chunk, blocks_per_sm):
@@ -664,6 +666,10 @@ def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, pre
                 else:
                     reason = (f"splitting would not help: {options[best][1]:.0%} with {best} chunks against "
                               f"{eff:.0%} (a split must win {SPLIT_GAIN:.0%} to pay for its merge)")
+    if n > 1 and splits is None:
+        spill2 = _resources(p, variant, config, precision, True, heavy, dev)[1]
+        if spill2:  # the split build would spill to local memory: not worth the gamble
+            n, chunk, reason = 1, p.Nk, f"the split kernel spills {spill2} bytes per thread to local memory"
     if n > 1:
         regs2, spill2, source2 = _resources(p, variant, config, precision, True, heavy, dev)
         if regs2 is not None or regs is None:

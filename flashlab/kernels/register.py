@@ -25,10 +25,11 @@ Two launch options, both chosen by kernels/plan.py (lesson 10):
   each writes its chunk's attention output o_c and lse_c (float32), and kernels/decoding.py's merge kernel
   combines them. Under causal masking a row may see no key of a chunk: those rows get o_c = 0 and
   lse_c = -1e30, which the merge weighs by zero.
-- heavy_first: the grid is (g, splits, B*H/g x query blocks): heads go in sections of g, and within a section
-  every head's last (heaviest, under causal) query block is dispatched before any lighter one. g is chosen so
-  that a section's K and V fit in L2 (plan.l2_section). Otherwise the grid is (query blocks, B*H, splits)
-  and the heaviest-first order holds within each head.
+- heavy_first: the grid is (g, query blocks, B*H/g sections x splits): heads go in sections of g, and within
+  a section (and a chunk) every head's last (heaviest, under causal) query block is dispatched before any
+  lighter one. g is chosen so that a section's K and V fit in L2 (plan.l2_section). Otherwise the grid is
+  (query blocks, B*H, splits) and the heaviest-first order holds within each head. Both orders take the
+  query block from one grid index (no division in the kernel: a division's result would hold registers).
 
 Index arithmetic is unsigned (U = uint64): Numba adds a negative-index check to every signed index, which
 in the inner loops costs more instructions than the multiply-adds themselves.
@@ -192,12 +193,13 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
         ty = t // UTC
         tx = t % UTC
         nq, nk = U(n_q), U(n_k)
-        if HEAVY:  # grid (g, splits, B*H/g x query blocks): in each section of g heads, the heaviest blocks first
-            n_qb = (nq + UBR - U(1)) // UBR
-            z = U(cuda.blockIdx.z)
-            bh = z // n_qb * U(cuda.gridDim.x) + U(cuda.blockIdx.x)
-            part, n_parts = U(cuda.blockIdx.y), U(cuda.gridDim.y)
-            q0 = (n_qb - U(1) - z % n_qb) * UBR
+        if HEAVY:  # grid (g, query blocks, sections x splits): in each section of g heads, the heaviest blocks first
+            q0 = U(cuda.gridDim.y - 1 - cuda.blockIdx.y) * UBR
+            section, part, n_parts = U(cuda.blockIdx.z), U(0), U(1)
+            if SPLIT:  # z = part * sections + section
+                sections = U(q.shape[0]) * U(n_heads) // U(cuda.gridDim.x)
+                section, part, n_parts = section % sections, section // sections, U(cuda.gridDim.z) // sections
+            bh = section * U(cuda.gridDim.x) + U(cuda.blockIdx.x)
         else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
             bh, part, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
             q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBR
@@ -386,7 +388,7 @@ def grid(B: int, H: int, Nq: int, block_q: int, splits: int = 1, heavy_first: bo
     g = section or B * H
     if (B * H) % g:
         raise ValueError(f"section = {g} heads must divide B*H = {B * H}")
-    return (g, splits, B * H // g * blocks)
+    return (g, blocks, B * H // g * splits)
 
 
 def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile, *, splits: int = 1, heavy_first: bool = False,

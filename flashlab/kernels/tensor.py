@@ -26,7 +26,7 @@ the same renumbering applied to V's rows.
 
 Launch options, chosen by kernels/plan.py as for the register kernel (see kernels/register.py): split (each
 block takes one chunk of keys and writes a float32 partial output; the merge kernel of kernels/decoding.py
-combines them) and heavy_first (grid (g, splits, B*H/g x query blocks): sections of g heads, heaviest first).
+combines them) and heavy_first (grid (g, query blocks, sections x splits): sections of g heads, heaviest first).
 
 Where FlashAttention-2 itself goes further: 128-row tiles with more rows per warp (fewer shared-memory
 reads per mma), up to 227 KB of shared memory per block (numba-cuda exposes 48 KB), and CUDA C++ compiled
@@ -160,12 +160,13 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)  # quad (row group) and lane within the quad
         nq, nk = U(n_q), U(n_k)
-        if HEAVY:  # grid (g, splits, B*H/g x query blocks): in each section of g heads, the heaviest blocks first
-            n_qb = (nq + UBQ - U(1)) // UBQ
-            z = U(cuda.blockIdx.z)
-            bh = z // n_qb * U(cuda.gridDim.x) + U(cuda.blockIdx.x)
-            kpart, n_parts = U(cuda.blockIdx.y), U(cuda.gridDim.y)
-            q0 = (n_qb - U(1) - z % n_qb) * UBQ
+        if HEAVY:  # grid (g, query blocks, sections x splits): in each section of g heads, the heaviest blocks first
+            q0 = U(cuda.gridDim.y - 1 - cuda.blockIdx.y) * UBQ
+            section, kpart, n_parts = U(cuda.blockIdx.z), U(0), U(1)
+            if SPLIT_KV:  # z = part * sections + section
+                sections = U(q.shape[0]) * U(n_heads) // U(cuda.gridDim.x)
+                section, kpart, n_parts = section % sections, section // sections, U(cuda.gridDim.z) // sections
+            bh = section * U(cuda.gridDim.x) + U(cuda.blockIdx.x)
         else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
             bh, kpart, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
             q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBQ

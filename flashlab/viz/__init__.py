@@ -6,6 +6,7 @@ lesson 03  plot_overflow, plot_online_softmax, online_softmax_trace, plot_merge,
 lesson 04  plot_tile_order, plot_traffic_vs_sram, plot_block_heatmap, sram_explorer
 lesson 05  plot_causal_blocks, plot_work_split, plot_occupancy, plot_traffic_vs_n, plot_io_compare, fa_explorer
 lesson 06  plot_saved_for_backward
+lesson 10  wave_explorer (flashlab.viz.waves)
 lesson 11  fp8_explorer (flashlab.viz.fp8)
 lesson 14  split_explorer (flashlab.viz.decoding)
 
@@ -20,6 +21,7 @@ from .memory import (peak_memory, plot_memory_hierarchy, plot_memory_vs_n, plot_
 from .softmax import online_softmax_explorer, online_softmax_trace, plot_merge, plot_online_softmax, plot_overflow
 from .tiles import (TileTracer, plot_causal_blocks, plot_occupancy, plot_tile_order, plot_work_split,
                     trace_tiles)
+from .waves import wave_explorer
 from .traffic import (block_traffic_grid, fa_explorer, fits, plot_block_heatmap, plot_io_compare,
                       plot_traffic_vs_n, plot_traffic_vs_sram, sram_explorer, traffic_bytes)
 
@@ -28,7 +30,7 @@ __all__ = [
     "peak_memory", "plot_memory_hierarchy", "plot_memory_vs_n", "plot_naive_traffic", "plot_roofline",
     "plot_saved_for_backward", "plot_step_times", "roofline_explorer",
     "online_softmax_explorer", "online_softmax_trace", "plot_merge", "plot_online_softmax", "plot_overflow",
-    "fp8_explorer", "split_explorer",
+    "fp8_explorer", "split_explorer", "wave_explorer",
     "TileTracer", "plot_causal_blocks", "plot_occupancy", "plot_tile_order", "plot_work_split", "trace_tiles",
     "block_traffic_grid", "fa_explorer", "fits", "plot_block_heatmap", "plot_io_compare", "plot_traffic_vs_n",
     "plot_traffic_vs_sram", "sram_explorer", "traffic_bytes",
