@@ -23,9 +23,9 @@ sanitize() {  # sanitize TOOL VARIANT ARGS...
 
 {
   echo "## doctor"; $PY -c "import flashlab; flashlab.doctor()"
-  echo "## gpu tests: pytest -m gpu tests/test_kernels.py tests/test_device.py tests/test_tensor_kernel.py"
+  echo "## gpu tests: pytest -m gpu tests/test_kernels.py tests/test_device.py tests/test_tensor_kernel.py tests/test_plan.py"
   timeout 500 $PY -m pytest -q -m gpu -p no:cacheprovider -W ignore tests/test_kernels.py tests/test_device.py \
-    tests/test_tensor_kernel.py 2>&1 | tail -3
+    tests/test_tensor_kernel.py tests/test_plan.py 2>&1 | tail -3
   echo "## compute-sanitizer (d=64, small shapes; the script also checks the result against float64)"
   sanitize memcheck register --n 200 --heads 2 --causal
   sanitize memcheck register --n 77 --heads 1 --dtype float16

@@ -109,13 +109,16 @@ def run_suite(out: Path, reps=20, bhs=SUITE_BH, ns=SUITE_N, ds=SUITE_D, runs=SUI
     for B, H, N, d, causal in tqdm(shapes, desc="suite shapes"):
         for dtype in sorted({r[2] for r in runs}):
             q, k, v, do = _inputs(B, H, N, d, dtype)
+            torch_ms = {}  # SDPA in this dtype, once per direction
             for direction, variant, dt in runs:
                 if dt != dtype:
                     continue
                 flops = attention_flops(B, H, N, N, d, causal=causal, backward=direction == "backward")
                 planned = _plan(direction, variant, dtype, B, H, N, d, causal)
                 ms = _median_ms(_flashlab_fn(direction, variant, q, k, v, do, causal), reps)
-                ms_t = _torch_ms(direction, q, k, v, do, causal, reps)
+                if direction not in torch_ms:
+                    torch_ms[direction] = _torch_ms(direction, q, k, v, do, causal, reps)
+                ms_t = torch_ms[direction]
                 row = {"direction": direction, "variant": variant, "dtype": dtype, "B": B, "H": H, "N": N, "d": d,
                        "causal": int(causal), "flashlab_tflops": round(tflops(flops, ms), 3),
                        "torch_tflops": round(tflops(flops, ms_t), 3), "ratio": round(ms_t / ms, 4),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -31,6 +32,11 @@ def available() -> bool:
     """True on a GPU with the numba-cuda internals this path uses, unless FLASHLAB_FAST_LAUNCH=0."""
     if os.environ.get("FLASHLAB_FAST_LAUNCH", "1").strip() in ("0", "false", "no"):
         return False
+    return _supported()
+
+
+@lru_cache(maxsize=1)
+def _supported() -> bool:
     from ..device import has_gpu
 
     if not has_gpu():

@@ -475,8 +475,9 @@ class Plan:
             return "in order (every block has the same work)"
         if self.heavy_first:
             bh = self.problem.B * self.problem.H
+            what = "K and V" if self.direction == "forward" else "Q and dO"
             return "heaviest first across all heads" if self.section == bh else \
-                f"heaviest first, in sections of {self.section} heads whose K and V fit in L2"
+                f"heaviest first, in sections of {self.section} heads whose {what} fit in L2"
         return "heaviest first within each head"
 
     def works(self, splits=None, heavy_first=None) -> np.ndarray:
@@ -519,10 +520,12 @@ class Plan:
         lines.append(f"- tile: block_q = {self.block_q}, block_k = {self.block_k} "
                      f"({config_text(self.variant, self.direction, self.config)}), {self.threads} threads, "
                      f"{self.shared_bytes:,} bytes of shared memory, {regs}")
-        others = ", ".join(f"{k} {v}" for k, v in self.bounds if k != self.limited_by)
+        limits = [k for k, v in self.bounds if v == self.blocks_per_sm]
+        others = ", ".join(f"{k} {v}" for k, v in self.bounds if v != self.blocks_per_sm)
         warps = self.blocks_per_sm * -(-self.threads // dev.warp)
-        lines.append(f"- {self.blocks_per_sm} blocks per SM, limited by {self.limited_by} ({others}): "
-                     f"{warps} warps of {dev.max_threads_per_sm // dev.warp}, occupancy {self.occupancy:.0%}")
+        lines.append(f"- {self.blocks_per_sm} block{'s' if self.blocks_per_sm > 1 else ''} per SM, limited by "
+                     f"{' and '.join(limits)} ({others or 'nothing else'}): {warps} warps of "
+                     f"{dev.max_threads_per_sm // dev.warp}, occupancy {self.occupancy:.0%}")
         what = "key blocks" if p.direction == "backward" else "query blocks"
         per_head = -(-(p.Nk if p.direction == "backward" else p.Nq) // (self.block_k if p.direction == "backward"
                                                                        else self.block_q))
