@@ -292,9 +292,9 @@ print(pc.explain())
 # %% [markdown]
 # Move the sliders: B·H, N, d, the GPU and causal. Left, the launch before the planner; middle, the plan;
 # right, the predicted efficiency against N, with the measured flashlab / SDPA ratios of the shape suite
-# (`python benchmarks/bench_kernels.py --suite`, `benchmarks/results/suite.csv`) when that file is there. On
-# a T4 the blocks per SM and the waves change with its 40 SMs and 64 KB of shared memory per SM. (Without
-# widgets, or in the fast mode: the efficiency curves for d = 64 and 128.)
+# (`python benchmarks/bench_kernels.py --suite` writes them to `suite.csv` among the benchmark results) once
+# that file exists. On a T4 the blocks per SM and the waves change with its 40 SMs and 64 KB of shared memory
+# per SM. (Without widgets, or in the fast mode: the efficiency curves for d = 64 and 128.)
 
 # %%
 gwaves.wave_explorer();
