@@ -81,16 +81,20 @@ if ceiling:
     fp16 = ceiling["fp16 m16n8k16"] * 1e12
     print(f"measured fp16 mma.sync: {fp16 / PUBLISHED_FP32['H100']:.1f} times the FP32 units' peak, "
           f"{fp16 / PUBLISHED['H100'].peak_flops:.0%} of the datasheet's dense FP16 number")
+    three = ceiling["3xTF32 (3 tf32 mma per product)"] * 1e12
+    print(f"3xTF32 (three tf32 mma per product, section 5): {three / PUBLISHED_FP32['H100']:.1f} times the FP32 "
+          "units' peak")
 
 # %% [markdown]
 # Two things to read off. Tensor cores are in another league than the FP32 units, so moving attention's
 # two products onto them is the next big step. And `mma.sync` does not reach the datasheet number on an
 # H100: Hopper's full tensor-core rate needs `wgmma`, an asynchronous instruction of a *warpgroup* (4 warps)
-# that reads its operands from shared memory. Without it, `mma.sync` reaches about two thirds of the peak
+# that reads B (and optionally A) straight from shared memory. Without it, `mma.sync` reaches about two thirds of the peak
 # (FlashAttention-3 blog post, July 2024, note 1, citing Luo et al., arXiv 2402.13499). FlashAttention-3 is
-# built on `wgmma`. A Numba `@intrinsic` could emit it as well, but it wants its operands laid out in shared
-# memory in ways that need more room than numba-cuda can allocate (section 8); that is beyond this course.
-# We stay with `mma.sync`, which every GPU since Ampere has (and, in its m16n8k8 form, Colab's T4).
+# built on `wgmma`. A Numba `@intrinsic` could emit it too, but it finds its shared-memory operands through
+# *matrix descriptors* that encode a swizzled layout, and runs asynchronously between fences and
+# commit/wait groups: more machinery than this course builds. We stay with `mma.sync`, which every GPU since
+# Ampere has (and, in its m16n8k8 form, Colab's T4).
 
 # %% [markdown]
 # ## 2. Fragments: who holds what
@@ -233,8 +237,8 @@ print("C fragments of n-tiles 2kk and 2kk+1 == A fragment of k-step kk:", same)
 # Every lane already holds exactly the P values it must bring to P V: c0, c1 of the first n-tile are its a0,
 # a1; c2, c3 are a2, a3; the second n-tile gives a4 to a7. The kernel only packs two fp32 values into one
 # 32-bit register of float16 (or bfloat16) pairs, `pack_f16x2`, and P never touches shared memory. This is
-# where a tensor-core FlashAttention saves most against its FP32 cousin (lesson 09 wrote S to shared memory
-# to share it between threads).
+# where a tensor-core FlashAttention saves most against its FP32 cousin: lesson 09's register kernel writes
+# P to shared memory, transposed, so that other threads can multiply it with V.
 #
 # In tf32 the match is not exact: m16n8k8 tf32 wants columns t and t+4 where C gives 2t and 2t+1.
 
@@ -269,8 +273,8 @@ plt.show()
 #
 # $$a\,b \approx a_{big}\,b_{big} + a_{big}\,b_{small} + a_{small}\,b_{big},$$
 #
-# dropping $a_{small} b_{small}$, which is below fp32's resolution. Three `mma` per product: on the H100 that
-# is still above the FP32 units' rate (section 1's chart). torch's SDPA uses the same trick for float32.
+# dropping $a_{small} b_{small}$, which is below fp32's resolution. Three `mma` per product: section 1 printed
+# how that rate compares with the FP32 units' peak. torch's SDPA uses the same trick for float32.
 #
 # The figure measures all of this in NumPy, with `flashlab.fragments`' rounding: C = A B computed the way a
 # chain of `mma` does (exact products, each k-step added to an fp32 accumulator) from inputs rounded to each
@@ -290,7 +294,8 @@ for fmt in tviz.FORMATS:
 # 3xTF32 sits with plain fp32 arithmetic. On the right, float16 loses tiny entries (they fall below its
 # smallest normal number) and overflows on huge ones, while tf32 and bfloat16 have float32's range. That is
 # why FlashAttention in float16 subtracts the row max before the exponential and keeps its accumulators in
-# fp32: P lies in [0, 1] and S, O, m and l never take the 16-bit format.
+# fp32: S, m, l and the running O stay in fp32 registers; only P, which lies in [0, 1], and the final O are
+# rounded to 16 bits.
 
 # %% [markdown]
 # ## 6. The kernel, step by step
@@ -336,6 +341,7 @@ print(tviz.source_between(src, "# S = Q K^T for this warp", "# Mask keys past Nk
 # n-tile. The row's max and sum need all of its columns, which sit in the 4 lanes of the quad: after each
 # lane takes the max over its own values, two butterfly exchanges `shfl_xor(x, 1)` and `shfl_xor(x, 2)`
 # give every lane of the quad the row's max (`shfl.sync.bfly`: lane i receives the value of lane i ^ mask).
+# Lesson 09's kernel combined its threads' row maxima through shared memory; here two register exchanges do.
 
 # %%
 tviz.plot_quad_reduction()
@@ -392,6 +398,27 @@ for dtype, precision in ((np.float16, None), (np.float32, "3xtf32"), (np.float32
                                        causal=True)
     print(f"{np.dtype(dtype).name:8s} {precision or 'f16':7s} Nq={nq} Nk={nk} d={d} causal: "
           f"o error {relative_error(o, ref):.1e}, lse error {relative_error(lse, ref_lse):.1e}")
+
+# %% [markdown]
+# On a GPU, time it against torch's SDPA in the same dtype, at B = 1, H = 16, N = 4096, d = 64 (CUDA events,
+# median of 10 after warm-up; the first call compiles). Without a GPU this cell does nothing; section 7 shows
+# the committed measurements.
+
+# %%
+if ON_GPU:
+    import torch
+
+    from flashlab.bench import attention_flops, time_cuda, tflops
+
+    Bt, Ht, Nt, dt = 1, 16, 4096, 64
+    flops = attention_flops(Bt, Ht, Nt, Nt, dt)
+    for tdtype in (torch.float16,) if CC < (8, 0) else (torch.float16, torch.bfloat16, torch.float32):
+        qt, kt, vt = (torch.randn(Bt, Ht, Nt, dt, device="cuda", dtype=tdtype) for _ in range(3))
+        ours = time_cuda(lambda: flash_attention(qt, kt, vt, variant="tensor"), warmup=2, reps=10)["median_ms"]
+        sdpa = time_cuda(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt), warmup=2,
+                         reps=10)["median_ms"]
+        print(f"{str(tdtype):15s} tensor kernel {tflops(flops, ours):6.1f} TFLOP/s, torch SDPA "
+              f"{tflops(flops, sdpa):6.1f} TFLOP/s")
 
 # %% [markdown]
 # float16's error comes from rounding the output (and P) to float16; 3xTF32 is at fp32's level, 1xTF32 at
@@ -451,10 +478,10 @@ plt.show()
 #
 # - The speed and the ratios come from one benchmark file on one H100; rerun the script for your GPU, and
 #   always compare with torch measured in the same run.
-# - In float32 the tensor kernel competes with SDPA (which also uses 3xTF32), and 1xTF32 beats it by giving
-#   up accuracy: a fair comparison says which precision it compares.
-# - In float16 and bfloat16 SDPA is much faster. Its kernels are FlashAttention-2 (and cuDNN's): compiled
-#   C++ tuned over years, where ours is one Python module. The next section lists where they differ.
+# - In float32, SDPA also runs 3xTF32 on tensor cores: the printed ratios say how close the kernel gets.
+#   1xTF32 is faster than 3xTF32 because it gives up accuracy; a fair comparison names its precision.
+# - In float16 and bfloat16, SDPA's kernels are FlashAttention-2's (and cuDNN's): compiled C++ tuned over
+#   years, where ours is one Python module. The next section lists where they differ.
 #
 # ## 8. Where this kernel differs from FlashAttention-2 and -3
 #

@@ -35,7 +35,8 @@ def lane_color(lane: int):
     return cmap(4 * (g % 4) + t)
 
 
-def _draw_operand(ax, x0, y0, shape, operand, dtype, lane=None, col_offset=0, label=None, names=None, text=True):
+def _draw_operand(ax, x0, y0, shape, operand, dtype, lane=None, col_offset=0, label=None, names=None, text=True,
+                  row_labels=True):
     """One operand's cells at (x0, y0): colour = lane, text = lane and element name (only the highlighted
     lane's when text is False: small panels); `lane` highlights one lane."""
     fmap = F.fragment_map(shape, operand, dtype)
@@ -57,7 +58,7 @@ def _draw_operand(ax, x0, y0, shape, operand, dtype, lane=None, col_offset=0, la
         return rows, cols
     for c in range(0, cols, 4 if cols > 8 else 2):
         ax.text(x0 + c, y0 + rows + 0.3, str(c + col_offset), ha="center", va="top", fontsize=5.5, color="#555555")
-    for r in range(0, rows, 4):
+    for r in range(0, rows, 4) if row_labels else ():
         ax.text(x0 - 0.2, y0 + r + 0.5, str(r), ha="right", va="center", fontsize=5.5, color="#555555")
     return rows, cols
 
@@ -131,7 +132,7 @@ def plot_p_in_registers(layout="f16", axes=None):
         def names(L, i, n=n):
             return f"c{i}" + (f"'" if n else "")
         _draw_operand(ax, 8 * n + 0.3 * n, 0, shape, "C", dtype, label=f"S, n-tile {n}: keys {8 * n}-{8 * n + 7}",
-                      col_offset=8 * n, names=names)
+                      col_offset=8 * n, names=names, row_labels=n == 0)
     ax.set_xlim(-1.2, 8 * tiles + 0.3 * (tiles - 1) + 0.3)
     ax.set_ylim(17.5, -1.8)
     ax.set_aspect("equal")
