@@ -233,8 +233,8 @@ def test_the_checkers_formulas_are_the_fragment_maps():
         for operand in ("A", "B", "C"):
             np.testing.assert_array_equal(positions(layout, operand, lane // 4, lane % 4),
                                           F.fragment_map(shape, operand, dtype), err_msg=f"{layout} {operand}")
-            got = np.array([[_right(layout, operand, L, i) for i in range(F.fragment_map(shape, operand, dtype).shape[1])]
-                            for L in lane])
+            n = F.fragment_map(shape, operand, dtype).shape[1]
+            got = np.array([[_right(layout, operand, L, i) for i in range(n)] for L in lane])
             np.testing.assert_array_equal(got, F.fragment_map(shape, operand, dtype))
 
 
@@ -251,13 +251,14 @@ def test_blank_is_not_implemented(name):
     assert check(name, blank, seed=0, quiet=True).status == "not implemented"
 
 
-@pytest.mark.parametrize("name,label,fn,says", [(n, lab, fn, says) for n, ms in MUTANTS.items() for lab, fn, says in ms],
+@pytest.mark.parametrize("name,label,fn,says",
+                         [(n, lab, fn, says) for n, ms in MUTANTS.items() for lab, fn, says in ms],
                          ids=[f"{n}: {lab}" for n, ms in MUTANTS.items() for lab, _, _ in ms])
 def test_mutant_is_rejected_with_its_slip_named(name, label, fn, says):
     for seed in SEEDS:
         result = check(name, fn, seed=seed, quiet=True)
         assert result.status == "failed", f"{name}: mutant {label!r} passed with seed {seed}"
-        assert says in str(result), f"{name}: mutant {label!r}, seed {seed}: the verdict does not say {says!r}:\n{result}"
+        assert says in str(result), f"{name}: mutant {label!r}, seed {seed}: the verdict lacks {says!r}:\n{result}"
 
 
 def test_s_tile_solution_passes_quickly():
@@ -283,7 +284,7 @@ def test_s_tile_mutant_is_rejected(label, edits, says):
         assert result.seconds < 30
 
 
-@pytest.mark.skipif(has_gpu(), reason="the simulator's check; on a GPU a skipped warp instruction hangs or is undefined")
+@pytest.mark.skipif(has_gpu(), reason="the simulator's check; on a GPU a skipped warp instruction is undefined")
 def test_s_tile_that_skips_the_mma_on_some_lanes_fails_with_a_message():
     edits = [("        for ks in range(q.shape[1] // 8):  # k-steps of 16 dims = 8 words\n",
               "        for ks in range(q.shape[1] // 8 if lane else 0):  # k-steps of 16 dims = 8 words\n")]

@@ -26,8 +26,6 @@
 # performance" (2022, arXiv 2203.03341).
 
 # %%
-import inspect
-
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -89,9 +87,9 @@ if ceiling:
 # Two things to read off. Tensor cores are in another league than the FP32 units, so moving attention's
 # two products onto them is the next big step. And `mma.sync` does not reach the datasheet number on an
 # H100: Hopper's full tensor-core rate needs `wgmma`, an asynchronous instruction of a *warpgroup* (4 warps)
-# that reads B (and optionally A) straight from shared memory. Without it, `mma.sync` reaches about two thirds of the peak
-# (FlashAttention-3 blog post, July 2024, note 1, citing Luo et al., arXiv 2402.13499). FlashAttention-3 is
-# built on `wgmma`. A Numba `@intrinsic` could emit it too, but it finds its shared-memory operands through
+# that reads B (and optionally A) straight from shared memory. Without it, `mma.sync` reaches about two
+# thirds of the peak (FlashAttention-3 blog post, July 2024, note 1, citing Luo et al., arXiv 2402.13499).
+# FlashAttention-3 is built on `wgmma`. A Numba `@intrinsic` could emit it too, but it finds its shared-memory operands through
 # *matrix descriptors* that encode a swizzled layout, and runs asynchronously between fences and
 # commit/wait groups: more machinery than this course builds. We stay with `mma.sync`, which every GPU since
 # Ampere has (and, in its m16n8k8 form, Colab's T4).

@@ -76,7 +76,8 @@ def check_fragment_position(t, fn):
                 raise t.fail(f"operand {operand} ({layout}): {why}")
         if len(outside):
             L, i = outside[0]
-            raise t.fail(f"lane {L}, element {i}: {_pairs(got[L, i:i + 1])[0]} is outside the {rows} x {cols} matrix {operand}")
+            raise t.fail(f"lane {L}, element {i}: {_pairs(got[L, i:i + 1])[0]} is outside the {rows} x {cols} "
+                         f"matrix {operand}")
         flat = got[..., 0] * cols + got[..., 1]
         values, counts = np.unique(flat, return_counts=True)
         if len(values) < flat.size:
@@ -178,7 +179,8 @@ def _round_bits(x, bits):
 
 def _same(a, b):
     a, b = np.asarray(a), np.asarray(b)
-    return a.shape == b.shape and np.array_equal(a.astype(np.float32).view(np.uint32), b.astype(np.float32).view(np.uint32))
+    bits = [np.asarray(x).astype(np.float32).view(np.uint32) for x in (a, b)]
+    return a.shape == b.shape and np.array_equal(*bits)
 
 
 @exercise("split_tf32", lesson=LESSON,

@@ -130,7 +130,7 @@ def plot_p_in_registers(layout="f16", axes=None):
     tiles = K // 8
     for n in range(tiles):
         def names(L, i, n=n):
-            return f"c{i}" + (f"'" if n else "")
+            return f"c{i}" + ("'" if n else "")
         _draw_operand(ax, 8 * n + 0.3 * n, 0, shape, "C", dtype, label=f"S, n-tile {n}: keys {8 * n}-{8 * n + 7}",
                       col_offset=8 * n, names=names, row_labels=n == 0)
     ax.set_xlim(-1.2, 8 * tiles + 0.3 * (tiles - 1) + 0.3)
@@ -193,7 +193,8 @@ def plot_quad_reduction(values=(3.0, 7.0, 1.0, 5.0), ax=None):
     for step, v in enumerate(vals):
         y = -1.3 * step
         for lane in range(4):
-            ax.add_patch(plt.Rectangle((1.6 * lane, y), 1.1, 0.7, facecolor=lane_color(lane), edgecolor="black", lw=0.5))
+            ax.add_patch(plt.Rectangle((1.6 * lane, y), 1.1, 0.7, facecolor=lane_color(lane), edgecolor="black",
+                                       lw=0.5))
             ax.text(1.6 * lane + 0.55, y + 0.35, f"{v[lane]:g}", ha="center", va="center", fontsize=9,
                     color=text_color_on(lane_color(lane)))
             if step < 2:
