@@ -75,7 +75,7 @@ print(f"an H100 SM has {h100.tensor_cores_per_sm} tensor cores, one per schedule
 ceiling = tviz.load_mma_ceiling()
 tviz.plot_mma_ceiling(ceiling, PUBLISHED_FP32["H100"], PUBLISHED["H100"].peak_flops)
 plt.show()
-if ceiling:
+if "fp16 m16n8k16" in ceiling and "3xTF32 (3 tf32 mma per product)" in ceiling:
     fp16 = ceiling["fp16 m16n8k16"] * 1e12
     print(f"measured fp16 mma.sync: {fp16 / PUBLISHED_FP32['H100']:.1f} times the FP32 units' peak, "
           f"{fp16 / PUBLISHED['H100'].peak_flops:.0%} of the datasheet's dense FP16 number")
