@@ -7,7 +7,8 @@ Measures, all in the same run (CUDA events, median of >= 20 after warm-up, compi
   forward  TFLOP/s at B=1, H=16, N in {1024, 4096, 16384}, d in {64, 128}, float32: flashlab "shared" and
            "register" vs torch SDPA (float32 and float16) and manual attention (matmul, softmax, matmul)
   tensor   the tensor-core variant in float16, bfloat16 and float32 (3xTF32 and 1xTF32), causal and not,
-           against torch SDPA in the same dtype
+           against torch SDPA in the same dtype (lessons 10 and 15 read the H100's tensor.csv as
+           flashlab/data/h100_tensor.csv: copy a new H100 result there)
   backward flashlab.kernels.flash_attention_backward (when present) vs torch SDPA's backward
   memory   peak device memory of forward (+ backward) as N grows: linear means no N x N buffer
   sweep    tile shapes (block_q, block_k, threads) of the register kernel -> flashlab/data/tile_sweep.csv

@@ -97,7 +97,7 @@ gviz.tile_explorer(rows);
 # *compute*-bound: the ceiling that matters is the FP32 rate, and how close a kernel gets to it is
 # decided inside the SM (lessons 08 and 09). PyTorch's SDPA in float32 uses tensor cores (3xTF32),
 # a different and higher roof; in float16 it is higher still. Lesson 15's tensor-core kernel is on the
-# plot too (float16 and 3xTF32, `benchmarks/results/h100/tensor.csv`), under the `mma.sync` ceilings a
+# plot too (float16 and 3xTF32, `flashlab/data/h100_tensor.csv`), under the `mma.sync` ceilings a
 # Numba kernel reaches (measured by `benchmarks/mma_ceiling.py`): the roofs that bound it.
 
 # %%

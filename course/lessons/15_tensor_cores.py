@@ -428,7 +428,7 @@ if ON_GPU:
 #
 # `benchmarks/bench_kernels.py` times the tensor kernel in each precision, the register kernel (lesson 09,
 # fp32 units) and torch's SDPA in the *same* dtype, at B = 1, H = 16 (CUDA events, medians; its file is
-# `benchmarks/results/h100/tensor.csv`). Solid lines are flashlab, dashed ones torch.
+# `flashlab/data/h100_tensor.csv`). Solid lines are flashlab, dashed ones torch.
 
 # %%
 rows = tviz.load_tensor_results()
@@ -444,7 +444,7 @@ if rows:
             print(f"N={r['N']} d={r['d']:3d} {r['impl']:24s} {r['tflops']:6.1f} TFLOP/s, "
                   f"{r['ratio']:.0%} of torch SDPA in {r['dtype']}")
 else:
-    print("no benchmark file here: run from a clone of the repository (benchmarks/results/h100/tensor.csv)")
+    print("no benchmark data found (flashlab/data/h100_tensor.csv is missing from this install)")
 
 # %% [markdown]
 # And against the instruction's own ceiling from section 1: how much of what `mma.sync` can do from Numba

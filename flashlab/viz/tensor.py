@@ -6,9 +6,10 @@ kernel     plot_double_buffer, source_between (a commented section of a function
 speed      load_mma_ceiling, load_tensor_results, plot_mma_ceiling, plot_tensor_speed, ceiling_shares,
            plot_ceiling_shares, mma_roofs (lesson 10's roofline)
 
-Measured data: benchmarks/results/h100/mma_ceiling.csv (benchmarks/mma_ceiling.py) and
-benchmarks/results/h100/tensor.csv (benchmarks/bench_kernels.py). A pip-installed flashlab has no
-benchmarks/ folder: the loaders then return [] and the plots say so.
+Measured data, package data so that a pip-installed flashlab (Colab) has it too:
+flashlab/data/h100_mma_ceiling.csv (benchmarks/mma_ceiling.py) and flashlab/data/h100_tensor.csv
+(benchmarks/bench_kernels.py --parts tensor). A missing file makes the loaders return [] and the plots
+say so.
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ import numpy as np
 from .. import fragments as F
 from ._base import explore, own_axes, subplots, text_color_on
 
-RESULTS = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "results" / "h100"
-MMA_CSV, TENSOR_CSV = RESULTS / "mma_ceiling.csv", RESULTS / "tensor.csv"
+DATA = Path(__file__).resolve().parent.parent / "data"
+MMA_CSV, TENSOR_CSV = DATA / "h100_mma_ceiling.csv", DATA / "h100_tensor.csv"
 LAYOUTS = {"f16": ("m16n8k16", "float16"), "tf32": ("m16n8k8", "tf32")}  # the kernel's two mma shapes
 
 
@@ -382,7 +383,7 @@ def load_mma_ceiling(path=None) -> dict:
 
 
 def load_tensor_results(path=None) -> list:
-    """Rows of benchmarks/results/h100/tensor.csv (N, d, causal, dtype, impl, ms, tflops, torch_tflops,
+    """Rows of flashlab/data/h100_tensor.csv (N, d, causal, dtype, impl, ms, tflops, torch_tflops,
     ratio) with numbers converted; [] without the file."""
     return _read(path or TENSOR_CSV)
 
