@@ -86,15 +86,9 @@ def flashlab_forward(variant, q, k, v, tile=None):
 
 def flashlab_tensor(q, k, v, precision, causal):
     """A closure launching the tensor-core kernel on pre-converted arrays (torch tensors in, no copies)."""
-    from flashlab.kernels import _launch, tensor
+    from flashlab.kernels import tensor
 
-    qd, kd, vd = (_launch.to_device_words(x, name)[0] for x, name in ((q, "q"), (k, "k"), (v, "v")))
-    B, H, n, d = q.shape
-    dtype = str(q.dtype).replace("torch.", "")
-    _, o = _launch.empty_words((B, H, n, d), dtype, "torch", like=q)
-    lse = _launch.empty_words((B, H, n), "float32", "torch", like=q)[1]
-    tile = tensor.choose_tile(d, precision)
-    return lambda: tensor.launch(qd, kd, vd, o, lse, H, 1 / math.sqrt(d), causal, tile, precision)
+    return tensor.prepare(q, k, v, causal=causal, precision=precision)[0]
 
 
 TENSOR_PRECISIONS = {"float16": ["f16"], "bfloat16": ["bf16"], "float32": ["3xtf32", "tf32"]}

@@ -399,8 +399,11 @@ for dtype, precision in ((np.float16, None), (np.float32, "3xtf32"), (np.float32
 
 # %% [markdown]
 # On a GPU, time it against torch's SDPA in the same dtype, at B = 1, H = 16, N = 4096, d = 64 (CUDA events,
-# median of 10 after warm-up; the first call compiles). Without a GPU this cell does nothing; section 7 shows
-# the committed measurements.
+# median of 10 after warm-up; the first call compiles), twice: the whole `flash_attention` call, and the
+# launch alone on arrays prepared once (`tensor.prepare`, what `benchmarks/bench_kernels.py` times). The
+# difference is flashlab's Python work per call: checking the inputs, wrapping torch's memory for Numba,
+# allocating the outputs. While Python works the GPU waits, so the events see it. Without a GPU this cell
+# does nothing; section 7 shows the committed measurements.
 
 # %%
 if ON_GPU:
@@ -412,11 +415,12 @@ if ON_GPU:
     flops = attention_flops(Bt, Ht, Nt, Nt, dt)
     for tdtype in (torch.float16,) if CC < (8, 0) else (torch.float16, torch.bfloat16, torch.float32):
         qt, kt, vt = (torch.randn(Bt, Ht, Nt, dt, device="cuda", dtype=tdtype) for _ in range(3))
-        ours = time_cuda(lambda: flash_attention(qt, kt, vt, variant="tensor"), warmup=2, reps=10)["median_ms"]
+        call = time_cuda(lambda: flash_attention(qt, kt, vt, variant="tensor"), warmup=2, reps=10)["median_ms"]
+        launch = time_cuda(tensor.prepare(qt, kt, vt)[0], warmup=2, reps=10)["median_ms"]
         sdpa = time_cuda(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt), warmup=2,
                          reps=10)["median_ms"]
-        print(f"{str(tdtype):15s} tensor kernel {tflops(flops, ours):6.1f} TFLOP/s, torch SDPA "
-              f"{tflops(flops, sdpa):6.1f} TFLOP/s")
+        print(f"{str(tdtype):15s} flash_attention call {tflops(flops, call):6.1f} TFLOP/s, launch alone "
+              f"{tflops(flops, launch):6.1f}, torch SDPA {tflops(flops, sdpa):6.1f}")
 
 # %% [markdown]
 # float16's error comes from rounding the output (and P) to float16; 3xTF32 is at fp32's level, 1xTF32 at

@@ -401,23 +401,37 @@ def resolve_precision(dtype: str, precision, cc) -> str:
     return precision
 
 
-def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, precision=None):
-    """flash_attention(..., variant="tensor"): check, pack 16-bit inputs as uint32 pairs (no copy), launch."""
+def prepare(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, precision=None):
+    """Everything flash_attention(..., variant="tensor") does before the launch: check the inputs, pack
+    16-bit ones as uint32 pairs (no copy), allocate o and lse, pick the precision and the tile.
+
+    Returns (run, o, lse, kind): run() launches the kernel on the prepared arrays and can be called again
+    (benchmarks time it, so that Python's work per call is not counted as kernel time); kind says how the
+    inputs came ("numpy", "numba" or "torch") for _launch.like_input."""
     from ..device import device_limits
-    from ._launch import check_kernel_inputs, to_device_words
+    from ._launch import check_kernel_inputs, empty_words, to_device_words
 
     (q_d, kind, dtype), (k_d, _, k_dtype), (v_d, _, v_dtype) = (to_device_words(x, n) for x, n in
                                                                  ((q, "q"), (k, "k"), (v, "v")))
     if not dtype == k_dtype == v_dtype:
         raise TypeError(f"q, k and v must share one dtype; got q {dtype}, k {k_dtype}, v {v_dtype}")
     precision = resolve_precision(dtype, precision, device_limits()["cc"])
-    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale, words=dtype != "float32")
+    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale,
+                                                         words=dtype != "float32")
     tile = choose_tile(d, precision, block_q, block_k)
-    from ._launch import empty_words, like_input
-
     o, o_words = empty_words((B, H, Nq, d), dtype, kind, like=q)
     lse = empty_words((B, H, Nq), "float32", kind, like=q)[0]
-    launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, tile, precision)
+    run = lambda: launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, tile, precision)  # noqa: E731
+    return run, o, lse, kind
+
+
+def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, precision=None):
+    """flash_attention(..., variant="tensor"): prepare, launch once, return (o, lse) like the inputs."""
+    from ._launch import like_input
+
+    run, o, lse, kind = prepare(q, k, v, causal=causal, scale=scale, block_q=block_q, block_k=block_k,
+                                precision=precision)
+    run()
     return like_input(o, kind), like_input(lse, kind)
 
 
