@@ -7,7 +7,8 @@ Measures, all in the same run (CUDA events, median of >= 20 after warm-up, compi
   forward  TFLOP/s at B=1, H=16, N in {1024, 4096, 16384}, d in {64, 128}, float32: flashlab "shared" and
            "register" vs torch SDPA (float32 and float16) and manual attention (matmul, softmax, matmul)
   tensor   the tensor-core variant in float16, bfloat16 and float32 (3xTF32 and 1xTF32), causal and not,
-           against torch SDPA in the same dtype
+           against torch SDPA in the same dtype (lessons 10 and 15 read the H100's tensor.csv as
+           flashlab/data/h100_tensor.csv: copy a new H100 result there)
   backward flashlab.kernels.flash_attention_backward (when present) vs torch SDPA's backward
   memory   peak device memory of forward (+ backward) as N grows: linear means no N x N buffer
   sweep    tile shapes (block_q, block_k, threads) of the register kernel -> flashlab/data/tile_sweep.csv
@@ -91,15 +92,9 @@ def flashlab_forward(variant, q, k, v, tile=None):
 
 def flashlab_tensor(q, k, v, precision, causal):
     """A closure launching the tensor-core kernel on pre-converted arrays (torch tensors in, no copies)."""
-    from flashlab.kernels import _launch, tensor
+    from flashlab.kernels import tensor
 
-    qd, kd, vd = (_launch.to_device_words(x, name)[0] for x, name in ((q, "q"), (k, "k"), (v, "v")))
-    B, H, n, d = q.shape
-    dtype = str(q.dtype).replace("torch.", "")
-    _, o = _launch.empty_words((B, H, n, d), dtype, "torch", like=q)
-    lse = _launch.empty_words((B, H, n), "float32", "torch", like=q)[1]
-    tile = tensor.choose_tile(d, precision)
-    return lambda: tensor.launch(qd, kd, vd, o, lse, H, 1 / math.sqrt(d), causal, tile, precision)
+    return tensor.prepare(q, k, v, causal=causal, precision=precision)[0]
 
 
 TENSOR_PRECISIONS = {"float16": ["f16"], "bfloat16": ["bf16"], "float32": ["3xtf32", "tf32"]}

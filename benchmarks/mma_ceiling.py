@@ -5,7 +5,8 @@
 Each warp keeps 8 independent accumulator tiles and issues mma after mma on them (no memory traffic, no
 dependency stalls beyond the instruction's own latency), for each instruction flashlab.kernels.mma has.
 TFLOP/s = 2*M*N*K per mma. Lesson 15 and the roofline place the attention kernel against these numbers.
-Writes mma_ceiling.csv (instruction, TFLOP/s, the GPU) to --out.
+Writes mma_ceiling.csv (instruction, TFLOP/s, the GPU) to --out. Lessons 10 and 15 read the H100's copy,
+flashlab/data/h100_mma_ceiling.csv (package data, so Colab has it too): copy a new H100 result there.
 """
 import argparse
 import sys

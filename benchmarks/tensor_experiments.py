@@ -7,7 +7,6 @@ tiles listed below (warps per block = block_q / 16, block_k), with each compiled
 shared memory, and writes tensor_experiments.csv. The defaults of kernels/tensor.py come from this table.
 """
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ def main(argv=None):
     import torch
     import torch.nn.functional as F
 
-    from flashlab.kernels import _launch, tensor
+    from flashlab.kernels import tensor
 
     rows, n = [], args.n
     for d in map(int, args.ds.split(",")):
@@ -45,16 +44,13 @@ def main(argv=None):
         for precision, tiles in TILES.items():
             q, k, v = (x.to(getattr(torch, DTYPE[precision])) for x in base)
             sdpa = tflops(flops, time_cuda(lambda: F.scaled_dot_product_attention(q, k, v))["median_ms"])
-            qd, kd, vd = (_launch.to_device_words(x, "x")[0] for x in (q, k, v))
-            _, o = _launch.empty_words((1, 16, n, d), DTYPE[precision], "torch", like=q)
-            lse = _launch.empty_words((1, 16, n), "float32", "torch", like=q)[1]
             for warps, bk in tiles:
                 tile = tensor.TensorTile(warps, bk)
                 try:
                     tile.check(d, precision)
                 except ValueError:
                     continue
-                run = lambda: tensor.launch(qd, kd, vd, o, lse, 16, 1 / math.sqrt(d), False, tile, precision)  # noqa: E731
+                run = tensor.prepare(q, k, v, precision=precision, block_q=tile.block_q, block_k=bk)[0]
                 tf = tflops(flops, time_cuda(run)["median_ms"])
                 kern = tensor.build(d, tile, False, precision)
                 regs, local = kern.get_regs_per_thread(), kern.get_local_mem_per_thread()

@@ -126,6 +126,9 @@ def get_cuda():
     return cuda
 
 
+_LIMITS = {}  # device id -> its limits
+
+
 def device_limits() -> dict:
     """The limits tile shapes are chosen from. On the simulator: those of a T4-class GPU (48 KB/block)."""
     if not has_gpu():
@@ -133,8 +136,10 @@ def device_limits() -> dict:
                 "shared_per_sm": 64 * 1024, "regs_per_sm": 65536, "regs_per_block": 65536,
                 "max_threads_per_sm": 1024, "max_blocks_per_sm": 16, "warp": 32}
     dev = get_cuda().get_current_device()
+    if dev.id in _LIMITS:  # each attribute is a driver call: ask once per device, not on every launch
+        return dict(_LIMITS[dev.id])
     cc = dev.compute_capability
-    return {
+    _LIMITS[dev.id] = {
         "name": dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name),
         "cc": cc,
         "sms": dev.MULTIPROCESSOR_COUNT,
@@ -147,6 +152,7 @@ def device_limits() -> dict:
         "max_blocks_per_sm": getattr(dev, "MAX_BLOCKS_PER_MULTIPROCESSOR", 16),
         "warp": dev.WARP_SIZE,
     }
+    return dict(_LIMITS[dev.id])
 
 
 # ---------------------------------------------------------------------------------------------- doctor

@@ -106,7 +106,7 @@ def _forward(q, k, v, causal, scale):
 def _cuda_variant(q) -> str:
     """"tensor" where this GPU has tensor-core mma for q's dtype (fp16: sm_75+; bf16 and fp32 via tf32: sm_80+)
     and the tensor kernel supports the head dim, else "register". On an H100 the tensor variant is also the
-    faster one for float32 (benchmarks/results/h100/tensor.csv)."""
+    faster one for float32 (flashlab/data/h100_tensor.csv)."""
     from .device import device_limits
     from .kernels import SUPPORTED_D
 

@@ -98,7 +98,9 @@ gviz.tile_explorer(rows);
 # byte in float32, above the H100's FP32 ridge point. So both flashlab kernels are, by the roofline,
 # *compute*-bound: the ceiling that matters is the FP32 rate, and how close a kernel gets to it is
 # decided inside the SM (lessons 08 and 09). PyTorch's SDPA in float32 uses tensor cores (3xTF32),
-# a different and higher roof; in float16 it is higher still.
+# a different and higher roof; in float16 it is higher still. Lesson 15's tensor-core kernel is on the
+# plot too (float16 and 3xTF32, `flashlab/data/h100_tensor.csv`), under the `mma.sync` ceilings a
+# Numba kernel reaches (measured by `benchmarks/mma_ceiling.py`): the roofs that bound it.
 
 # %%
 results, source = gviz.load_forward_results()
@@ -109,8 +111,11 @@ for impl, block_q in (("flashlab shared fp32", 64), ("flashlab register fp32", 1
         points[impl] = (gviz.kernel_intensity(N, d, block_q), at[impl] * 1e12)
 if "torch SDPA fp16" in at:
     points["torch SDPA fp16"] = (gviz.kernel_intensity(N, d, 128, bytes_per_element=2), at["torch SDPA fp16"] * 1e12)
-print("from", source)
-gviz.plot_kernel_roofline(points);
+from flashlab.viz import tensor as tviz
+
+points.update(tviz.tensor_roofline_points(tviz.load_tensor_results(), N=N, d=d))
+print("from", source, "and benchmarks/results/h100/ (tensor kernel, mma ceilings)")
+gviz.plot_kernel_roofline(points, roofs=tviz.mma_roofs(tviz.load_mma_ceiling()));
 
 # %% [markdown]
 # ## Inside the SM: where the issue slots go
@@ -191,7 +196,8 @@ gviz.plot_vs_torch(results, N=N, d=d, source=f"from {source}");
 #   SDPA fp32 at d = 64 from N = 4096 on (42% at N = 1024, where 16 heads of 8 query blocks make 128 thread
 #   blocks for 132 SMs), but only 30–35% at d = 128, where 48 KB of shared memory keeps its tiles small
 #   (lesson 07).
-#   float16 on tensor cores is in another league (numba-cuda has no tensor-core API).
+#   float16 on tensor cores is in another league (numba-cuda has no tensor-core API of its own; lesson 15
+#   reaches the tensor cores through PTX).
 # - On a T4 (Colab), SDPA in float32 runs on plain FP32 units: there the comparison is like for like.
 # - Always measure the baseline in the same run as your kernel, and quote ratios: on a shared machine
 #   absolute numbers move from run to run.

@@ -433,6 +433,29 @@ def resolve_precision(dtype: str, precision, cc) -> str:
     return precision
 
 
+def prepare(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, precision=None, splits=None,
+            plan=None):
+    """Everything flash_attention(..., variant="tensor") does before the launch: check the inputs, pack
+    16-bit ones as uint32 pairs (no copy), allocate o and lse, make the plan (kernels/plan.py: precision,
+    tile, split-KV, block order).
+
+    Returns (run, o, lse, kind): run() launches the kernel(s) on the prepared arrays and can be called again
+    (benchmarks time it, so that Python's work per call is not counted as kernel time); kind says how the
+    inputs came ("numpy", "numba" or "torch") for _launch.like_input."""
+    from ._launch import empty
+    from .forward import setup
+
+    p, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, causal, scale, "tensor", block_q, block_k,
+                                                             None, precision, splits, plan)
+    H, causal = p.problem.H, p.problem.causal
+
+    def run():
+        launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, p.config, p.precision, splits=p.splits,
+               heavy_first=p.heavy_first, section=p.section, alloc=lambda shape, dt: empty(shape, dt, kind, like=q))
+
+    return run, o, lse, kind
+
+
 def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, precision=None, splits=None,
             plan=None):
     """flash_attention(..., variant="tensor"): 16-bit inputs go in as uint32 pairs (no copy); see forward.py."""

@@ -9,6 +9,7 @@ lesson 06  plot_saved_for_backward
 lesson 10  wave_explorer (flashlab.viz.waves)
 lesson 11  fp8_explorer (flashlab.viz.fp8)
 lesson 14  split_explorer (flashlab.viz.decoding)
+lesson 15  fragment_explorer and the fragment, format and speed figures (flashlab.viz.tensor)
 
 Each plot_* returns a matplotlib Figure (and draws into `ax=` when given one). Explorers show
 ipywidgets sliders in a live kernel and a static grid of small plots otherwise, or in the fast mode.
@@ -19,6 +20,7 @@ from .fp8 import fp8_explorer
 from .memory import (peak_memory, plot_memory_hierarchy, plot_memory_vs_n, plot_naive_traffic, plot_roofline,
                      plot_saved_for_backward, plot_step_times, roofline_explorer)
 from .softmax import online_softmax_explorer, online_softmax_trace, plot_merge, plot_online_softmax, plot_overflow
+from .tensor import fragment_explorer
 from .tiles import (TileTracer, plot_causal_blocks, plot_occupancy, plot_tile_order, plot_work_split,
                     trace_tiles)
 from .waves import wave_explorer
@@ -30,7 +32,7 @@ __all__ = [
     "peak_memory", "plot_memory_hierarchy", "plot_memory_vs_n", "plot_naive_traffic", "plot_roofline",
     "plot_saved_for_backward", "plot_step_times", "roofline_explorer",
     "online_softmax_explorer", "online_softmax_trace", "plot_merge", "plot_online_softmax", "plot_overflow",
-    "fp8_explorer", "split_explorer", "wave_explorer",
+    "fp8_explorer", "split_explorer", "fragment_explorer", "wave_explorer",
     "TileTracer", "plot_causal_blocks", "plot_occupancy", "plot_tile_order", "plot_work_split", "trace_tiles",
     "block_traffic_grid", "fa_explorer", "fits", "plot_block_heatmap", "plot_io_compare", "plot_traffic_vs_n",
     "plot_traffic_vs_sram", "sram_explorer", "traffic_bytes",

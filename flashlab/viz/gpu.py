@@ -311,14 +311,15 @@ def kernel_intensity(n, d, block_q, bytes_per_element=4, causal=False):
     return flops / nbytes
 
 
-def plot_kernel_roofline(points, machine=None, ax=None):
-    """Kernels {label: (intensity FLOP/byte, achieved FLOP/s)} under a machine's FP32 roofline."""
+def plot_kernel_roofline(points, machine=None, ax=None, roofs=()):
+    """Kernels {label: (intensity FLOP/byte, achieved FLOP/s)} under a machine's FP32 roofline; `roofs`:
+    more flashlab.roofline.Machine roofs drawn with it (the measured mma.sync ceilings, lesson 15)."""
     from ..roofline import PUBLISHED, PUBLISHED_FP32, Machine
     from .memory import plot_roofline
 
     if machine is None:
         machine = Machine("H100 SXM, FP32 CUDA cores", PUBLISHED_FP32["H100"], PUBLISHED["H100"].bandwidth)
-    fig = plot_roofline([machine, PUBLISHED["H100"]], points=points, ax=ax, intensities=(1 / 4, 4096))
+    fig = plot_roofline([machine, *roofs, PUBLISHED["H100"]], points=points, ax=ax, intensities=(1 / 4, 4096))
     fig.axes[0].set_title("Attention forward kernels on the roofline", fontsize=10)
     return fig
 

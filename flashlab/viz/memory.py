@@ -67,9 +67,13 @@ def plot_roofline(machines, kernels=None, points=None, ax=None, intensities=(1 /
         ax.axvline(inten, color="#999999", lw=0.8, ls=":")
         ax.text(inten, 1.5e8, " " + ", ".join(names), rotation=90, va="bottom", ha="right",
                 fontsize=8, color="#555555")
+    placed = []  # (log intensity, log FLOP/s) of labelled points: a label near another goes one line lower
     for name, (inten, achieved) in (points or {}).items():
         ax.plot([inten], [achieved], "*", ms=11, color="black", zorder=5)
-        ax.annotate(name, (inten, achieved), textcoords="offset points", xytext=(6, -10), fontsize=8)
+        here = (np.log10(inten), np.log10(achieved))
+        near = sum(abs(here[0] - x) < 0.3 and abs(here[1] - y) < 0.3 for x, y in placed)
+        placed.append(here)
+        ax.annotate(name, (inten, achieved), textcoords="offset points", xytext=(6, -10 - 10 * near), fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")

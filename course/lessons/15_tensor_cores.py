@@ -1,0 +1,524 @@
+# %% [markdown]
+# # 15 · Tensor cores from Python
+#
+# Lessons 08 to 10 built FlashAttention on the GPU's FP32 units: one fused multiply-add per thread per
+# instruction. Every recent NVIDIA GPU also has **tensor cores**, units that multiply small matrices, and
+# PyTorch's attention uses them even for float32 inputs. numba-cuda has no tensor-core API, but a Numba
+# kernel can emit any PTX instruction, and `flashlab.kernels.mma` does exactly that. This lesson opens up
+# `variant="tensor"`, a FlashAttention-2 forward written in pure Python on `mma.sync`.
+#
+# **After this lesson you can**
+# - say what one warp-level matrix instruction computes, who takes part, and how much more work it does
+#   than an FP32 instruction;
+# - read and draw the fragment layouts of `mma.m16n8k16` (float16/bfloat16) and `mma.m16n8k8` (tf32):
+#   which lane holds which element of A, B and C in which register;
+# - explain why P never leaves registers between S = QKᵀ and O = PV, and why V is loaded with
+#   `ldmatrix.trans`;
+# - split a float32 number into two tf32 numbers and say what 3xTF32 costs and buys, against 1xTF32,
+#   float16 and bfloat16;
+# - follow the tensor kernel step by step, run it in the CUDA simulator, and read its measured speed
+#   against PyTorch, the FP32 kernels and the tensor cores' own ceiling.
+#
+# Sources: PTX ISA, "Warp Level Matrix Multiply-Accumulate Instructions" (`mma`, its fragment layouts,
+# `ldmatrix`), "cp.async" and "cvt"; FlashAttention-2 (Dao 2023, arXiv 2307.08691) for the algorithm and
+# its split of the work between warps; 3xTF32 from NVIDIA's CUTLASS 2.8 and Ootomo and Yokota,
+# "Recovering single precision accuracy from Tensor Cores while surpassing the FP32 theoretical peak
+# performance" (2022, arXiv 2203.03341).
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+
+import flashlab
+from flashlab import device, fragments as F, reference_attention, relative_error
+from flashlab.hardware import GPUS
+from flashlab.kernels import flash_attention, mma, tensor
+from flashlab.roofline import PUBLISHED, PUBLISHED_FP32
+from flashlab.viz import tensor as tviz
+
+cuda = device.get_cuda()
+ON_GPU = device.has_gpu()
+CC = device.device_limits()["cc"]  # None in the simulator
+rng = np.random.default_rng(0)
+print("running on:", device.device_limits()["name"], "" if ON_GPU else "(every warp instruction is emulated)")
+
+# %% [markdown]
+# ## 1. One instruction, a whole warp
+#
+# An FP32 instruction of a warp does 32 multiply-adds, one per lane. A **warp-level matrix instruction**
+# does a whole small matrix product: `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` computes
+#
+# $$D = A\,B + C, \qquad A: 16\times16 \text{ (float16)},\quad B: 16\times 8 \text{ (float16)},\quad C, D: 16\times 8 \text{ (float32)}$$
+#
+# as **one** instruction of the warp. No lane holds a matrix: the 32 lanes each bring a few elements of A,
+# B and C in their registers, and each gets back a few elements of D. `.sync` and `.aligned` say that all
+# 32 lanes must execute the same `mma` together (PTX ISA): it cannot sit inside an `if` that only some
+# lanes take. The shape is in the name, m16 n8 k16, and the operand types at the end.
+
+# %%
+M, N, K = F.SHAPES["m16n8k16"]
+per_mma, per_ffma = M * N * K, 32
+print(f"one mma.m16n8k16: {per_mma} multiply-adds; one FFMA warp instruction: {per_ffma}; "
+      f"ratio {per_mma // per_ffma}")
+h100 = GPUS["H100"]
+print(f"an H100 SM has {h100.tensor_cores_per_sm} tensor cores, one per scheduler partition, next to its "
+      f"{h100.fp32_per_sm} FP32 lanes")
+
+# %% [markdown]
+# More work per instruction is only worth it if the hardware keeps up. `benchmarks/mma_ceiling.py` measures
+# what a pure-Python Numba kernel gets out of each `mma` flashlab wraps: every warp runs 8 independent chains
+# of mma on registers, no memory traffic at all, so this is the ceiling for any kernel built from them. Next
+# to it, two datasheet numbers of the H100 SXM: the FP32 units' peak (lessons 08 to 10 worked under it) and
+# the dense FP16 tensor-core peak.
+
+# %%
+ceiling = tviz.load_mma_ceiling()
+tviz.plot_mma_ceiling(ceiling, PUBLISHED_FP32["H100"], PUBLISHED["H100"].peak_flops)
+plt.show()
+if "fp16 m16n8k16" in ceiling and "3xTF32 (3 tf32 mma per product)" in ceiling:
+    fp16 = ceiling["fp16 m16n8k16"] * 1e12
+    print(f"measured fp16 mma.sync: {fp16 / PUBLISHED_FP32['H100']:.1f} times the FP32 units' peak, "
+          f"{fp16 / PUBLISHED['H100'].peak_flops:.0%} of the datasheet's dense FP16 number")
+    three = ceiling["3xTF32 (3 tf32 mma per product)"] * 1e12
+    print(f"3xTF32 (three tf32 mma per product, section 5): {three / PUBLISHED_FP32['H100']:.1f} times the FP32 "
+          "units' peak")
+
+# %% [markdown]
+# Two things to read off. Tensor cores are in another league than the FP32 units, so moving attention's
+# two products onto them is the next big step. And `mma.sync` does not reach the datasheet number on an
+# H100: Hopper's full tensor-core rate needs `wgmma`, an asynchronous instruction of a *warpgroup* (4 warps)
+# that reads B (and optionally A) straight from shared memory. Without it, `mma.sync` reaches about two
+# thirds of the peak (FlashAttention-3 blog post, July 2024, note 1, citing Luo et al., arXiv 2402.13499).
+# FlashAttention-3 is built on `wgmma`. A Numba `@intrinsic` could emit it too, but it finds its shared-memory operands through
+# *matrix descriptors* that encode a swizzled layout, and runs asynchronously between fences and
+# commit/wait groups: more machinery than this course builds. We stay with `mma.sync`, which every GPU since
+# Ampere has (and, in its m16n8k8 form, Colab's T4).
+
+# %% [markdown]
+# ## 2. Fragments: who holds what
+#
+# Which lane brings which element is fixed by the PTX ISA ("Matrix Fragments for mma.m16n8k16"). Each
+# lane's share is its **fragment**. The figure draws all three operands with every cell coloured by the
+# lane that holds it and labelled with that lane and the element's place in the lane's fragment (`a0`,
+# `a1`, ...). It is drawn from `flashlab.fragments.fragment_map`, the same table the simulator's emulation
+# uses and a GPU test checks against the hardware, so the picture cannot disagree with the kernel.
+
+# %%
+tviz.plot_fragments("f16")
+plt.show()
+
+# %% [markdown]
+# What to see:
+#
+# - The lanes come in **quads**: lanes 4g to 4g+3 share rows. Call g = lane // 4 the *group* and
+#   t = lane % 4 the lane's place in its quad. In C and D, lane (g, t) holds columns 2t and 2t+1 of rows g
+#   and g+8: four fp32 values, c0 to c3.
+# - A is 16-bit: two neighbours of a row (a0 and a1, a2 and a3, ...) share one 32-bit register, the first in
+#   its low half. Eight values, four registers.
+# - B is K x N, and a lane's values run down a *column* of B: rows 2t and 2t+1 (and 8 further down), column g.
+#   That is the `.col` in the instruction's name; `.row` is A's layout.
+#
+# The tf32 form is m16n8k8, with one tf32 value per 32-bit register. Same C, another A and B:
+
+# %%
+tviz.plot_fragments("tf32", lane=13)
+plt.show()
+
+# %% [markdown]
+# Slide through the lanes (or, without widgets, look at three of them): which cells does lane 0 hold, and
+# lane 31? Which lanes hold row 0 of A?
+
+# %%
+tviz.fragment_explorer();
+
+# %% [markdown]
+# ### One mma, live
+#
+# Now run the instruction. The host code below lays A, B and C out as fragments with
+# `flashlab.fragments`, packs the 16-bit pairs into 32-bit registers, and a kernel of one warp hands each
+# lane's registers to `mma_f16_m16n8k16`. In the simulator, `flashlab.kernels.mma` emulates the warp: the 32
+# lanes meet, the product is computed once from their fragments, and each lane leaves with its own four
+# results. On a GPU it is the real instruction (Colab's T4, an sm_75 GPU, has no m16n8k16: there the same
+# registers go through two m16n8k8).
+
+# %%
+MMA16 = mma.mma_f16_m16n8k16 if CC is None or CC >= (8, 0) else mma.mma_f16_m16n8k8x2
+
+
+@cuda.jit
+def one_mma(a, b, c, d):
+    lane = cuda.threadIdx.x
+    r = MMA16(a[lane, 0], a[lane, 1], a[lane, 2], a[lane, 3], b[lane, 0], b[lane, 1],
+              c[lane, 0], c[lane, 1], c[lane, 2], c[lane, 3])
+    for i in range(4):
+        d[lane, i] = r[i]
+
+
+def registers16(frags):
+    """(32, 2n) 16-bit values per lane -> (32, n) uint32 registers, element 2r in the low half of register r."""
+    bits = F.to_bits16(frags, "float16")
+    return np.ascontiguousarray(F.pack16(bits[:, 0::2], bits[:, 1::2]))
+
+
+A = F.round_f16(rng.standard_normal((16, 16)))  # values float16 can hold exactly
+B = F.round_f16(rng.standard_normal((16, 8)))
+C = rng.standard_normal((16, 8)).astype(np.float32)
+a = registers16(F.to_fragments(A, "m16n8k16", "A"))
+b = registers16(F.to_fragments(B, "m16n8k16", "B"))
+c = np.ascontiguousarray(F.to_fragments(C, "m16n8k16", "C"))
+d = np.zeros((32, 4), np.float32)
+one_mma[1, 32](a, b, c, d)
+D = F.from_fragments(d, "m16n8k16", "C")
+print("lane 13's registers: A", [hex(x) for x in a[13]], " B", [hex(x) for x in b[13]])
+print("largest difference from A @ B + C in float64:", np.abs(D - (A.astype(np.float64) @ B + C)).max())
+
+# %% [markdown]
+# ## 3. Getting operands in: ldmatrix, and why V needs `.trans`
+#
+# A kernel keeps its K and V tiles in shared memory, row-major: one row per key, d values along it. To
+# multiply, each lane needs its fragment in registers. Loading element by element is slow, so PTX has
+# `ldmatrix`: the warp loads four 8 x 8 matrices of 16-bit values at once, each of 8 lanes pointing at one
+# 16-byte row, and every lane receives the elements its fragment needs, two neighbours of one row per
+# matrix (`flashlab.kernels.mma.ldmatrix_x4`).
+#
+# For S = QKᵀ, B is Kᵀ: element (dim, key). A lane's B values run down a column of B, dims 2t and 2t+1 of
+# key g, and those are neighbours in a row of K in memory: plain `ldmatrix`. For O = PV, B is V itself:
+# element (key, dim). Now the lane needs keys 2t and 2t+1 of dim g, two different rows of V.
+# `ldmatrix.trans` transposes each 8 x 8 matrix on the way, so the same 16-byte row reads deliver exactly
+# that. No transposed copy of V is ever made.
+
+# %%
+tviz.plot_ldmatrix()
+plt.show()
+
+
+@cuda.jit
+def load_both(rows, plain, trans):
+    sh = cuda.shared.array(128, np.uint32)  # 32 rows of 8 halves = 4 words
+    lane = cuda.threadIdx.x
+    for w in range(4):
+        sh[lane * 4 + w] = rows[lane, w]
+    cuda.syncthreads()
+    start = np.intp(lane * 4)  # lane 8m + r points at row r of matrix m
+    p = mma.ldmatrix_x4(sh, start)
+    q = mma.ldmatrix_x4_trans(sh, start)
+    for i in range(4):
+        plain[lane, i] = p[i]
+        trans[lane, i] = q[i]
+
+
+values = np.add.outer(10 * np.arange(32), np.arange(8)).astype(np.float32)  # row r, col j holds 10 r + j
+words = registers16(values)
+plain, trans = np.zeros((32, 4), np.uint32), np.zeros((32, 4), np.uint32)
+load_both[1, 32](words, plain, trans)
+for name, regs in (("ldmatrix", plain), ("ldmatrix.trans", trans)):
+    lo, hi = F.unpack16(regs[5, 0])
+    print(f"{name:15s} lane 5, matrix 0: ({F.from_bits16(lo, 'float16'):g}, {F.from_bits16(hi, 'float16'):g})"
+          "   (value 10 r + j sits at row r, column j)")
+
+# %% [markdown]
+# ## 4. Why P can stay in registers
+#
+# FlashAttention-2's inner loop computes S = QKᵀ for a tile, turns S into P with the online softmax, and
+# multiplies P V. On tensor cores S comes out of the first `mma` as **C fragments**, and P goes into the
+# second as **A fragments**. If those were different layouts, P would have to travel through shared memory
+# to be reshuffled between lanes. Look at the two side by side: for a 16-key step, the C fragments of two
+# 8-key n-tiles of S (left) and the A fragment of P (right).
+
+# %%
+tviz.plot_p_in_registers("f16")
+plt.show()
+same = np.array_equal(tviz.c_tiles_as_a("f16"), F.fragment_map("m16n8k16", "A"))
+print("C fragments of n-tiles 2kk and 2kk+1 == A fragment of k-step kk:", same)
+
+# %% [markdown]
+# Every lane already holds exactly the P values it must bring to P V: c0, c1 of the first n-tile are its a0,
+# a1; c2, c3 are a2, a3; the second n-tile gives a4 to a7. The kernel only packs two fp32 values into one
+# 32-bit register of float16 (or bfloat16) pairs, `pack_f16x2`, and P never touches shared memory. This is
+# where a tensor-core FlashAttention saves most against its FP32 cousin: lesson 09's register kernel writes
+# P to shared memory, transposed, so that other threads can multiply it with V.
+#
+# In tf32 the match is not exact: m16n8k8 tf32 wants columns t and t+4 where C gives 2t and 2t+1.
+
+# %%
+tviz.plot_p_in_registers("tf32")
+plt.show()
+
+# %% [markdown]
+# Same rows, other columns. But the order of the k dimension of a product is ours to choose, as long as P's
+# columns and V's rows are renumbered the same way: the kernel reads column t as key 2t and column t+4 as key
+# 2t+1, and loads V's rows in that order too. Still no data moves between lanes.
+
+# %% [markdown]
+# ## 5. Number formats: tf32 and 3xTF32
+#
+# Tensor cores multiply 16-bit or 19-bit numbers, never full fp32:
+#
+# | format | exponent bits | significand bits (with the implicit 1) | largest value |
+# | --- | --- | --- | --- |
+# | float32 | 8 | 24 | about 3.4e38 |
+# | tf32 | 8 | 11 | about 3.4e38 |
+# | float16 | 5 | 11 | 65504 |
+# | bfloat16 | 8 | 8 | about 3.4e38 |
+#
+# tf32 ("TensorFloat-32") keeps float32's exponent and float16's precision; the values still sit in 32-bit
+# registers, and `cvt.rna.tf32.f32` rounds a float32 to the nearest tf32 value, ties away from zero. So one
+# tf32 product ("1xTF32") has float16's relative error, thousands of times fp32's.
+#
+# **3xTF32** gets fp32 accuracy back with three tf32 products. Split each input into a big part, rounded to
+# tf32, and a small part, the remainder rounded to tf32 too: x = big + small holds about 21 significant
+# bits. Then
+#
+# $$a\,b \approx a_{big}\,b_{big} + a_{big}\,b_{small} + a_{small}\,b_{big},$$
+#
+# dropping $a_{small} b_{small}$, which is below fp32's resolution. Three `mma` per product: section 1 printed
+# how that rate compares with the FP32 units' peak. torch's SDPA uses the same trick for float32.
+#
+# The figure measures all of this in NumPy, with `flashlab.fragments`' rounding: C = A B computed the way a
+# chain of `mma` does (exact products, each k-step added to an fp32 accumulator) from inputs rounded to each
+# format, against float64. Left, growing inner dimension; right, entries scaled from tiny to huge.
+
+# %%
+errors = tviz.format_errors(sizes=flashlab.size((16, 64, 256, 1024, 4096), (16, 256, 1024)),
+                            trials=flashlab.size(2, 1))
+tviz.plot_format_errors(errors)
+plt.show()
+for fmt in tviz.FORMATS:
+    print(f"{fmt:7s} error at K = {errors['sizes'][-1]}: {errors['size'][fmt][-1]:.1e}")
+
+# %% [markdown]
+# Read it: tf32 and float16 lie on top of each other (same 11 significand bits); bfloat16, with 3 bits fewer,
+# is about 2³ = 8 times worse;
+# 3xTF32 sits with plain fp32 arithmetic. On the right, float16 loses tiny entries (they fall below its
+# smallest normal number) and overflows on huge ones, while tf32 and bfloat16 have float32's range. That is
+# why FlashAttention in float16 subtracts the row max before the exponential and keeps its accumulators in
+# fp32: S, m, l and the running O stay in fp32 registers; only P, which lies in [0, 1], and the final O are
+# rounded to 16 bits.
+
+# %% [markdown]
+# ## 6. The kernel, step by step
+#
+# `flashlab/kernels/tensor.py` is lesson 09's FlashAttention-2 forward with every product on tensor cores.
+# A thread block of `warps` warps owns `16 x warps` query rows of one (batch, head); each warp owns 16 rows
+# and never talks to the other warps about S or P, as in FA2 (Section 3.3 of the paper). The cells below
+# print its code, read from the module itself, one step at a time.
+#
+# **Step 1. Q's fragments, loaded once.** A warp's 16 rows of Q are the A operand of every S = QKᵀ of the
+# loop, so each lane loads its A fragments once and keeps them in registers (a 16-bit row of d values is
+# d/2 words; column `8ks + t` is the lane's word of k-step `ks`).
+
+# %%
+src = tensor.build
+print(tviz.source_between(src, "# Q fragments", "m = cuda.local.array"))
+
+# %% [markdown]
+# **Step 2. K and V tiles, double-buffered.** The block copies each tile of `block_k` keys of K and V into
+# shared memory with `cp.async` (sm_80 and later): the copy goes from global to shared memory without
+# passing through registers, and the threads go on working meanwhile. Tile j+1 is copied into the other
+# half of a two-stage buffer while the warps compute on tile j; `cp_async_wait(1)` waits for all but the
+# newest copy, a barrier for everyone's. Rows are padded by 16 bytes so that the 8 rows an `ldmatrix`
+# reads fall in different banks (lesson 07's rule).
+
+# %%
+tviz.plot_double_buffer()
+plt.show()
+print(tviz.source_between(src, "for j in range(n_tiles + U(LAG))", "# S = Q K^T for this warp"))
+
+# %% [markdown]
+# **Step 3. S = QKᵀ on tensor cores.** For each k-step of d and each 8-key n-tile: the lane's A registers
+# (Q), two B registers (K, from one `ldmatrix_x4` for two n-tiles), and the n-tile's four C registers, which
+# accumulate over the k-steps. The fp32 path (tf32) reads K's B values with plain shared loads and, for
+# 3xTF32, splits both operands with `round_tf32` and runs the big x big products in one chain and the two
+# corrections in another (independent chains keep the tensor cores busy).
+
+# %%
+print(tviz.source_between(src, "# S = Q K^T for this warp", "# Mask keys past Nk"))
+
+# %% [markdown]
+# **Step 4. The online softmax on C fragments.** A lane holds two rows, g and g+8, and two columns of each
+# n-tile. The row's max and sum need all of its columns, which sit in the 4 lanes of the quad: after each
+# lane takes the max over its own values, two butterfly exchanges `shfl_xor(x, 1)` and `shfl_xor(x, 2)`
+# give every lane of the quad the row's max (`shfl.sync.bfly`: lane i receives the value of lane i ^ mask).
+# Lesson 09's kernel combined its threads' row maxima through shared memory; here two register exchanges do.
+
+# %%
+tviz.plot_quad_reduction()
+plt.show()
+
+S_tile = rng.standard_normal((16, 8))
+frags = F.to_fragments(S_tile, "m16n8k16", "C")  # (32 lanes, c0..c3)
+own = np.stack([frags[:, :2].max(axis=1), frags[:, 2:].max(axis=1)], axis=1)  # rows g and g+8
+lanes = np.arange(32)
+after1 = np.maximum(own, own[lanes ^ 1])  # shfl_xor(x, 1)
+after2 = np.maximum(after1, after1[lanes ^ 2])  # shfl_xor(x, 2)
+print("every lane of quad g now holds the max of rows g and g+8:",
+      np.array_equal(after2[:, 0], S_tile.max(axis=1)[lanes // 4]),
+      np.array_equal(after2[:, 1], S_tile.max(axis=1)[lanes // 4 + 8]))
+print(tviz.source_between(src, "# Online softmax on the C fragments", "# O += P V"))
+
+# %% [markdown]
+# The row *sum* l is not exchanged inside the loop: each lane keeps its share and the quad adds them once, at
+# the very end (step 6). Only the max must agree at every step, because P = exp(S - m) uses it.
+#
+# **Step 5. O += PV, P straight from registers.** Section 4 in code: two n-tiles of P packed into one A
+# fragment (`pack`), V's B fragments through `ldmatrix_x4_trans`. For 3xTF32 each tile's PV is summed from
+# zero on the tensor cores and added to O with an fp32 multiply-add: a tensor-core accumulator over
+# thousands of keys lost accuracy when the kernel was first written (the module says how much).
+
+# %%
+print(tviz.source_between(src, "# O += P V, with P straight from registers", "# Add up each row's sum"))
+
+# %% [markdown]
+# **Step 6. Finish.** Add up each row's l over its quad, divide once, write O (16-bit outputs packed in
+# pairs again) and the log-sum-exp the backward pass needs.
+
+# %%
+print(tviz.source_between(src, "# Add up each row's sum", "return flash_fwd_tensor"))
+
+# %% [markdown]
+# ### Run it
+#
+# In the simulator, on one warp per block and a shape that is not a multiple of anything (a few seconds
+# per run: every `mma`, `ldmatrix` and shuffle is a meeting of 32 Python threads); on a GPU, at a real size.
+# float16 and float32 (3xTF32 and 1xTF32) through the public API; bfloat16 needs torch tensors on a GPU.
+
+# %%
+nq, nk, d = device.kernel_size(1000, 20), device.kernel_size(1000, 37), device.kernel_size(64, 16)
+tile = {} if ON_GPU else {"block_q": 16, "block_k": 16}  # one warp per block in the simulator
+q, k, v = (rng.standard_normal((1, 2, n, d)) for n in (nq, nk, nk))
+for dtype, precision in ((np.float16, None), (np.float32, "3xtf32"), (np.float32, "tf32")):
+    if CC is not None and CC < (8, 0) and dtype == np.float32:
+        print("float32 on tensor cores needs tf32 mma (compute capability 8.0); skipped on this GPU")
+        continue
+    qd, kd, vd = (x.astype(dtype) for x in (q, k, v))
+    o, lse = flash_attention(qd, kd, vd, causal=True, variant="tensor", precision=precision, **tile)
+    ref, ref_lse = reference_attention(qd.astype(np.float64), kd.astype(np.float64), vd.astype(np.float64),
+                                       causal=True)
+    print(f"{np.dtype(dtype).name:8s} {precision or 'f16':7s} Nq={nq} Nk={nk} d={d} causal: "
+          f"o error {relative_error(o, ref):.1e}, lse error {relative_error(lse, ref_lse):.1e}")
+
+# %% [markdown]
+# On a GPU, time it against torch's SDPA in the same dtype, at B = 1, H = 16, N = 4096, d = 64 (CUDA events,
+# median of 10 after warm-up; the first call compiles), twice: the whole `flash_attention` call, and the
+# launch alone on arrays prepared once (`tensor.prepare`, what `benchmarks/bench_kernels.py` times). The
+# difference is flashlab's Python work per call: checking the inputs, wrapping torch's memory for Numba,
+# allocating the outputs. While Python works the GPU waits, so the events see it. Without a GPU this cell
+# does nothing; section 7 shows the committed measurements.
+
+# %%
+if ON_GPU:
+    import torch
+
+    from flashlab.bench import attention_flops, time_cuda, tflops
+
+    Bt, Ht, Nt, dt = 1, 16, 4096, 64
+    flops = attention_flops(Bt, Ht, Nt, Nt, dt)
+    for tdtype in (torch.float16,) if CC < (8, 0) else (torch.float16, torch.bfloat16, torch.float32):
+        qt, kt, vt = (torch.randn(Bt, Ht, Nt, dt, device="cuda", dtype=tdtype) for _ in range(3))
+        call = time_cuda(lambda: flash_attention(qt, kt, vt, variant="tensor"), warmup=2, reps=10)["median_ms"]
+        launch = time_cuda(tensor.prepare(qt, kt, vt)[0], warmup=2, reps=10)["median_ms"]
+        sdpa = time_cuda(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt), warmup=2,
+                         reps=10)["median_ms"]
+        print(f"{str(tdtype):15s} flash_attention call {tflops(flops, call):6.1f} TFLOP/s, launch alone "
+              f"{tflops(flops, launch):6.1f}, torch SDPA {tflops(flops, sdpa):6.1f}")
+
+# %% [markdown]
+# float16's error comes from rounding the output (and P) to float16; 3xTF32 is at fp32's level, 1xTF32 at
+# float16's, as section 5 predicted. `tests/test_tensor_kernel.py` runs the same checks, on ragged,
+# causal and single-key shapes, in the simulator and on a GPU.
+
+# %% [markdown]
+# ## 7. How fast is it?
+#
+# `benchmarks/bench_kernels.py` times the tensor kernel in each precision, the register kernel (lesson 09,
+# fp32 units) and torch's SDPA in the *same* dtype, at B = 1, H = 16 (CUDA events, medians; its file is
+# `flashlab/data/h100_tensor.csv`). Solid lines are flashlab, dashed ones torch.
+
+# %%
+rows = tviz.load_tensor_results()
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+for ax, dd in zip(axes, (64, 128)):
+    tviz.plot_tensor_speed(rows, d=dd, ax=ax)
+fig.tight_layout()
+plt.show()
+if rows:
+    n_max = max(r["N"] for r in rows)
+    for r in rows:
+        if r["N"] == n_max and r["causal"] == 0:
+            print(f"N={r['N']} d={r['d']:3d} {r['impl']:24s} {r['tflops']:6.1f} TFLOP/s, "
+                  f"{r['ratio']:.0%} of torch SDPA in {r['dtype']}")
+else:
+    print("no benchmark data found (flashlab/data/h100_tensor.csv is missing from this install)")
+
+# %% [markdown]
+# And against the instruction's own ceiling from section 1: how much of what `mma.sync` can do from Numba
+# does the whole kernel get? Attention's FLOPs counted as 4·N²·d, as everywhere in the course.
+
+# %%
+tviz.plot_ceiling_shares(rows, ceiling)
+plt.show()
+
+# %% [markdown]
+# On lesson 10's roofline, with the measured `mma.sync` ceilings as roofs: the tensor kernel moves no more
+# bytes than the FP32 kernels (fewer in 16 bits), so its intensity stays far right of every ridge point:
+# it is compute-bound, and what separates it from its roof happens inside the SM.
+
+# %%
+from flashlab.viz import gpu as gviz
+
+fwd, _ = gviz.load_forward_results()
+N_roof, d_roof = 4096, 64
+points = tviz.tensor_roofline_points(rows, N=N_roof, d=d_roof)
+reg = [r for r in fwd if r.get("N") == N_roof and r.get("d") == d_roof and r.get("impl") == "flashlab register fp32"]
+if reg:
+    points["flashlab register fp32"] = (gviz.kernel_intensity(N_roof, d_roof, 128), reg[0]["tflops"] * 1e12)
+gviz.plot_kernel_roofline(points, roofs=tviz.mma_roofs(ceiling))
+plt.show()
+
+# %% [markdown]
+# What the measurements say, and what they do not:
+#
+# - The speed and the ratios come from one benchmark file on one H100; rerun the script for your GPU, and
+#   always compare with torch measured in the same run.
+# - In float32, SDPA also runs 3xTF32 on tensor cores: the printed ratios say how close the kernel gets.
+#   1xTF32 is faster than 3xTF32 because it gives up accuracy; a fair comparison names its precision.
+# - In float16 and bfloat16, SDPA's kernels are FlashAttention-2's (and cuDNN's): compiled C++ tuned over
+#   years, where ours is one Python module. The next section lists where they differ.
+#
+# ## 8. Where this kernel differs from FlashAttention-2 and -3
+#
+# - **Tile sizes.** FA2 gives a thread block 128 query rows with several 16-row m-tiles per warp, so each K
+#   and V fragment loaded from shared memory feeds more `mma`. Ours gives each warp one m-tile of 16 rows.
+# - **Shared memory.** numba-cuda allocates shared memory statically, which caps a block at 48 KB; an H100
+#   block may use up to 227 KB with the dynamic opt-in (`flashlab.hardware`). Bigger tiles and deeper
+#   pipelines need that room.
+# - **Layouts.** FA2 (through CUTLASS's CuTe) *swizzles* its shared-memory layouts, permuting 16-byte chunks
+#   by XOR so that neither the copies nor `ldmatrix` conflict on banks; we pad each row by 16 bytes, which
+#   costs a little memory.
+# - **Compilation.** FA2 is CUDA C++ compiled ahead of time, with templates specialised per head dimension;
+#   ours is compiled by Numba when first called, specialised per (d, tile, causal, precision).
+# - **Hopper.** FlashAttention-3 replaces `mma.sync` with `wgmma` (a warpgroup of 4 warps, operands read
+#   from shared memory, asynchronous) and `cp.async` with TMA (one thread copies a whole tile), and splits
+#   warps into producers and consumers (lesson 11). That is how it gets past `mma.sync`'s ceiling.
+# - **The backward pass** is not on tensor cores here: flashlab's backward kernel (`kernels/backward.py`) runs
+#   on the FP32 units.
+
+# %%
+print(tensor.__doc__.split("Where FlashAttention-2 itself goes further:")[1].strip())
+print(f"\nshared memory per block: H100 {GPUS['H100'].shared_per_block // 1024} KB with the opt-in, "
+      f"{GPUS['H100'].static_shared_per_block // 1024} KB static (what numba-cuda can ask for)")
+
+# %% [markdown]
+# ## Summary
+#
+# - One `mma.sync` is a matrix product of the whole warp; each lane brings its fragment of A, B and C.
+# - The fragment layouts decide the code: a quad of lanes shares rows, so row reductions need two shuffles;
+#   C's layout is A's, so P stays in registers; B runs down columns, so V comes through `ldmatrix.trans`.
+# - tf32 has float16's precision and float32's range; 3xTF32 buys back fp32 accuracy with three products.
+# - A FlashAttention-2 forward on tensor cores fits in one Python module, runs in the simulator, and its
+#   measured speed shows both how far tensor cores go past FP32 units and how far a first kernel stays from
+#   the hardware's ceiling.
+#
+# **Exercises:** [15_tensor_cores](../exercises/15_tensor_cores.ipynb): write the fragment map, emulate a
+# warp's mma in NumPy from packed registers, split float32 into tf32 parts and build a 3xTF32 product,
+# and write the S = QKᵀ step of one warp as a Numba kernel on `mma.sync`, graded in the simulator.

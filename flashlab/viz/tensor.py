@@ -1,0 +1,524 @@
+"""Figures of lesson 15 (tensor cores from Python), each drawn from flashlab.fragments or committed data.
+
+fragments  plot_fragments, fragment_explorer, plot_p_in_registers, plot_ldmatrix, plot_quad_reduction
+formats    format_errors, plot_format_errors (fp16, bf16, 1xTF32, 3xTF32 products against float64)
+kernel     plot_double_buffer, source_between (a commented section of a function's source)
+speed      load_mma_ceiling, load_tensor_results, plot_mma_ceiling, plot_tensor_speed, ceiling_shares,
+           plot_ceiling_shares, mma_roofs (lesson 10's roofline)
+
+Measured data, package data so that a pip-installed flashlab (Colab) has it too:
+flashlab/data/h100_mma_ceiling.csv (benchmarks/mma_ceiling.py) and flashlab/data/h100_tensor.csv
+(benchmarks/bench_kernels.py --parts tensor). A missing file makes the loaders return [] and the plots
+say so.
+"""
+from __future__ import annotations
+
+import csv
+import inspect
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from .. import fragments as F
+from ._base import explore, own_axes, subplots, text_color_on
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+MMA_CSV, TENSOR_CSV = DATA / "h100_mma_ceiling.csv", DATA / "h100_tensor.csv"
+LAYOUTS = {"f16": ("m16n8k16", "float16"), "tf32": ("m16n8k8", "tf32")}  # the kernel's two mma shapes
+
+
+# ------------------------------------------------------------------------------------------ fragments
+def lane_color(lane: int):
+    """One colour per lane: a hue per quad (g = lane // 4, the 4 lanes that share rows), a shade per t."""
+    g, t = divmod(int(lane), 4)
+    cmap = plt.get_cmap("tab20c" if g < 4 else "tab20b")
+    return cmap(4 * (g % 4) + t)
+
+
+def _draw_operand(ax, x0, y0, shape, operand, dtype, lane=None, col_offset=0, label=None, names=None, text=True,
+                  row_labels=True):
+    """One operand's cells at (x0, y0): colour = lane, text = lane and element name (only the highlighted
+    lane's when text is False: small panels); `lane` highlights one lane."""
+    fmap = F.fragment_map(shape, operand, dtype)
+    rows, cols = F.operand_shape(shape, operand)
+    letter = {"A": "a", "B": "b", "C": "c"}[operand]
+    for L in range(32):
+        for i, (r, c) in enumerate(fmap[L]):
+            color = lane_color(L)
+            faded = lane is not None and L != lane
+            ax.add_patch(plt.Rectangle((x0 + c, y0 + r), 1, 1, facecolor=color, alpha=0.18 if faded else 1,
+                                       edgecolor="black" if not faded and lane is not None else "white", lw=0.8))
+            name = names(L, i) if names else f"{letter}{i}"
+            if not text:
+                continue
+            ax.text(x0 + c + 0.5, y0 + r + 0.5, f"{L}\n{name}", ha="center", va="center", fontsize=6.5,
+                    color="#999999" if faded else text_color_on(color), linespacing=0.9)
+    ax.text(x0 + cols / 2, y0 - 0.6, label or operand, ha="center", va="bottom", fontsize=8)
+    if not text:
+        return rows, cols
+    for c in range(0, cols, 4 if cols > 8 else 2):
+        ax.text(x0 + c, y0 + rows + 0.3, str(c + col_offset), ha="center", va="top", fontsize=5.5, color="#555555")
+    for r in range(0, rows, 4) if row_labels else ():
+        ax.text(x0 - 0.2, y0 + r + 0.5, str(r), ha="right", va="center", fontsize=5.5, color="#555555")
+    return rows, cols
+
+
+def plot_fragments(layout="f16", lane=None, ax=None):
+    """A (M x K), B (K x N) and C/D (M x N) of one mma, every cell coloured by the lane that holds it and
+    labelled with that lane and the element's name in the lane's fragment (a0, a1, ...). layout: "f16"
+    (mma.m16n8k16 with float16/bfloat16 inputs) or "tf32" (mma.m16n8k8 with tf32 inputs)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {tuple(LAYOUTS)}; got {layout!r}")
+    if lane is not None and not (isinstance(lane, (int, np.integer)) and 0 <= lane < 32):
+        raise ValueError(f"lane must be an integer in 0..31 or None; got {lane!r}")
+    shape, dtype = LAYOUTS[layout]
+    M, N, K = F.SHAPES[shape]
+    fig, ax = own_axes(ax, width=13 if K == 16 else 9.5, height=6.4 if K == 16 else 5)
+    gap = 2.5
+    per = {"A": K // 2 if dtype != "tf32" else 4, "B": K // 4 if dtype != "tf32" else 2, "C": 4}
+    x = 0
+    cells = K + 2 * N + 2 * gap + 1.7
+    roomy = ax.get_position().width * fig.get_figwidth() / cells > 0.22  # inches per cell: room for labels?
+    for op, (rows, cols) in (("A", (M, K)), ("B", (K, N)), ("C", (M, N))):
+        what = {"A": f"A ({M} x {K})", "B": f"B ({K} x {N})", "C": f"C and D ({M} x {N}), fp32"}[op]
+        _draw_operand(ax, x, 0, shape, op, dtype, lane, label=f"{what}: {per[op]} per lane" if roomy else op,
+                      text=roomy)
+        x += cols + gap
+    ax.set_xlim(-1.2, x - gap + 0.5)
+    ax.set_ylim(M + 1.2, -1.8)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    if not roomy:  # a small panel of an explorer's static grid
+        ax.set_title(f"{layout}: lane {lane}" if lane is not None else layout, fontsize=8)
+        return fig
+    regs = {"f16": "a0, a1 share one 32-bit register", "tf32": "one tf32 value per register"}
+    who = f"lane {lane} highlighted" if lane is not None else "colour = lane"
+    ax.set_title(f"mma.{shape}, {dtype} inputs ({who}; {regs[layout]})", fontsize=9)
+    return fig
+
+
+def fragment_explorer(interactive=None):
+    """Slide through the 32 lanes of a warp and see which elements of A, B and C each one holds."""
+    def draw(ax=None, lane=0, layout="f16"):
+        return plot_fragments(layout, lane, ax=ax)
+
+    return explore(draw, {"lane": (list(range(32)), 0), "layout": (list(LAYOUTS), "f16")},
+                   {"layout": list(LAYOUTS), "lane": [0, 13, 31]}, title="Which elements of A, B, C one lane holds",
+                   interactive=interactive)
+
+
+def c_tiles_as_a(layout="f16"):
+    """Per lane, the (row, key) positions of S held as C fragments of consecutive 8-key n-tiles, in the
+    order the kernel reads them as P's A fragment of one k-step: two n-tiles (16 keys) for f16, one for
+    tf32. Equal to fragment_map(A) for f16; for tf32 the columns differ (the kernel renumbers keys)."""
+    shape, dtype = LAYOUTS[layout]
+    C = F.fragment_map(shape, "C", dtype)
+    if layout == "f16":
+        return np.concatenate([C, C + np.array([0, 8])], axis=1)
+    return C[:, [0, 2, 1, 3]]  # a0 <- c0, a1 <- c2, a2 <- c1, a3 <- c3: the kernel's order
+
+
+def plot_p_in_registers(layout="f16", axes=None):
+    """Left: S's C fragments (the output of S = Q K^T) for the keys of one k-step; right: the A fragment
+    that k-step of O += P V needs. Same colour in the same cell = the lane already holds it."""
+    shape, dtype = LAYOUTS[layout]
+    K = F.SHAPES[shape][2]
+    if axes is None:
+        fig, axes = subplots(1, 2, width=13 if K == 16 else 10, height=6.4 if K == 16 else 5.2)
+    fig = axes[0].figure
+    ax = axes[0]
+    tiles = K // 8
+    for n in range(tiles):
+        def names(L, i, n=n):
+            return f"c{i}" + ("'" if n else "")
+        _draw_operand(ax, 8 * n + 0.3 * n, 0, shape, "C", dtype, label=f"S, n-tile {n}: keys {8 * n}-{8 * n + 7}",
+                      col_offset=8 * n, names=names, row_labels=n == 0)
+    ax.set_xlim(-1.2, 8 * tiles + 0.3 * (tiles - 1) + 0.3)
+    ax.set_ylim(17.5, -1.8)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title("S = Q Kᵀ comes out as C fragments" + ("\n(c' = second n-tile)" if tiles > 1 else ""), fontsize=9)
+    ax = axes[1]
+    _draw_operand(ax, 0, 0, shape, "A", dtype, label=f"P as the A operand of O += P V ({K} keys)")
+    ax.set_xlim(-1.2, K + 0.3)
+    ax.set_ylim(17.5, -1.8)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    same = np.array_equal(c_tiles_as_a(layout), F.fragment_map(shape, "A", dtype))
+    ax.set_title("...and O += P V wants them as A fragments:\n" + (
+        "the same lanes hold the same cells, no data moves" if same else
+        "same rows, other columns: read column t as key 2t, column t+4 as key 2t+1"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ldmatrix(axes=None):
+    """One 8 x 8 block of 16-bit values in shared memory (rows = keys, as K and V are stored) and the two
+    values lane 5 receives: ldmatrix gives a lane two neighbours of one row (what K's B fragment needs),
+    ldmatrix.trans two neighbours of one column (what V's B fragment needs)."""
+    if axes is None:
+        fig, axes = subplots(1, 2, width=10, height=5)
+    fig = axes[0].figure
+    C = F.fragment_map("m16n8k16", "C")[:, :2]  # rows g, columns 2t, 2t+1: how ldmatrix deals one 8x8 matrix
+    for ax, trans in zip(axes, (False, True)):
+        for L in range(32):
+            for r, c in C[L]:
+                rr, cc = (c, r) if trans else (r, c)
+                color = lane_color(L)
+                ax.add_patch(plt.Rectangle((cc, rr), 1, 1, facecolor=color, alpha=1 if L == 5 else 0.35,
+                                           edgecolor="black" if L == 5 else "white", lw=1.2 if L == 5 else 0.6))
+                ax.text(cc + 0.5, rr + 0.5, str(L), ha="center", va="center", fontsize=7,
+                        color=text_color_on(color) if L == 5 else "#555555")
+        ax.set_xlim(-0.2, 8.2)
+        ax.set_ylim(8.3, -0.3)
+        ax.set_aspect("equal")
+        ax.set_xticks(np.arange(8) + 0.5, range(8), fontsize=7)
+        ax.set_yticks(np.arange(8) + 0.5, range(8), fontsize=7)
+        ax.set_xlabel("dims (consecutive in memory: one 32-bit word = 2 values)", fontsize=8)
+        ax.set_ylabel("keys (rows of K or V in shared memory)", fontsize=8)
+        ax.set_title(("ldmatrix.trans: lane 5 gets keys 2t, 2t+1 of dim g\n(V in O += P V: B[key, dim])" if trans
+                      else "ldmatrix: lane 5 gets dims 2t, 2t+1 of key g\n(K in S = Q Kᵀ: B[dim, key])"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_quad_reduction(values=(3.0, 7.0, 1.0, 5.0), ax=None):
+    """The max of one row of S, whose 8-key n-tile sits in the 4 lanes of a quad (2 values each): each lane
+    takes the max of its own values, then two butterfly exchanges, shfl_xor 1 and shfl_xor 2."""
+    fig, ax = own_axes(ax, width=6, height=2.8)
+    vals = [np.asarray(values, float)]
+    for mask in (1, 2):
+        v = vals[-1]
+        vals.append(np.maximum(v, v[np.arange(4) ^ mask]))
+    for step, v in enumerate(vals):
+        y = -1.3 * step
+        for lane in range(4):
+            ax.add_patch(plt.Rectangle((1.6 * lane, y), 1.1, 0.7, facecolor=lane_color(lane), edgecolor="black",
+                                       lw=0.5))
+            ax.text(1.6 * lane + 0.55, y + 0.35, f"{v[lane]:g}", ha="center", va="center", fontsize=9,
+                    color=text_color_on(lane_color(lane)))
+            if step < 2:
+                other = lane ^ (1 << step)
+                ax.annotate("", (1.6 * lane + 0.55, y - 0.55), (1.6 * other + 0.55, y),
+                            arrowprops=dict(arrowstyle="->", lw=0.7, color="#555555"))
+        ax.text(-0.3, y + 0.35, ("own max", "shfl_xor 1", "shfl_xor 2")[step], ha="right", va="center", fontsize=8)
+    for lane in range(4):
+        ax.text(1.6 * lane + 0.55, 1.0, f"lane t={lane}", ha="center", fontsize=8)
+    ax.set_xlim(-2.6, 6.3)
+    ax.set_ylim(-3.0, 1.4)
+    ax.axis("off")
+    ax.set_title("A row's max over its quad: two exchanges, and all 4 lanes agree", fontsize=9)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------- formats
+def _kstep_product(A, B, k_step):
+    """A @ B as a chain of mma: each k-step's products summed exactly, added to an fp32 accumulator."""
+    acc = np.zeros((A.shape[0], B.shape[1]), np.float32)
+    for k0 in range(0, A.shape[1], k_step):
+        acc = (acc.astype(np.float64) + A[:, k0:k0 + k_step] @ B[k0:k0 + k_step]).astype(np.float32)
+    return acc
+
+
+def tensor_product(A, B, fmt):
+    """A @ B for float32 inputs as a tensor-core kernel computes it in format `fmt`:
+    "fp16" / "bf16" (inputs rounded, mma.m16n8k16), "tf32" (rounded by cvt.rna, m16n8k8), "3xtf32" (big*big
+    in one chain, big*small + small*big in another, added in fp32, as kernels/tensor.py), or "fp32" (plain
+    float32 arithmetic, NumPy)."""
+    A, B = np.asarray(A, np.float32), np.asarray(B, np.float32)
+    f64 = np.float64
+    if fmt == "fp32":
+        return A @ B
+    if fmt in ("fp16", "bf16"):
+        r = F.round_f16 if fmt == "fp16" else F.round_bf16
+        return _kstep_product(r(A).astype(f64), r(B).astype(f64), 16)
+    if fmt == "tf32":
+        return _kstep_product(F.round_tf32(A).astype(f64), F.round_tf32(B).astype(f64), 8)
+    if fmt == "3xtf32":
+        (Ab, As), (Bb, Bs) = (tuple(x.astype(f64) for x in F.split_tf32(M)) for M in (A, B))
+        big = _kstep_product(Ab, Bb, 8)
+        acc = np.zeros_like(big)
+        for k0 in range(0, A.shape[1], 8):  # the correction chain: two mma per k-step into one accumulator
+            s = slice(k0, k0 + 8)
+            acc = (acc.astype(f64) + As[:, s] @ Bb[s]).astype(np.float32)
+            acc = (acc.astype(f64) + Ab[:, s] @ Bs[s]).astype(np.float32)
+        return big + acc
+    raise ValueError(f"fmt must be one of 'fp16', 'bf16', 'tf32', '3xtf32', 'fp32'; got {fmt!r}")
+
+
+FORMATS = ("bf16", "fp16", "tf32", "3xtf32", "fp32")
+FORMAT_COLORS = {"bf16": "#9467bd", "fp16": "#d62728", "tf32": "#ff7f0e", "3xtf32": "#2ca02c", "fp32": "#1f77b4"}
+
+
+def format_errors(sizes=(16, 64, 256, 1024, 4096), scales=(1e-6, 1e-3, 1, 1e3, 1e6), m=64, k_scale=256,
+                  trials=2, seed=0):
+    """Relative errors ||C - C64|| / ||C64|| of C = A @ B (A: m x K, B: K x m, N(0, 1) entries) in each
+    format: {"size": {fmt: [error for K in sizes]}, "scale": {fmt: [error with entries times s, K = k_scale]}}.
+    An overflow (inf) is reported as inf."""
+    rng = np.random.default_rng(seed)
+    out = {"sizes": list(sizes), "scales": list(scales), "size": {f: [] for f in FORMATS},
+           "scale": {f: [] for f in FORMATS}}
+
+    def err(A, B, fmt):
+        ref = A.astype(np.float64) @ B.astype(np.float64)
+        with np.errstate(all="ignore"):
+            got = tensor_product(A, B, fmt).astype(np.float64)
+            if not np.all(np.isfinite(got)):
+                return np.inf
+            return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+    for K in sizes:
+        pairs = [(rng.standard_normal((m, K)).astype(np.float32), rng.standard_normal((K, m)).astype(np.float32))
+                 for _ in range(trials)]
+        for f in FORMATS:
+            out["size"][f].append(float(np.mean([err(A, B, f) for A, B in pairs])))
+    A, B = rng.standard_normal((m, k_scale)).astype(np.float32), rng.standard_normal((k_scale, m)).astype(np.float32)
+    for s in scales:
+        As, Bs = (A * np.float32(s)).astype(np.float32), (B * np.float32(s)).astype(np.float32)
+        for f in FORMATS:
+            out["scale"][f].append(err(As, Bs, f))
+    return out
+
+
+def plot_format_errors(errors, axes=None):
+    """Left: error against the inner dimension K; right: against the size of the entries (fp16's range)."""
+    if axes is None:
+        fig, axes = subplots(1, 2, width=11, height=3.8)
+    fig = axes[0].figure
+    label = {"bf16": "bf16 (8 significand bits)", "fp16": "fp16 (11 bits)", "tf32": "1xTF32 (11 bits, fp32's range)",
+             "3xtf32": "3xTF32 (big + small: about 21)", "fp32": "fp32 FMA units (24; NumPy float32)"}
+    for key, ax, xs, xlabel in (("size", axes[0], errors["sizes"], "inner dimension K (m = 64)"),
+                                ("scale", axes[1], errors["scales"], "entries scaled by (K = 256)")):
+        top = max(e for f in FORMATS for e in errors[key][f] if np.isfinite(e)) * 30
+        for f in FORMATS:
+            ys = np.array(errors[key][f], float)
+            shown = np.where(np.isfinite(ys), ys, top)
+            ax.plot(xs, shown, "o-", color=FORMAT_COLORS[f], label=label[f], ms=4)
+            bad = ~np.isfinite(ys)
+            if bad.any():
+                ax.plot(np.array(xs)[bad], shown[bad], "x", color=FORMAT_COLORS[f], ms=10, mew=2,
+                        label=f"{f}: overflow (inf)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("relative error vs float64")
+        ax.grid(True, alpha=0.3)
+    handles = [h for h in axes[1].get_legend_handles_labels()[0] if "overflow" in h.get_label()]
+    if handles:
+        axes[1].legend(handles=handles, fontsize=7, loc="center right")
+    axes[0].legend(fontsize=7)
+    axes[0].set_title("C = A B: rounding the inputs sets the error", fontsize=9)
+    axes[1].set_title("Tiny or huge entries: fp16 loses them, tf32 keeps fp32's range", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------- kernel
+def plot_double_buffer(n_tiles=4, ax=None):
+    """Two shared-memory stages: tile j + 1 travels (cp.async) while the warps compute on tile j."""
+    fig, ax = own_axes(ax, width=8, height=2.2)
+    for j in range(n_tiles):
+        ax.add_patch(plt.Rectangle((j, 1.1), 0.95, 0.7, facecolor="#aec7e8" if j % 2 == 0 else "#ffbb78",
+                                   edgecolor="black", lw=0.5))
+        ax.text(j + 0.47, 1.45, f"copy K,V tile {j}\n-> stage {j % 2}", ha="center", va="center", fontsize=7)
+        ax.add_patch(plt.Rectangle((j + 1, 0.1), 0.95, 0.7, facecolor="#1f77b4" if j % 2 == 0 else "#ff7f0e",
+                                   edgecolor="black", lw=0.5))
+        ax.text(j + 1.47, 0.45, f"compute tile {j}\n(stage {j % 2})", ha="center", va="center", fontsize=7,
+                color="white")
+    ax.text(-0.1, 1.45, "cp.async", ha="right", va="center", fontsize=8)
+    ax.text(-0.1, 0.45, "mma + softmax", ha="right", va="center", fontsize=8)
+    ax.set_xlim(-1.3, n_tiles + 1.1)
+    ax.set_ylim(0, 2.1)
+    ax.axis("off")
+    ax.set_title("Double buffering: the copy of the next tile overlaps the work on this one", fontsize=9)
+    return fig
+
+
+def source_between(obj, start: str, stop: str = None) -> str:
+    """The lines of obj's source from the first line containing `start` up to (not including) the first
+    later line containing `stop` (to the end when stop is None), dedented. Raises ValueError naming a
+    marker that is not found, so a lesson cannot silently show the wrong code."""
+    lines = inspect.getsource(obj).splitlines()
+    first = next((i for i, line in enumerate(lines) if start in line), None)
+    if first is None:
+        raise ValueError(f"start marker {start!r} is not in the source of {getattr(obj, '__name__', obj)}")
+    last = len(lines)
+    if stop is not None:
+        last = next((i for i in range(first + 1, len(lines)) if stop in lines[i]), None)
+        if last is None:
+            raise ValueError(f"stop marker {stop!r} is not after {start!r} in {getattr(obj, '__name__', obj)}")
+    part = lines[first:last]
+    while part and not part[-1].strip():
+        part.pop()
+    indent = min(len(x) - len(x.lstrip()) for x in part if x.strip())
+    return "\n".join(x[indent:] for x in part)
+
+
+# ------------------------------------------------------------------------------------------ speed
+def _read(path):
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k, v in r.items():
+            try:
+                r[k] = int(v) if k in ("N", "d", "causal") else float(v) if k not in ("impl", "dtype", "gpu",
+                                                                                     "instruction") else v
+            except ValueError:
+                pass
+    return rows
+
+
+def load_mma_ceiling(path=None) -> dict:
+    """{instruction: TFLOP/s} of benchmarks/mma_ceiling.py's run ({} without the file), and the GPU's name
+    under the key "gpu"."""
+    rows = _read(path or MMA_CSV)
+    out = {r["instruction"]: r["tflops"] for r in rows}
+    if rows:
+        out["gpu"] = rows[0]["gpu"]
+    return out
+
+
+def load_tensor_results(path=None) -> list:
+    """Rows of flashlab/data/h100_tensor.csv (N, d, causal, dtype, impl, ms, tflops, torch_tflops,
+    ratio) with numbers converted; [] without the file."""
+    return _read(path or TENSOR_CSV)
+
+
+# the mma instruction each kernel precision is made of (names as benchmarks/mma_ceiling.py writes them)
+CEILING_OF = {"flashlab tensor f16": "fp16 m16n8k16", "flashlab tensor bf16": "bf16 m16n8k16",
+              "flashlab tensor tf32": "tf32 m16n8k8", "flashlab tensor 3xtf32": "3xTF32 (3 tf32 mma per product)"}
+IMPL_COLORS = {"flashlab tensor f16": "#d62728", "flashlab tensor bf16": "#9467bd", "flashlab tensor tf32": "#ff7f0e",
+               "flashlab tensor 3xtf32": "#2ca02c", "flashlab register": "#1f77b4"}
+
+
+def _no_data(ax, what):
+    ax.text(0.5, 0.5, f"no {what}: run it from a clone of the repository\n(benchmarks/results/h100/)",
+            ha="center", va="center", transform=ax.transAxes, fontsize=9)
+    ax.axis("off")
+
+
+def plot_mma_ceiling(ceiling: dict, fp32_peak=None, fp16_datasheet=None, ax=None):
+    """Bars: what one SM-full of mma.sync chains reaches from Numba (measured), next to the FP32 units'
+    datasheet peak and the datasheet's dense FP16 tensor-core peak."""
+    fig, ax = own_axes(ax, width=7, height=3.0)
+    names = [k for k in ceiling if k != "gpu"]
+    if not names:
+        _no_data(ax, "mma ceiling data")
+        return fig
+    bars = [(n, ceiling[n], "#2ca02c") for n in names]
+    if fp32_peak:
+        bars.append(("FP32 units (FFMA), datasheet", fp32_peak / 1e12, "#1f77b4"))
+    if fp16_datasheet:
+        bars.append(("dense FP16 tensor cores, datasheet", fp16_datasheet / 1e12, "#7f7f7f"))
+    bars.sort(key=lambda b: b[1])
+    y = np.arange(len(bars))
+    ax.barh(y, [b[1] for b in bars], color=[b[2] for b in bars])
+    for yi, (_, v, _) in zip(y, bars):
+        ax.text(v, yi, f" {v:.0f}", va="center", fontsize=8)
+    ax.set_yticks(y, [b[0] for b in bars], fontsize=8)
+    ax.set_xlabel("TFLOP/s")
+    ax.set_xlim(0, max(b[1] for b in bars) * 1.15)
+    ax.set_title(f"mma.sync from a Numba kernel (green, measured on {ceiling.get('gpu', '?')})", fontsize=9)
+    return fig
+
+
+def plot_tensor_speed(rows, d=64, causal=0, ax=None):
+    """TFLOP/s against N of the tensor kernel in each precision and of the register kernel (solid), and of
+    torch SDPA in the same dtype (dashed: float16, bfloat16 and float32)."""
+    fig, ax = own_axes(ax, width=6.5, height=4)
+    sel = [r for r in rows if r["d"] == d and r["causal"] == causal]
+    if not sel:
+        _no_data(ax, f"tensor benchmark at d = {d}")
+        return fig
+    for impl in IMPL_COLORS:
+        pts = sorted((r["N"], r["tflops"]) for r in sel if r["impl"] == impl)
+        if pts:
+            ax.plot(*zip(*pts), "o-", color=IMPL_COLORS[impl], label=impl.replace("flashlab ", ""))
+    sdpa = {}
+    for r in sel:
+        sdpa.setdefault(r["dtype"], {})[r["N"]] = r["torch_tflops"]
+    for dtype, style in (("float16", "#d62728"), ("bfloat16", "#9467bd"), ("float32", "#2ca02c")):
+        if dtype in sdpa:
+            pts = sorted(sdpa[dtype].items())
+            ax.plot(*zip(*pts), "s--", color=style, alpha=0.6, ms=4, label=f"torch SDPA {dtype}")
+    ax.set_xscale("log", base=2)
+    ns = sorted({r["N"] for r in sel})
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.set_xlabel("N (B = 1, H = 16)")
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"Forward, d = {d}" + (", causal" if causal else ""), fontsize=9)
+    return fig
+
+
+def ceiling_shares(rows, ceiling, N=None, d=64, causal=0) -> dict:
+    """{impl: TFLOP/s of the tensor kernel / the ceiling of the mma it is made of} at (N, d), N = the
+    largest benchmarked by default."""
+    sel = [r for r in rows if r["d"] == d and r["causal"] == causal and r["impl"] in CEILING_OF]
+    if not sel or not ceiling:
+        return {}
+    N = N or max(r["N"] for r in sel)
+    return {r["impl"]: r["tflops"] / ceiling[CEILING_OF[r["impl"]]] for r in sel
+            if r["N"] == N and CEILING_OF[r["impl"]] in ceiling}
+
+
+def plot_ceiling_shares(rows, ceiling, ds=(64, 128), ax=None):
+    """Bars: the tensor kernel's share of its mma ceiling (largest N, not causal), per precision and d."""
+    fig, ax = own_axes(ax, width=6, height=3)
+    if not rows or not ceiling:
+        _no_data(ax, "tensor benchmark or mma ceiling data")
+        return fig
+    impls = list(CEILING_OF)
+    w = 0.8 / len(ds)
+    for j, d in enumerate(ds):
+        share = ceiling_shares(rows, ceiling, d=d)
+        xs = np.arange(len(impls)) + (j - (len(ds) - 1) / 2) * w
+        vals = [share.get(i, np.nan) for i in impls]
+        ax.bar(xs, vals, w * 0.9, label=f"d = {d}", color=("#4c72b0", "#dd8452", "#55a868")[j % 3])
+        for x, v in zip(xs, vals):
+            if np.isfinite(v):
+                ax.text(x, v, f"{v:.0%}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(impls)), [i.replace("flashlab tensor ", "") for i in impls])
+    ax.set_ylabel("kernel TFLOP/s / mma ceiling")
+    ax.set_ylim(0, 1.05)
+    ax.axhline(1, color="#999999", lw=0.6)
+    ax.legend(fontsize=8)
+    N = max(r["N"] for r in rows)
+    ax.set_title(f"Share of the mma.sync ceiling (N = {N}, not causal)", fontsize=9)
+    return fig
+
+
+def mma_roofs(ceiling: dict, bandwidth=None, names=("fp16 m16n8k16", "3xTF32 (3 tf32 mma per product)")):
+    """flashlab.roofline.Machine roofs from the measured mma ceilings (for plot_kernel_roofline)."""
+    from ..roofline import PUBLISHED, Machine
+
+    bw = bandwidth or PUBLISHED["H100"].bandwidth
+    return [Machine(f"mma.sync {n.split(' (')[0]} from Numba (measured)", ceiling[n] * 1e12, bw,
+                    "benchmarks/mma_ceiling.py") for n in names if n in ceiling]
+
+
+def tensor_roofline_points(rows, N=4096, d=64, causal=0,
+                           impls=("flashlab tensor f16", "flashlab tensor 3xtf32")) -> dict:
+    """{label: (FLOPs per HBM byte, FLOP/s)} of the tensor kernel's measured runs at (N, d) for a roofline:
+    the intensity of a FA2 forward with the kernel's default block_q (kernels/tensor.choose_tile) and the
+    inputs' element size (2 bytes for 16-bit, 4 for float32)."""
+    from ..kernels.tensor import choose_tile
+    from .gpu import kernel_intensity
+
+    points = {}
+    for r in rows:
+        if (r["N"], r["d"], r["causal"]) != (N, d, causal) or r["impl"] not in impls:
+            continue
+        precision = r["impl"].split()[-1]
+        block_q = choose_tile(d, precision).block_q
+        size = 4 if r["dtype"] == "float32" else 2
+        points[r["impl"]] = (kernel_intensity(N, d, block_q, bytes_per_element=size, causal=bool(causal)),
+                             r["tflops"] * 1e12)
+    return points

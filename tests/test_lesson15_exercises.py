@@ -1,0 +1,292 @@
+"""Lesson 15's exercises (tensor cores): each checker passes the solution, grades the blank "not implemented",
+and rejects kept wrong solutions ("mutants") for several seeds, naming the slip. The checker's own
+statement of the fragment layouts is checked against flashlab.fragments.
+"""
+import numpy as np
+import pytest
+
+from conftest import load_exercise
+from flashlab import fragments as F
+from flashlab.build import strip_solutions
+from flashlab.device import has_gpu
+from flashlab.grading import EXERCISES, check
+
+STEM = "15_tensor_cores"
+NUMPY_EXERCISES = ("fragment_position", "warp_mma", "split_tf32", "matmul_3xtf32")
+SEEDS = (1, 2, 3)
+SOLUTIONS = load_exercise(STEM)
+MUTANTS = {}  # exercise -> [(what the learner got wrong, function, words the verdict must contain)]
+
+
+def mutant(name, says):
+    def register(fn):
+        MUTANTS.setdefault(name, []).append((fn.__doc__, fn, says))
+        return fn
+    return register
+
+
+def _kernel(edits=(), keep=True):
+    from test_kernel_exercises import load  # imported here: that module's tests are not collected twice
+
+    return load(STEM, keep=keep, edits=edits)["s_tile"]
+
+
+# -- 1: the fragment map -------------------------------------------------------------------------
+_right = SOLUTIONS["fragment_position"]
+
+
+@mutant("fragment_position", "row and column are swapped")
+def position_b_transposed(layout, operand, lane, i):
+    """B read as N x K: (g, 2t ...) instead of (2t ..., g)"""
+    r, c = _right(layout, operand, lane, i)
+    return (c, r) if operand == "B" else (r, c)
+
+
+@mutant("fragment_position", "g and t are swapped")
+def position_g_t_swapped(layout, operand, lane, i):
+    """g = lane % 4, t = lane // 4"""
+    g, t = lane % 4, lane // 4
+    if operand == "C":
+        return g + 8 * (i // 2), 2 * t + i % 2
+    if layout == "f16":
+        if operand == "A":
+            return g + 8 * ((i // 2) % 2), 2 * t + i % 2 + 8 * (i // 4)
+        return 2 * t + i % 2 + 8 * (i // 2), g
+    if operand == "A":
+        return g + 8 * (i % 2), t + 4 * (i // 2)
+    return t + 4 * i, g
+
+
+@mutant("fragment_position", "wrong order")
+def position_plus8_on_wrong_elements(layout, operand, lane, i):
+    """f16 A: the +8 columns before the +8 rows (a2, a3 swapped with a4, a5)"""
+    if layout == "f16" and operand == "A":
+        i = {2: 4, 3: 5, 4: 2, 5: 3}.get(i, i)
+    return _right(layout, operand, lane, i)
+
+
+@mutant("fragment_position", "wrong order")
+def position_tf32_a1_a2_swapped(layout, operand, lane, i):
+    """tf32 A: a1 at (g, t + 4) and a2 at (g + 8, t)"""
+    if layout == "tf32" and operand == "A":
+        i = {1: 2, 2: 1}.get(i, i)
+    return _right(layout, operand, lane, i)
+
+
+@mutant("fragment_position", "is held by")
+def position_c_columns_t(layout, operand, lane, i):
+    """C columns t and t + 1 instead of 2t and 2t + 1"""
+    r, c = _right(layout, operand, lane, i)
+    return (r, c - lane % 4) if operand == "C" else (r, c)
+
+
+# -- 2: a warp's mma -----------------------------------------------------------------------------
+def _elements(regs, swap=False):
+    halves = np.stack([regs >> 16, regs & 0xFFFF] if swap else [regs & 0xFFFF, regs >> 16], axis=-1)
+    return halves.astype(np.uint16).view(np.float16).reshape(32, -1).astype(np.float64)
+
+
+def _matrices(a, b, c, swap=False):
+    A = F.from_fragments(_elements(a, swap), "m16n8k16", "A")
+    B = F.from_fragments(_elements(b), "m16n8k16", "B")  # (swapping B's halves too would not change A B)
+    return A, B, F.from_fragments(np.asarray(c, np.float64), "m16n8k16", "C")
+
+
+@mutant("warp_mma", "halves of each register are swapped")
+def mma_halves_swapped(a, b, c):
+    """A's high 16 bits read as the lower-numbered element"""
+    A, B, C = _matrices(a, b, c, swap=True)
+    return F.to_fragments((A @ B + C).astype(np.float32), "m16n8k16", "C")
+
+
+@mutant("warp_mma", "accumulator C is added")
+def mma_without_c(a, b, c):
+    """D = A B, C forgotten"""
+    A, B, _ = _matrices(a, b, c)
+    return F.to_fragments((A @ B).astype(np.float32), "m16n8k16", "C")
+
+
+@mutant("warp_mma", "wrong places")
+def mma_row_major_out(a, b, c):
+    """D handed back in row-major order, not as C fragments"""
+    A, B, C = _matrices(a, b, c)
+    return (A @ B + C).astype(np.float32).reshape(32, 4)
+
+
+@mutant("warp_mma", "float32")
+def mma_float16_accumulator(a, b, c):
+    """accumulates in float16"""
+    A, B, C = _matrices(a, b, c)
+    D = (A.astype(np.float16) @ B.astype(np.float16) + C.astype(np.float16)).astype(np.float32)
+    return F.to_fragments(D, "m16n8k16", "C")
+
+
+# -- 3: the tf32 split ---------------------------------------------------------------------------
+def _bits(x):
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+def _round(x, add=0x1000, mask=0xFFFFE000):
+    return ((_bits(x) + np.uint32(add)) & np.uint32(mask)).view(np.float32)
+
+
+@mutant("split_tf32", "truncates")
+def split_truncated(x):
+    """big = x with the low 13 bits cleared"""
+    big = (_bits(x) & np.uint32(0xFFFFE000)).view(np.float32)
+    return big, (_bits(x - big) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@mutant("split_tf32", "ties to even")
+def split_ties_to_even(x):
+    """round half to even"""
+    def rne(v):
+        b = _bits(v).astype(np.uint64)
+        return ((b + 0xFFF + ((b >> 13) & 1)) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+    big = rne(x)
+    return big, rne(x - big)
+
+
+@mutant("split_tf32", "round it to tf32 as well")
+def split_small_not_rounded(x):
+    """small = x - big, not rounded"""
+    big = _round(x)
+    return big, (x - big).astype(np.float32)
+
+
+@mutant("split_tf32", "tf32 keeps 10")
+def split_twelve_bits(x):
+    """clears 12 bits (keeps 11 stored mantissa bits)"""
+    big = _round(x, 0x800, 0xFFFFF000)
+    return big, _round(x - big, 0x800, 0xFFFFF000)
+
+
+# -- 4: 3xTF32 -----------------------------------------------------------------------------------
+_split = SOLUTIONS["split_tf32"]
+
+
+def _zeros(A, B):
+    return np.zeros((A.shape[0], B.shape[1]), np.float32)
+
+
+@mutant("matmul_3xtf32", "small(A) x big(B) is missing")
+def three_without_small_a(A, B, mma):
+    """drops small(A) x big(B)"""
+    (Ab, _), (Bb, Bs) = _split(A), _split(B)
+    return mma(Ab, Bb, mma(Ab, Bs, _zeros(A, B)))
+
+
+@mutant("matmul_3xtf32", "1xTF32")
+def one_product(A, B, mma):
+    """one tf32 product of the rounded inputs"""
+    return mma(_split(A)[0], _split(B)[0], _zeros(A, B))
+
+
+@mutant("matmul_3xtf32", "small x small")
+def big_big_and_small_small(A, B, mma):
+    """big x big + small x small"""
+    (Ab, As), (Bb, Bs) = _split(A), _split(B)
+    return mma(Ab, Bb, mma(As, Bs, _zeros(A, B)))
+
+
+@mutant("matmul_3xtf32", "not a tf32 value")
+def unsplit_input(A, B, mma):
+    """passes the float32 inputs to mma as they are"""
+    return mma(A, B, _zeros(A, B))
+
+
+@mutant("matmul_3xtf32", "never called mma")
+def no_tensor_core(A, B, mma):
+    """multiplies in float64, no tensor core"""
+    return (A.astype(np.float64) @ B.astype(np.float64)).astype(np.float32)
+
+
+# -- 5: the kernel (edits of the solution's source, run in the simulator) -------------------------
+KERNEL_MUTANTS = [  # (what the learner got wrong, edits, words the verdict must contain)
+    ("a1 and a2 swapped (the +4 words before the +8 rows)",
+     [("MMA16(q[g, w], q[g + 8, w], q[g, w + 4], q[g + 8, w + 4],",
+       "MMA16(q[g, w], q[g, w + 4], q[g + 8, w], q[g + 8, w + 4],")], "S is wrong"),
+    ("accumulators restarted at every k-step",
+     [("k[key, w], k[key, w + 4], c0, c1, c2, c3)",
+       "k[key, w], k[key, w + 4], np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0))")],
+     "k-step"),
+    ("B read as the next word instead of 4 words on",
+     [("k[key, w], k[key, w + 4], c0", "k[key, w], k[key, w + 1], c0")], "B registers"),
+    ("C written to columns t, t + 1", [("col = 8 * n + 2 * t", "col = 8 * n + t")], "never written"),
+    ("only the first n-tile", [("for n in range(k.shape[0] // 8):", "for n in range(1):")], "never written"),
+]
+
+
+# ------------------------------------------------------------------------------------------------
+def test_every_exercise_of_lesson_15_is_tested_with_three_mutants():
+    mine = {name for name, ex in EXERCISES.items() if ex.lesson == STEM}
+    assert mine == set(NUMPY_EXERCISES) | {"s_tile"}
+    assert set(MUTANTS) == set(NUMPY_EXERCISES)
+    assert all(len(m) >= 3 for m in MUTANTS.values()) and len(KERNEL_MUTANTS) >= 3
+
+
+def test_the_checkers_formulas_are_the_fragment_maps():
+    from flashlab.grading.l15_tensor_cores import LAYOUTS, positions
+
+    lane = np.arange(32)
+    for layout, (shape, dtype) in LAYOUTS.items():
+        for operand in ("A", "B", "C"):
+            np.testing.assert_array_equal(positions(layout, operand, lane // 4, lane % 4),
+                                          F.fragment_map(shape, operand, dtype), err_msg=f"{layout} {operand}")
+            n = F.fragment_map(shape, operand, dtype).shape[1]
+            got = np.array([[_right(layout, operand, L, i) for i in range(n)] for L in lane])
+            np.testing.assert_array_equal(got, F.fragment_map(shape, operand, dtype))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", NUMPY_EXERCISES)
+def test_solution_passes(name, seed):
+    result = check(name, SOLUTIONS[name], seed=seed, quiet=True)
+    assert result.passed, str(result)
+
+
+@pytest.mark.parametrize("name", NUMPY_EXERCISES)
+def test_blank_is_not_implemented(name):
+    blank = load_exercise(STEM, keep=False)[name]
+    assert check(name, blank, seed=0, quiet=True).status == "not implemented"
+
+
+@pytest.mark.parametrize("name,label,fn,says",
+                         [(n, lab, fn, says) for n, ms in MUTANTS.items() for lab, fn, says in ms],
+                         ids=[f"{n}: {lab}" for n, ms in MUTANTS.items() for lab, _, _ in ms])
+def test_mutant_is_rejected_with_its_slip_named(name, label, fn, says):
+    for seed in SEEDS:
+        result = check(name, fn, seed=seed, quiet=True)
+        assert result.status == "failed", f"{name}: mutant {label!r} passed with seed {seed}"
+        assert says in str(result), f"{name}: mutant {label!r}, seed {seed}: the verdict lacks {says!r}:\n{result}"
+
+
+def test_s_tile_solution_passes_quickly():
+    for seed in (1, 2):
+        result = check("s_tile", _kernel(), seed=seed, quiet=True)
+        assert result.passed, str(result)
+        assert result.seconds < 30, f"s_tile took {result.seconds:.1f} s to grade"
+
+
+def test_s_tile_blank_is_not_implemented():
+    assert check("s_tile", _kernel(keep=False), seed=0, quiet=True).status == "not implemented"
+
+
+@pytest.mark.parametrize("label,edits,says", KERNEL_MUTANTS, ids=[m[0] for m in KERNEL_MUTANTS])
+def test_s_tile_mutant_is_rejected(label, edits, says):
+    source = strip_solutions((load_exercise.__globals__["EXERCISE_SOURCES"] / f"{STEM}.py").read_text(), True)
+    for old, _ in edits:
+        assert old in source, f"mutant {label!r}: the solution no longer contains {old!r}"
+    for seed in (1, 2):
+        result = check("s_tile", _kernel(edits), seed=seed, quiet=True)
+        assert result.status == "failed", f"mutant {label!r} passed with seed {seed}"
+        assert says in str(result), f"mutant {label!r}: the verdict does not say {says!r}:\n{result}"
+        assert result.seconds < 30
+
+
+@pytest.mark.skipif(has_gpu(), reason="the simulator's check; on a GPU a skipped warp instruction is undefined")
+def test_s_tile_that_skips_the_mma_on_some_lanes_fails_with_a_message():
+    edits = [("        for ks in range(q.shape[1] // 8):  # k-steps of 16 dims = 8 words\n",
+              "        for ks in range(q.shape[1] // 8 if lane else 0):  # k-steps of 16 dims = 8 words\n")]
+    result = check("s_tile", _kernel(edits), seed=1, quiet=True)
+    assert result.status == "failed" and "all 32 lanes" in str(result), str(result)

@@ -1,0 +1,224 @@
+"""Lesson 15's figures (flashlab.viz.tensor): each is checked against the model it draws (flashlab.fragments,
+the simulator's ldmatrix, the committed benchmark files), the explorer's callback is driven, and the code
+sections the lesson prints from kernels/tensor.py are still found there."""
+import csv
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from flashlab import fragments as F  # noqa: E402
+from flashlab import viz  # noqa: E402
+from flashlab.device import get_cuda  # noqa: E402
+from flashlab.kernels import mma  # noqa: E402
+from flashlab.viz import tensor as T  # noqa: E402
+from test_explorers import drive  # noqa: E402,F401  (the fixture that runs an explorer's widget callback)
+
+ROOT = Path(__file__).resolve().parent.parent
+cuda = get_cuda()  # a module global: the simulator swaps it while a kernel runs
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _cells(ax, highlighted_only=False):
+    """{(x, y): facecolor} of the unit cells drawn on ax (the highlighted ones: black edge)."""
+    out = {}
+    for p in ax.patches:
+        if isinstance(p, plt.Rectangle) and p.get_width() == 1:
+            if highlighted_only and tuple(p.get_edgecolor()[:3]) != (0, 0, 0):
+                continue
+            out[(p.get_x(), p.get_y())] = p.get_facecolor()
+    return out
+
+
+def _offsets(layout):
+    """x offsets of A, B and C in plot_fragments (A, then B, then C, 2.5 cells apart)."""
+    M, N, K = F.SHAPES[T.LAYOUTS[layout][0]]
+    return {"A": 0, "B": K + 2.5, "C": K + 2.5 + N + 2.5}
+
+
+@pytest.mark.parametrize("layout", ["f16", "tf32"])
+def test_fragment_figure_colours_every_cell_by_the_lane_that_holds_it(layout):
+    shape, dtype = T.LAYOUTS[layout]
+    ax = T.plot_fragments(layout).axes[0]
+    cells = _cells(ax)
+    off = _offsets(layout)
+    n = 0
+    for op in ("A", "B", "C"):
+        for lane, frag in enumerate(F.fragment_map(shape, op, dtype)):
+            for r, c in frag:
+                assert cells[(off[op] + c, r)][:3] == pytest.approx(T.lane_color(lane)[:3]), (op, lane, r, c)
+                n += 1
+    assert n == len(cells)
+
+
+@pytest.mark.parametrize("layout,lane", [("f16", 13), ("tf32", 13), ("f16", 31), ("tf32", 0)])
+def test_highlighted_lane_shows_exactly_its_fragment(layout, lane):
+    shape, dtype = T.LAYOUTS[layout]
+    ax = T.plot_fragments(layout, lane=lane).axes[0]
+    off = _offsets(layout)
+    want = {(off[op] + c, r) for op in "ABC" for r, c in F.fragment_map(shape, op, dtype)[lane]}
+    assert set(_cells(ax, highlighted_only=True)) == want
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="layout must be one of"):
+        T.plot_fragments("bf16")
+    with pytest.raises(ValueError, match="lane must be an integer in 0..31"):
+        T.plot_fragments("f16", lane=32)
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        T.tensor_product(np.ones((2, 2)), np.ones((2, 2)), "fp8")
+
+
+def test_fragment_explorer_callback_highlights_the_chosen_lane(drive):  # noqa: F811
+    sliders, callback = drive(T.fragment_explorer)
+    assert set(sliders) == {"lane", "layout"}
+    for lane, layout in ((5, "tf32"), (30, "f16")):
+        fig = callback(lane=lane, layout=layout)
+        shape, dtype = T.LAYOUTS[layout]
+        off = _offsets(layout)
+        want = {(off[op] + c, r) for op in "ABC" for r, c in F.fragment_map(shape, op, dtype)[lane]}
+        assert set(_cells(fig.axes[0], highlighted_only=True)) == want
+
+
+def test_fragment_explorer_static_grid():
+    fig = T.fragment_explorer(interactive=False)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == [f"{layout}: lane {lane}" for layout in ("f16", "tf32") for lane in (0, 13, 31)]
+    assert len(viz.to_png(fig)) > 2000
+
+
+def test_p_stays_in_registers_for_16_bit_and_is_renumbered_for_tf32():
+    np.testing.assert_array_equal(T.c_tiles_as_a("f16"), F.fragment_map("m16n8k16", "A", "float16"))
+    c, a = T.c_tiles_as_a("tf32"), F.fragment_map("m16n8k8", "A", "tf32")
+    assert np.array_equal(c[..., 0], a[..., 0]) and not np.array_equal(c[..., 1], a[..., 1])
+    renumber = np.array([0, 4, 1, 5, 2, 6, 3, 7])  # key 2t -> column t, key 2t + 1 -> column t + 4
+    np.testing.assert_array_equal(renumber[c[..., 1]], a[..., 1])
+    titles = [ax.get_title() for ax in T.plot_p_in_registers("f16").axes]
+    assert "no data moves" in titles[1]
+    assert "column t as key 2t" in T.plot_p_in_registers("tf32").axes[1].get_title()
+
+
+@cuda.jit
+def _load_both(rows, plain, trans):
+    sh = cuda.shared.array(128, np.uint32)
+    lane = cuda.threadIdx.x
+    for w in range(4):
+        sh[lane * 4 + w] = rows[lane, w]
+    cuda.syncthreads()
+    p, q = mma.ldmatrix_x4(sh, np.intp(lane * 4)), mma.ldmatrix_x4_trans(sh, np.intp(lane * 4))
+    for i in range(4):
+        plain[lane, i] = p[i]
+        trans[lane, i] = q[i]
+
+
+def test_ldmatrix_figure_matches_the_instruction():
+    """In the simulator: its emulation of ldmatrix; on a GPU (sm_75+): the hardware."""
+    values = np.add.outer(10 * np.arange(32), np.arange(8)).astype(np.float32)  # row r, column j: 10 r + j
+    bits = F.to_bits16(values, "float16")
+    words = np.ascontiguousarray(F.pack16(bits[:, 0::2], bits[:, 1::2]))
+    plain, trans = np.zeros((32, 4), np.uint32), np.zeros((32, 4), np.uint32)
+    _load_both[1, 32](words, plain, trans)
+    axes = T.plot_ldmatrix().axes
+    for ax, regs in zip(axes, (plain, trans)):
+        got = sorted(float(F.from_bits16(h, "float16")) for h in F.unpack16(regs[5, 0]))
+        drawn = sorted(10 * y + x for x, y in _cells(ax, highlighted_only=True))  # x = dim, y = key
+        assert got == drawn
+
+
+def test_quad_reduction_ends_with_the_max_everywhere():
+    values = (2.0, -1.0, 9.5, 4.0)
+    ax = T.plot_quad_reduction(values).axes[0]
+    last = [float(t.get_text()) for t in ax.texts if re.fullmatch(r"-?[\d.]+", t.get_text())][-4:]
+    assert last == [max(values)] * 4
+
+
+def test_tensor_product_model_is_a_chain_of_warp_mma(rng):
+    A = rng.standard_normal((16, 24)).astype(np.float32)
+    B = rng.standard_normal((24, 8)).astype(np.float32)
+    c = np.zeros((32, 4), np.float32)
+    Ar, Br = F.round_tf32(A), F.round_tf32(B)
+    for k0 in range(0, 24, 8):  # three m16n8k8 tf32 mma accumulating in C, as the kernel chains them
+        c = F.warp_mma(F.to_fragments(Ar[:, k0:k0 + 8], "m16n8k8", "A", "tf32"),
+                       F.to_fragments(Br[k0:k0 + 8], "m16n8k8", "B", "tf32"), c, "m16n8k8", "tf32")
+    np.testing.assert_array_equal(T.tensor_product(A, B, "tf32"), F.from_fragments(c, "m16n8k8", "C", "tf32"))
+
+
+def test_format_errors_show_what_the_lesson_says():
+    e = T.format_errors(sizes=(16, 256), scales=(1e-6, 1.0, 1e6), trials=1)
+    size, scale = e["size"], e["scale"]
+    for i in range(2):
+        assert size["3xtf32"][i] < 1e-6 < 1e-4 < size["tf32"][i] < size["bf16"][i]
+        assert size["tf32"][i] == pytest.approx(size["fp16"][i], rel=0.5)  # same 11 significand bits
+    assert np.isinf(scale["fp16"][2]) and scale["fp16"][0] > 10 * scale["fp16"][1]  # overflow; subnormals
+    assert all(np.isfinite(scale[f]).all() for f in ("tf32", "bf16", "3xtf32"))
+    axes = T.plot_format_errors(e).axes
+    assert len(axes[0].get_lines()) == len(T.FORMATS)
+
+
+def test_the_kernel_sections_the_lesson_prints_are_in_the_kernel():
+    from flashlab.kernels import tensor
+
+    lesson = (ROOT / "course" / "lessons" / "15_tensor_cores.py").read_text()
+    calls = re.findall(r'source_between\(src, "([^"]+)", "([^"]+)"\)', lesson)
+    assert len(calls) >= 5
+    for start, stop in calls:
+        text = T.source_between(tensor.build, start, stop)
+        assert start in text.splitlines()[0]
+        assert stop not in text and len(text.splitlines()) >= 3
+    with pytest.raises(ValueError, match="'# no such marker'"):
+        T.source_between(tensor.build, "# no such marker")
+
+
+def test_benchmark_figures_draw_the_committed_numbers():
+    with open(T.TENSOR_CSV, newline="") as f:
+        raw = list(csv.DictReader(f))
+    rows, ceiling = T.load_tensor_results(), T.load_mma_ceiling()
+    assert len(rows) == len(raw) and ceiling and "gpu" in ceiling
+    ax = T.plot_tensor_speed(rows, d=64).axes[0]
+    f16 = next(line for line in ax.get_lines() if line.get_label() == "tensor f16")
+    want = sorted((int(r["N"]), float(r["tflops"])) for r in raw
+                  if r["impl"] == "flashlab tensor f16" and r["d"] == "64" and r["causal"] == "0")
+    assert list(zip(f16.get_xdata(), f16.get_ydata())) == want
+    shares = T.ceiling_shares(rows, ceiling, d=64)
+    n_max = max(int(r["N"]) for r in raw)
+    for impl, share in shares.items():
+        r = next(r for r in raw if r["impl"] == impl and int(r["N"]) == n_max and r["d"] == "64" and r["causal"] == "0")
+        assert share == pytest.approx(float(r["tflops"]) / ceiling[T.CEILING_OF[impl]])
+    assert set(shares) == set(T.CEILING_OF)
+    for fig in (T.plot_ceiling_shares(rows, ceiling), T.plot_mma_ceiling(ceiling, 67e12, 989e12)):
+        assert len(viz.to_png(fig)) > 2000
+
+
+def test_roofline_gets_the_tensor_points_and_the_mma_roofs():
+    from flashlab.viz import gpu
+
+    rows, ceiling = T.load_tensor_results(), T.load_mma_ceiling()
+    roofs = T.mma_roofs(ceiling)
+    assert [r.peak_flops for r in roofs] == [ceiling["fp16 m16n8k16"] * 1e12,
+                                            ceiling["3xTF32 (3 tf32 mma per product)"] * 1e12]
+    points = T.tensor_roofline_points(rows, N=4096, d=64)
+    assert set(points) == {"flashlab tensor f16", "flashlab tensor 3xtf32"}
+    inten16, inten32 = points["flashlab tensor f16"][0], points["flashlab tensor 3xtf32"][0]
+    assert inten16 > inten32  # same FLOPs, half the bytes per element (and no smaller tile)
+    ax = gpu.plot_kernel_roofline(points, roofs=roofs).axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert all(r.name in labels for r in roofs)
+
+
+def test_missing_benchmark_files_give_empty_data_and_a_note(tmp_path):
+    assert T.load_tensor_results(tmp_path / "none.csv") == [] and T.load_mma_ceiling(tmp_path / "none.csv") == {}
+    ax = T.plot_tensor_speed([], d=64).axes[0]
+    assert any("no tensor benchmark" in t.get_text() for t in ax.texts)
+    ax = T.plot_mma_ceiling({}).axes[0]
+    assert any("no mma ceiling data" in t.get_text() for t in ax.texts)
+    assert T.ceiling_shares([], {}) == {}
