@@ -11,8 +11,8 @@ the tensors' pointers, allocates the outputs with torch and launches.
 The argument list is the one numba-cuda builds (`_Kernel._prepare_args`): per array (meminfo 0, parent 0,
 size, itemsize, pointer, shape..., strides in bytes...), int64 as ctypes.c_int64, float32 as ctypes.c_float;
 tests/test_plan.py checks the two agree. Launches go to torch's current stream. This path needs numba-cuda's
-`_Kernel` internals (checked once: `available()`); set FLASHLAB_FAST_LAUNCH=0 to turn it off, in which case
-every call takes the general way.
+`_Kernel` internals (checked once: `available()`). It is opt-in until it has run on a GPU
+(benchmarks/issue12_gpu.sh): set FLASHLAB_FAST_LAUNCH=1 to use it; otherwise every call takes the general way.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ MAX_CALLS = 256
 
 
 def available() -> bool:
-    """True on a GPU with the numba-cuda internals this path uses, unless FLASHLAB_FAST_LAUNCH=0."""
-    if os.environ.get("FLASHLAB_FAST_LAUNCH", "1").strip() in ("0", "false", "no"):
+    """True on a GPU with the numba-cuda internals this path uses, when FLASHLAB_FAST_LAUNCH=1 (opt-in)."""
+    if os.environ.get("FLASHLAB_FAST_LAUNCH", "0").strip() in ("0", "false", "no", ""):
         return False
     return _supported()
 

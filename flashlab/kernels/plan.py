@@ -53,6 +53,11 @@ SPLIT_TARGET = 0.9  # the fewest chunks whose predicted efficiency reaches this 
 SPLIT_GAIN = 0.05  # ... and only if that beats no split by this much: partial results cost traffic and a merge
 MIN_CHUNK = 256  # keys per chunk, at least
 MAX_SPLITS = 32
+# Split-KV on the GPU a kernel actually runs on (device=None) waits for its first GPU measurement: the split
+# builds compile for cc 7.5/8.0/9.0 (kernel_resources.csv) and pass the simulator's tests, but have not run
+# on a GPU yet (benchmarks/issue12_gpu.sh). Plans for a device passed by hand (lesson 10, what-if questions)
+# split as the model says; splits= forces a split anywhere.
+AUTO_SPLIT = False
 
 
 # ----------------------------------------------------------------------------------------------- devices
@@ -615,11 +620,12 @@ def _make_plan(problem, variant, direction, causal, dtype, device, block_q, bloc
         raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
     if splits is not None and p.direction == "backward":
         raise ValueError("the backward kernel does not split (one block per key block already)")
-    return _plan(p, variant, dev, block_q, block_k, tile, threads, precision, splits)
+    auto = AUTO_SPLIT or device is not None
+    return _plan(p, variant, dev, block_q, block_k, tile, threads, precision, splits, auto)
 
 
 @lru_cache(maxsize=256)
-def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, precision, splits) -> Plan:
+def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, precision, splits, auto=True) -> Plan:
     from .info import occupancy
 
     config, precision, nthreads, shared_bytes, bq, bk = _choose_config(p, variant, dev, block_q, block_k, tile,
@@ -647,6 +653,9 @@ def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, pre
     unsplit = (waves, eff)
     n, chunk, reason = (1, p.Nk, "the backward kernel has one block per key block") if p.direction == "backward" \
         else _choose_splits(p, variant, precision, dev, bq, bk, None, splits)
+    if n is None and not auto:
+        n, chunk, reason = 1, p.Nk, ("automatic split-KV waits for a GPU measurement on the GPU in use "
+                                     "(flashlab.kernels.plan.AUTO_SPLIT); pass splits= to split")
     if n is None:  # the planner's choice
         from .register import split_chunk
 
