@@ -587,7 +587,7 @@ def plan(problem, *, variant: str = "register", direction: str | None = None, ca
     this GPU. block_q / block_k / tile (register) / threads (backward) / precision (tensor) override the
     kernel's configuration as in flash_attention; splits forces a number of key chunks (1: none)."""
     args = (problem if isinstance(problem, Problem) else tuple(problem), variant, direction, causal, dtype, device,
-            block_q, block_k, tile, threads, precision, splits)
+            block_q, block_k, tile, threads, precision, splits, AUTO_SPLIT or device is not None)
     try:
         hash(args)
     except TypeError:  # e.g. a list somewhere: plan without the cache (the checks name the bad argument)
@@ -601,7 +601,7 @@ def _cached_plan(*args) -> Plan:
 
 
 def _make_plan(problem, variant, direction, causal, dtype, device, block_q, block_k, tile, threads, precision,
-               splits) -> Plan:
+               splits, auto) -> Plan:
     p = _problem(problem, causal, dtype, direction)
     dev = _device(device)
     if variant not in VARIANTS[p.direction]:
@@ -620,7 +620,6 @@ def _make_plan(problem, variant, direction, causal, dtype, device, block_q, bloc
         raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
     if splits is not None and p.direction == "backward":
         raise ValueError("the backward kernel does not split (one block per key block already)")
-    auto = AUTO_SPLIT or device is not None
     return _plan(p, variant, dev, block_q, block_k, tile, threads, precision, splits, auto)
 
 
