@@ -21,7 +21,7 @@ from flashlab.device import get_cuda, has_gpu
 from flashlab.grading import check
 from flashlab.kernels import _fast, flash_attention, register, tensor
 from flashlab.kernels import plan as P
-from flashlab.kernels.plan import A100, H100, T4, Device, plan
+from flashlab.kernels.plan import A100, H100, T4, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 gpu = pytest.mark.skipif(not has_gpu(), reason="needs a CUDA GPU")

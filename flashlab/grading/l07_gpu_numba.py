@@ -8,6 +8,7 @@ from .simcheck import launch, require_kernel, threads_per_block
 
 LESSON = "07_gpu_numba"
 
+
 @exercise("block_sums", lesson=LESSON, time_limit=30,
           hint="Each thread loads one element (0 past the end of x) into a shared array of TPB floats, "
                "cuda.syncthreads(), then halve the number of active threads each step (buf[t] += buf[t + s] "

@@ -10,6 +10,7 @@ from .simcheck import kernel_of, launch, not_implemented
 
 LESSON = "09_register_fa2"
 
+
 @exercise("scores_microtile", lesson=LESSON, time_limit=45,
           hint="Per x: copy your RM values of Q (column x) and RN values of K into local arrays a and b, then "
                "do the RM x RN multiply-adds acc[i, j] += a[i] * b[j] from registers. That is RM + RN shared "

@@ -9,6 +9,7 @@ from .core import exercise
 
 LESSON = "10_tuning"
 
+
 def shared_bytes(d, block_q, block_k, tc):
     """Shared memory of flashlab's register kernel, as lesson 10's exercise states it (a test checks that
     it equals flashlab.kernels.register.Tile.shared_bytes)."""
@@ -218,8 +219,6 @@ def _waves_cases(rng):
 
 def _waves_slips(B, H, N, block_q, threads, registers, shared_bytes, gpu, want):
     """{key: [(value, why)]}: the answers of usual mistakes, for the checker's hints."""
-    warps = -(-threads // 32)
-    max_warps = gpu["max_threads_per_sm"] // 32
     bps = want["blocks_per_sm"]
     slots = gpu["sms"] * bps
     blocks = -(-N // block_q) * B * H
