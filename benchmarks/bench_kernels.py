@@ -330,6 +330,8 @@ def main(argv=None):
     ap.add_argument("--sweep-csv", default=str(ROOT / "flashlab" / "data" / "tile_sweep.csv"))
     suite.add_arguments(ap)
     args = ap.parse_args(argv)
+    if args.suite and args.replot:  # redraws from suite.csv: no GPU needed
+        return suite.main_suite(args, {})
     if not flashlab.device.has_gpu():
         print("No CUDA GPU found: this benchmark needs one (flashlab.doctor() says why).")
         flashlab.doctor()

@@ -10,7 +10,8 @@ tensor-core variant (forward) in float16 against SDPA in float16 and in float32 
 all in the same run. flashlab is called through its public API with torch tensors (flash_attention,
 flash_attention_backward: host overhead included, as a user would see it). Timing: CUDA events, 2 warm-up
 calls, median of --reps (default 20). FLOPs: forward 4*B*H*N^2*d (halved under causal), backward 2.5x that;
-SDPA's backward = time(forward + backward) - time(forward).
+SDPA's backward = time(forward + backward) - time(forward). Every timed forward is also compared with SDPA in
+float32: suite.csv's last column, max_abs_err, and a count in suite.md.
 
 Writes to --out (default benchmarks/results/): suite.csv (flashlab.bench.SUITE_COLUMNS), suite.png (ratio
 against N, one panel per d and direction), suite.md (minimum and geometric mean of the ratio per variant and
@@ -74,6 +75,21 @@ def _flashlab_fn(direction, variant, q, k, v, do, causal, plan=None):
     return lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal)
 
 
+# A timed forward that is also wrong is worth nothing: each is compared with SDPA in float32 (max |error|),
+# and flagged when the error passes this bound (inputs are N(0, 1), so |O| <= about 4).
+CHECK_BOUND = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+
+
+def _forward_error(fn, q, k, v, causal):
+    import torch
+    import torch.nn.functional as F
+
+    got = fn()
+    got = got[0] if isinstance(got, tuple) else got
+    ref = F.scaled_dot_product_attention(*(x.float() for x in (q, k, v)), is_causal=causal)
+    return float((got.float() - ref).abs().max())
+
+
 def _plan(direction, variant, dtype, B, H, N, d, causal, **kw):
     from flashlab.kernels.plan import plan
 
@@ -97,7 +113,9 @@ def _alternatives(direction, variant, dtype, B, H, N, d, causal, planned):
 
 
 def run_suite(out: Path, reps=20, bhs=SUITE_BH, ns=SUITE_N, ds=SUITE_D, runs=SUITE_RUNS, append=False,
-              alternatives=True):
+              alternatives=True, resume=False, deadline_s=None):
+    """Time every shape; `resume` keeps suite.csv's rows and skips shapes it already has (implies append);
+    `deadline_s` starts no new shape after that many seconds (a run that must fit in a time limit)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -107,11 +125,20 @@ def run_suite(out: Path, reps=20, bhs=SUITE_BH, ns=SUITE_N, ds=SUITE_D, runs=SUI
 
     rows, alt_rows = [], []
     csv_path, alt_path = out / "suite.csv", out / "suite_alternatives.csv"
-    if append:
+    if append or resume:
         rows, alt_rows = _read(csv_path), _read(alt_path)
+    have = {_shape_key(r) for r in rows} if resume else set()
     shapes = [(B, H, N, d, causal) for B, H in bhs for d in ds for N in ns for causal in (False, True)]
+    start = time.perf_counter()
     for B, H, N, d, causal in tqdm(shapes, desc="suite shapes"):
+        if deadline_s is not None and time.perf_counter() - start > deadline_s:
+            print(f"deadline of {deadline_s} s reached: stopping before B{B} H{H} N{N} d{d} causal={int(causal)}; "
+                  "rerun with --resume", flush=True)
+            break
         for dtype in sorted({r[2] for r in runs}):
+            want = [(dr, va, dtype, B, H, N, d, int(causal)) for dr, va, dt in runs if dt == dtype]
+            if all(tuple(map(str, w)) in have for w in want):
+                continue
             q, k, v, do = _inputs(B, H, N, d, dtype)
             torch_ms = {}  # SDPA in this dtype, once per direction
             for direction, variant, dt in runs:
@@ -119,18 +146,21 @@ def run_suite(out: Path, reps=20, bhs=SUITE_BH, ns=SUITE_N, ds=SUITE_D, runs=SUI
                     continue
                 flops = attention_flops(B, H, N, N, d, causal=causal, backward=direction == "backward")
                 planned = _plan(direction, variant, dtype, B, H, N, d, causal)
-                ms = _median_ms(_flashlab_fn(direction, variant, q, k, v, do, causal), reps)
+                fn = _flashlab_fn(direction, variant, q, k, v, do, causal)
+                err = _forward_error(fn, q, k, v, causal) if direction == "forward" else float("nan")
+                ms = _median_ms(fn, reps)
                 if direction not in torch_ms:
                     torch_ms[direction] = _torch_ms(direction, q, k, v, do, causal, reps)
                 ms_t = torch_ms[direction]
                 row = {"direction": direction, "variant": variant, "dtype": dtype, "B": B, "H": H, "N": N, "d": d,
                        "causal": int(causal), "flashlab_tflops": round(tflops(flops, ms), 3),
                        "torch_tflops": round(tflops(flops, ms_t), 3), "ratio": round(ms_t / ms, 4),
-                       "plan": planned.summary()}
+                       "plan": planned.summary(), "max_abs_err": f"{err:.2e}"}
                 rows = [r for r in rows if _shape_key(r) != _shape_key(row)] + [row]
                 print(f"  {direction:8s} {variant:8s} {dtype:8s} B{B} H{H} N{N:5d} d{d:3d} causal={int(causal)} "
                       f"{row['flashlab_tflops']:7.2f} vs {row['torch_tflops']:7.2f} TFLOP/s: {row['ratio']:.2f}  "
-                      f"[{row['plan']}]", flush=True)
+                      f"[{row['plan']}]" + (f" err {err:.1e}" if err == err else "")
+                      + ("  WRONG" if err > CHECK_BOUND[dtype] else ""), flush=True)
                 if alternatives:
                     for name, alt in _alternatives(direction, variant, dtype, B, H, N, d, causal, planned).items():
                         ms_a = _median_ms(_flashlab_fn(direction, variant, q, k, v, do, causal, plan=alt), reps)
@@ -178,10 +208,21 @@ def summary_text(rows, env=None) -> str:
                   f"numba-cuda {env.get('numba_cuda', '?')}", ""]
     lines += ["| direction | variant | dtype | d | shapes | min ratio | at | geometric mean | below 50% |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for s in suite_summary(rows):
+    order = {"forward": 0, "backward": 1}
+    for s in sorted(suite_summary(rows), key=lambda s: (order.get(s["direction"], 2), s["variant"], s["dtype"],
+                                                        s["d"] != "all d", int(s["d"][2:]) if s["d"] != "all d" else 0)):
         lines.append(f"| {s['direction']} | {s['variant']} | {s['dtype']} | {s['d']} | {s['shapes']} | "
                      f"{s['min_ratio']:.0%} | {s['min_at']} | {s['geomean_ratio']:.0%} | {s['below_half']} |")
+    checked = [r for r in rows if _num(str(r.get("max_abs_err", "nan"))) == _num(str(r.get("max_abs_err", "nan")))]
+    wrong = [r for r in checked if float(r["max_abs_err"]) > CHECK_BOUND[r["dtype"]]]
+    if checked:
+        lines += ["", f"Forward outputs compared with SDPA in float32: {len(checked)} checked, {len(wrong)} over the "
+                      f"bound {CHECK_BOUND}" + "".join(f"\n- over: {_shape_key(r)} {r['max_abs_err']}" for r in wrong)]
     return "\n".join(lines)
+
+
+COLORS = {("register", "float32"): "tab:blue", ("tensor", "float32"): "tab:green",
+          ("tensor", "float16"): "tab:orange", ("tensor", "bfloat16"): "tab:red"}
 
 
 def plot_suite(rows, path, env=None):
@@ -202,7 +243,8 @@ def plot_suite(rows, path, env=None):
                 pts = sorted((r["N"], r["ratio"]) for r in sel
                              if (r["variant"], r["dtype"], r["B"], r["H"], r["causal"]) == key)
                 variant, dtype, B, H, causal = key
-                ax.plot(*zip(*pts), marker="o", ls="--" if causal else "-",
+                ax.plot(*zip(*pts), marker="o" if B == 1 else "s", ls="--" if causal else "-",
+                        color=COLORS.get((variant, dtype), "0.3"), alpha=1.0 if B == 1 else 0.6,
                         label=f"{variant} {dtype} B{B}H{H}" + (" causal" if causal else ""))
             ax.axhline(1.0, color="0.5", lw=0.8)
             ax.axhline(0.5, color="0.7", lw=0.8, ls=":")
@@ -224,7 +266,7 @@ def host_overhead(reps=2000):
     import torch.nn.functional as F
 
     from flashlab.device import get_cuda
-    from flashlab.kernels import flash_attention, flash_attention_backward
+    from flashlab.kernels import _fast, flash_attention, flash_attention_backward
 
     cuda = get_cuda()
     q, k, v, do = (torch.randn(1, 1, 16, 64, device="cuda") for _ in range(4))
@@ -250,32 +292,43 @@ def host_overhead(reps=2000):
              "backward, torch tensors in": lambda: flash_attention_backward(q, k, v, o, lse, do),
              "forward, numba device arrays in": lambda: flash_attention(qd, kd, vd),
              "backward, numba device arrays in": lambda: flash_attention_backward(qd, kd, vd, od, lsed, dod)}
+    ways = (("prepared call, cuLaunchKernel (default)", {}),
+            ("prepared call, cuda.core launch", {"FLASHLAB_DIRECT_LAUNCH": "0"}),
+            ("general path", {"FLASHLAB_FAST_LAUNCH": "0"}))
     rows = []
     for name, fn in cases.items():
-        if "torch tensors" in name:  # the prepared path (kernels/_fast.py, opt-in), then the general way
-            os.environ["FLASHLAB_FAST_LAUNCH"] = "1"
+        for way, env in ways if "torch tensors" in name else (("general path", {}),):
+            saved = {key: os.environ.get(key) for key in env}
+            os.environ.update(env)
+            _fast._CALLS.clear()  # prepared calls remember how they launch
             try:
-                rows.append({"call": name + " (FLASHLAB_FAST_LAUNCH=1)", "host_us": round(per_call(fn), 2)})
+                rows.append({"call": f"{name}: {way}", "host_us": round(per_call(fn), 2)})
             finally:
-                del os.environ["FLASHLAB_FAST_LAUNCH"]
-            name += ", general path"
-        rows.append({"call": name, "host_us": round(per_call(fn), 2)})
+                for key, value in saved.items():
+                    if value is None:
+                        del os.environ[key]
+                    else:
+                        os.environ[key] = value
     rows.append({"call": "torch SDPA forward (for scale)",
                  "host_us": round(per_call(lambda: F.scaled_dot_product_attention(q, k, v)), 2)})
     for r in rows:
-        print(f"  host {r['call']:70s} {r['host_us']:8.2f} µs", flush=True)
+        print(f"  host {r['call']:80s} {r['host_us']:8.2f} µs", flush=True)
     return rows
 
 
 def main_suite(args, env):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "suite_env.json").write_text(json.dumps(env, indent=1) + "\n")
+    if args.replot:  # keep the GPU machine's environment, not this one's
+        env = json.loads((out / "suite_env.json").read_text())
+    else:
+        (out / "suite_env.json").write_text(json.dumps(env, indent=1) + "\n")
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
     bhs = tuple(b for b in SUITE_BH if b[0] * b[1] in ints(args.bh))
     runs = tuple(r for r in SUITE_RUNS if r[0] in args.directions.split(","))
-    rows = run_suite(out, reps=args.reps, bhs=bhs, ns=ints(args.ns), ds=ints(args.ds), runs=runs,
-                     append=args.append, alternatives=not args.no_alternatives)
+    if not args.replot:
+        run_suite(out, reps=args.reps, bhs=bhs, ns=ints(args.ns), ds=ints(args.ds), runs=runs, append=args.append,
+                  alternatives=not args.no_alternatives, resume=args.resume, deadline_s=args.deadline)
     rows = _read(out / "suite.csv")
     if rows:
         plot_suite(rows, out / "suite.png", env)
@@ -292,5 +345,8 @@ def add_arguments(ap):
     ap.add_argument("--ds", default=",".join(map(str, SUITE_D)), help="suite: head dims")
     ap.add_argument("--directions", default="forward,backward", help="suite: forward, backward or both")
     ap.add_argument("--append", action="store_true", help="suite: add to (and replace rows of) the existing suite.csv")
+    ap.add_argument("--resume", action="store_true", help="suite: keep suite.csv and time only the shapes it lacks")
+    ap.add_argument("--deadline", type=float, default=None, help="suite: start no new shape after this many seconds")
+    ap.add_argument("--replot", action="store_true", help="suite: only redraw suite.png and suite.md from suite.csv")
     ap.add_argument("--no-alternatives", action="store_true", help="suite: skip suite_alternatives.csv")
 

@@ -169,14 +169,13 @@ def test_the_table_has_every_configuration_the_planner_chooses():
     assert all(0 < int(r["registers"]) <= 255 for r in rows)
     spills = {(r["variant"], r["d"], r["precision"], r["split"]) for r in rows if int(r["spill_bytes"])}
     # the textbook kernel at d = 128 (its rows of Q and O: 256 floats); 3xTF32 at d = 128 split, which the
-    # planner declines (below)
+    # planner never chooses on its own (the tensor-core kernel splits only when asked)
     assert spills <= {("shared", "128", "", "0"), ("tensor", "128", "3xtf32", "1")}, spills
     for device in (A100, H100):
         p = plan((1, 4, 1024, 128), device=device, variant="tensor", causal=True)
         key = P.resource_key("tensor", "forward", 128, "float32", "3xtf32", P.config_text("tensor", "forward", p.config),
                              True, True, True, P._table_cc(device.cc))
-        if table[key]["spill_bytes"]:
-            assert p.splits == 1 and "spills" in p.split_reason, p.explain()
+        assert key in table and p.splits == 1, p.explain()
 
 
 @pytest.mark.parametrize("device", [T4, A100, H100], ids=["T4", "A100", "H100"])
@@ -526,7 +525,7 @@ def test_gpu_prepared_path_matches_the_general_path(monkeypatch, variant, dtype,
 
     torch.manual_seed(1)
     q, k, v, do = (torch.randn(1, 4, 700, 64, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
-    monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")  # opt-in until this test has passed on a GPU
+    monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
     assert _fast.available()
     fast = [flash_attention(q, k, v, causal=causal, variant=variant, splits=splits) for _ in range(2)]
     monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
@@ -547,6 +546,27 @@ def test_gpu_prepared_path_matches_the_general_path(monkeypatch, variant, dtype,
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("variant, dtype", [("register", "float32"), ("tensor", "float16")])
+def test_gpu_direct_launch_matches_cuda_core_launch(monkeypatch, variant, dtype):
+    # _fast._DirectLaunch (cuLaunchKernel on a prebuilt kernelParams array) against cuda.core's launch
+    import torch
+
+    q, k, v = (torch.randn(2, 3, 300, 64, device="cuda", dtype=getattr(torch, dtype)) for _ in range(3))
+    runs = []
+    for direct in ("1", "0"):
+        monkeypatch.setenv("FLASHLAB_DIRECT_LAUNCH", direct)
+        _fast._CALLS.clear()
+        call = [flash_attention(q, k, v, causal=True, variant=variant, splits=2) for _ in range(2)][1]
+        assert all((kern.direct is not None) == (direct == "1")
+                   for kern in next(iter(_fast._CALLS.values())).kernels)
+        runs.append(call)
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    _fast._CALLS.clear()
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_plan_reads_the_compiled_kernel():
     p = plan((1, 16, 1024, 64), causal=True)
     assert p.registers_from == "the compiled kernel" and 0 < p.registers <= 255 and p.spill_bytes == 0
@@ -554,14 +574,18 @@ def test_gpu_plan_reads_the_compiled_kernel():
     print(p.explain())
 
 
-def test_automatic_split_waits_for_a_gpu_measurement_on_the_gpu_in_use(monkeypatch):
-    # the same problem: split when planned for an H100 passed by hand; not on "this GPU" (device=None) until
-    # plan.AUTO_SPLIT is turned on, and always when splits= asks for it
+def test_automatic_split_switch_and_the_tensor_core_kernel(monkeypatch):
+    # the same problem: split on "this GPU" (device=None) as on an H100 passed by hand; plan.AUTO_SPLIT = False
+    # turns it off for this GPU only; splits= always splits. The tensor-core kernel splits only when asked.
     monkeypatch.setattr(P, "current_device", lambda: H100)
     shape = (1, 16, 1024, 1024, 64)
     assert plan(shape, device=H100).splits > 1
+    assert plan(shape).splits == plan(shape, device=H100).splits
+    monkeypatch.setattr(P, "AUTO_SPLIT", False)
     live = plan(shape)
     assert live.splits == 1 and "AUTO_SPLIT" in live.split_reason
     assert plan(shape, splits=3).splits == 3
-    monkeypatch.setattr(P, "AUTO_SPLIT", True)
-    assert plan(shape).splits == plan(shape, device=H100).splits
+    for dtype in ("float16", "float32"):
+        t = plan(shape, device=H100, variant="tensor", dtype=dtype)
+        assert t.splits == 1 and "only when asked" in t.split_reason
+        assert plan(shape, device=H100, variant="tensor", dtype=dtype, splits=3).splits == 3

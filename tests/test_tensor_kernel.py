@@ -346,17 +346,14 @@ def test_gpu_cc75_build_uses_only_m16n8k8_and_runs_here(rng):
 @gpu
 @pytest.mark.parametrize("d", [32, 64, 128])
 def test_gpu_tensor_kernel_has_no_spills(d):
-    for precision in ("f16", "bf16", "3xtf32"):
-        kern = tensor.build(d, tensor.choose_tile(d, precision), False, precision)
-        words = np.zeros((1, 1, 16, d if precision == "3xtf32" else d // 2),
-                         np.float32 if precision == "3xtf32" else np.uint32)
-        o, lse = words.copy(), np.zeros((1, 1, 16), np.float32)
-        tensor.launch(words, words, words, o, lse, 1, 1.0, False, tensor.choose_tile(d, precision), precision)
-        local = kern.get_local_mem_per_thread()
-        regs = kern.get_regs_per_thread()
-        local = max(local.values()) if isinstance(local, dict) else local
-        regs = max(regs.values()) if isinstance(regs, dict) else regs
-        assert local == 0 and regs <= 255, (precision, d, regs, local)
+    # the planner compiles the kernel it would launch for this GPU and reads its registers and local memory
+    from flashlab.kernels.plan import plan
+
+    for dtype, precision in (("float16", "f16"), ("bfloat16", "bf16"), ("float32", "3xtf32")):
+        for causal in (False, True):
+            p = plan((1, 16, 1024, d), variant="tensor", dtype=dtype, causal=causal)
+            assert p.precision == precision and p.registers_from == "the compiled kernel", p.explain()
+            assert p.spill_bytes == 0 and p.registers <= 255, p.explain()
 
 
 @pytest.mark.gpu

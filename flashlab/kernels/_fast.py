@@ -11,8 +11,9 @@ the tensors' pointers, allocates the outputs with torch and launches.
 The argument list is the one numba-cuda builds (`_Kernel._prepare_args`): per array (meminfo 0, parent 0,
 size, itemsize, pointer, shape..., strides in bytes...), int64 as ctypes.c_int64, float32 as ctypes.c_float;
 tests/test_plan.py checks the two agree. Launches go to torch's current stream. This path needs numba-cuda's
-`_Kernel` internals (checked once: `available()`). It is opt-in until it has run on a GPU
-(benchmarks/issue12_gpu.sh): set FLASHLAB_FAST_LAUNCH=1 to use it; otherwise every call takes the general way.
+`_Kernel` internals (checked once: `available()`), and launches with cuLaunchKernel on a kernelParams array
+built once (`_DirectLaunch`; FLASHLAB_DIRECT_LAUNCH=0 goes through cuda.core's launch instead). It is on by
+default since its GPU run (benchmarks/results/host.csv); FLASHLAB_FAST_LAUNCH=0 sends every call the general way.
 """
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ import numpy as np
 
 _CALLS: dict = {}  # call key -> PreparedCall
 _STREAMS: dict = {}  # stream handle -> cuda.core Stream
+_CU_STREAMS: dict = {}  # stream handle -> cuda.bindings CUstream
 MAX_CALLS = 256
 
 
 def available() -> bool:
-    """True on a GPU with the numba-cuda internals this path uses, when FLASHLAB_FAST_LAUNCH=1 (opt-in)."""
-    if os.environ.get("FLASHLAB_FAST_LAUNCH", "0").strip() in ("0", "false", "no", ""):
+    """True on a GPU with the numba-cuda internals this path uses, unless FLASHLAB_FAST_LAUNCH=0."""
+    if os.environ.get("FLASHLAB_FAST_LAUNCH", "1").strip() in ("0", "false", "no"):
         return False
     return _supported()
 
@@ -150,12 +152,74 @@ class PreparedKernel:
         self.config = nd.LaunchConfig(**options)
         self._launch = nd.launch
         self.kernel = kernel
+        self.direct = _DirectLaunch.make(kernel, grid, block, self.template, self.slots)
 
-    def launch(self, stream, pointers):
+    def launch(self, stream: int, pointers):
+        """Launch on the CUDA stream with this handle (torch's current stream)."""
+        if self.direct is not None:
+            return self.direct(stream, pointers)
         args = list(self.template)
         for slot, ptr in zip(self.slots, pointers):
             args[slot] = ptr
-        self._launch(stream, self.config, self.function, *args)
+        self._launch(stream_for(stream), self.config, self.function, *args)
+
+
+class _DirectLaunch:
+    """cuLaunchKernel with a kernelParams array built once: each argument lives in its own ctypes value, and a
+    call only writes the data pointers into theirs. cuda.core's launch instead converts every argument on
+    every call (an attention call has about 70: each array is 5 + 2 * ndim words)."""
+
+    def __init__(self, driver, handle, grid, block, template, slots):
+        def value(a):
+            if isinstance(a, bool):
+                return ctypes.c_bool(a)
+            return ctypes.c_int64(a) if isinstance(a, int) else type(a)(a.value)
+        self.values = [value(a) for a in template]
+        self.params = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
+        self.address = ctypes.addressof(self.params)
+        self.pointers = [self.values[i] for i in slots]
+        # numba-cuda loads kernels as CUkernel handles; cuLaunchKernel takes one in place of a CUfunction
+        self.driver, self.handle = driver, driver.CUfunction(int(handle))
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.block = int(block)
+
+    @classmethod
+    def make(cls, kernel, grid, block, template, slots):
+        """None where cuda.bindings is missing: the caller then launches through cuda.core."""
+        if os.environ.get("FLASHLAB_DIRECT_LAUNCH", "1").strip() in ("0", "false", "no"):
+            return None
+        try:
+            from cuda.bindings import driver
+        except ImportError:
+            return None
+        return cls(driver, kernel._codelibrary.get_cufunc().handle, grid, block, template, slots)
+
+    def __call__(self, stream: int, pointers):
+        for holder, ptr in zip(self.pointers, pointers):
+            holder.value = ptr
+        gx, gy, gz = self.grid
+        err, = self.driver.cuLaunchKernel(self.handle, gx, gy, gz, self.block, 1, 1, 0, _cu_stream(stream),
+                                          self.address, 0)
+        if err != self.driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+
+
+def current_stream(t) -> int:
+    """The handle of torch's current stream on t's device (torch's raw getter: ~1 µs, against ~5 µs for
+    torch.cuda.current_stream(...).cuda_stream)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(t.get_device()) if raw is not None else torch.cuda.current_stream(t.device).cuda_stream
+
+
+def _cu_stream(handle: int):
+    s = _CU_STREAMS.get(handle)
+    if s is None:
+        from cuda.bindings import driver
+
+        s = _CU_STREAMS[handle] = driver.CUstream(handle)
+    return s
 
 
 def stream_for(handle: int):
@@ -252,7 +316,7 @@ class PreparedForward:
     def __call__(self, q, k, v):
         import torch
 
-        stream = stream_for(torch.cuda.current_stream(q.device).cuda_stream)
+        stream = current_stream(q)
         o = torch.empty(self.shapes[0], dtype=self.out_dtype, device=q.device)
         lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
         ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr()]
@@ -299,7 +363,7 @@ class PreparedBackward:
     def __call__(self, q, k, v, o, lse, do):
         import torch
 
-        stream = stream_for(torch.cuda.current_stream(q.device).cuda_stream)
+        stream = current_stream(q)
         new = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=q.device)  # noqa: E731
         D, dq = new(self.q_shape[:3], torch.float32), new(self.q_shape, torch.float32)
         dk, dv = new(self.k_shape, self.dtype), new(self.k_shape, self.dtype)

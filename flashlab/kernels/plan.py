@@ -46,18 +46,21 @@ VARIANTS = {"forward": ("shared", "register", "tensor"), "backward": ("register"
 DTYPES = {"shared": ("float32", "float16"), "register": ("float32", "float16"),
           "tensor": ("float32", "float16", "bfloat16")}
 
-# When and how far to split the keys. Chosen by the model above, not yet by measurement: the shape suite
-# records split and unsplit times side by side (suite_alternatives.csv) to tune these.
+# When and how far to split the keys: the model above, checked against the H100 shape suite, which times
+# split and unsplit launches side by side (benchmarks/results/h100/split_decision.csv). There the register
+# kernel's automatic splits won in 13 of 15 shapes (1.03x to 1.66x; B1 N2048 d128 causal lost 14%, B4 N1024
+# d64 causal 7%).
 SPLIT_BELOW_WAVES = 2.0  # consider split-KV when the blocks with work fill fewer waves than this
 SPLIT_TARGET = 0.9  # the fewest chunks whose predicted efficiency reaches this (else the best available)
 SPLIT_GAIN = 0.05  # ... and only if that beats no split by this much: partial results cost traffic and a merge
 MIN_CHUNK = 256  # keys per chunk, at least
 MAX_SPLITS = 32
-# Split-KV on the GPU a kernel actually runs on (device=None) waits for its first GPU measurement: the split
-# builds compile for cc 7.5/8.0/9.0 (kernel_resources.csv) and pass the simulator's tests, but have not run
-# on a GPU yet (benchmarks/issue12_gpu.sh). Plans for a device passed by hand (lesson 10, what-if questions)
-# split as the model says; splits= forces a split anywhere.
-AUTO_SPLIT = False
+# The tensor-core kernel's automatic splits lost in 15 of 17 shapes (fp16 0.46x to 1.0x, 3xTF32 0.86x to
+# 1.05x): its blocks are few and short already, and the fp32 partial results and the merge cost more than
+# the fuller waves give back. It splits only when splits= asks.
+# AUTO_SPLIT = False turns automatic split-KV off on the GPU in use (device=None); plans for a device passed
+# by hand (lesson 10, what-if questions) still split as the model says, and splits= forces a split anywhere.
+AUTO_SPLIT = True
 
 
 # ----------------------------------------------------------------------------------------------- devices
@@ -573,6 +576,8 @@ def _choose_splits(p, variant, precision, dev, block_q, block_k, slots, splits):
         return n, chunk, f"splits={splits} asked for"
     if variant == "shared":
         return 1, p.Nk, "the textbook kernel does not split"
+    if variant == "tensor":
+        return 1, p.Nk, "the tensor-core kernel splits only when asked: automatic splits measured slower on the H100"
     if precision == "bf16":
         return 1, p.Nk, "bfloat16 does not split (the merge kernel writes float16 or float32)"
     if dev.simulated:
@@ -653,8 +658,8 @@ def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, pre
     n, chunk, reason = (1, p.Nk, "the backward kernel has one block per key block") if p.direction == "backward" \
         else _choose_splits(p, variant, precision, dev, bq, bk, None, splits)
     if n is None and not auto:
-        n, chunk, reason = 1, p.Nk, ("automatic split-KV waits for a GPU measurement on the GPU in use "
-                                     "(flashlab.kernels.plan.AUTO_SPLIT); pass splits= to split")
+        n, chunk, reason = 1, p.Nk, ("automatic split-KV is off on the GPU in use "
+                                     "(flashlab.kernels.plan.AUTO_SPLIT = False); pass splits= to split")
     if n is None:  # the planner's choice
         from .register import split_chunk
 
