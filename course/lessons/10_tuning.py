@@ -8,7 +8,9 @@
 # - read a profile of issue slots and explain how far a compute-bound kernel is from the FP32 peak;
 # - compare flashlab with PyTorch from a benchmark run, and say what the comparison does and does not show;
 # - say how a grid of blocks fills the GPU in waves, what limits the blocks an SM holds, and when cutting the
-#   keys into chunks (split-KV) or launching causal blocks heaviest first shortens the tail.
+#   keys into chunks (split-KV) or launching causal blocks heaviest first shortens the tail;
+# - read a shape suite, and say why the host time of a Python call matters for short calls and how
+#   flashlab keeps it small.
 
 # %%
 import math
@@ -306,9 +308,8 @@ print(pc.explain())
 gwaves.wave_explorer();
 
 # %% [markdown]
-# On a GPU, time one block per query block against the split this GPU's model proposes (the cell does
-# nothing without one). Until the shape suite has measured split-KV on a GPU, `flash_attention` splits only
-# when asked (`splits=`), so the cell passes the planner's proposal explicitly:
+# On a GPU, time one block per query block (`splits=1`) against the plan `flash_attention` makes on its
+# own, split-KV included (the cell does nothing without one):
 
 # %%
 if ON_GPU:
@@ -319,18 +320,22 @@ if ON_GPU:
 
     qt, kt, vt = (torch.randn(1, 16, 1024, 64, device="cuda") for _ in range(3))
     flops = attention_flops(1, 16, 1024, 1024, 64)
-    proposed = plan((1, 16, 1024, 1024, 64), device=current_device()).splits
-    for splits in sorted({1, proposed}):
+    print(plan((1, 16, 1024, 1024, 64), device=current_device()).summary())
+    for splits in (1, None):  # None: the planner decides
         ms = time_cuda(lambda: flash_attention(qt, kt, vt, splits=splits), warmup=2, reps=20)["median_ms"]
-        print(f"splits={splits}: {tflops(flops, ms):.1f} TFLOP/s")
+        print(f"splits={splits or 'planned'}: {tflops(flops, ms):.1f} TFLOP/s")
 
 # %% [markdown]
 # **Where this differs from FlashAttention.** FlashAttention-2's code splits the keys in its forward the
 # same way (`num_splits_heuristic` in `csrc/flash_attn/flash_api.cpp`): no split when the grid fills at
 # least 0.8 of the GPU, counted as two 128-thread blocks per SM; otherwise the fewest splits whose
 # efficiency waves / ceil(waves) reaches 0.85 times the best. The course's planner counts slots from the
-# kernel's own registers and shared memory, weighs causal blocks by their work, and its thresholds are
-# first guesses until the shape suite has measured them. For causal attention, FlashAttention-3
+# kernel's own registers and shared memory, and weighs causal blocks by their work. Its thresholds were
+# checked on the H100's shape suite, which times each split next to no split
+# (`benchmarks/results/h100/split_decision.csv`): the register kernel's splits won on 13 of the 15 shapes
+# where it split, while the tensor-core kernel's lost on 15 of 17 (its blocks are few and short already, and
+# writing fp32 partial results costs more than fuller waves give back), so the tensor-core kernel splits
+# only when asked. For causal attention, FlashAttention-3
 # (`hopper/tile_scheduler.hpp`, `DynamicPersistentTileScheduler`) runs a *persistent* kernel, one block per SM
 # that takes tile after tile from a counter, longest tiles first, in sections of heads whose K and V fit in
 # L2; its newer CuTe kernels order one-block-per-tile grids the same way (`SingleTileLPTScheduler` in
@@ -339,3 +344,70 @@ if ON_GPU:
 #
 # **Exercise:** [10_tuning](../exercises/10_tuning.ipynb), part 4: compute the blocks per SM, occupancy and
 # waves of a plan and decide how many chunks to split the keys into.
+
+# %% [markdown]
+# ## Every shape, and the host's share
+#
+# One shape says little: the shape suite (`python benchmarks/bench_kernels.py --suite`) times 60 of them,
+# B·H 16 and 64, N from 1024 to 16384, d 32, 64 and 128, causal and not, through the same
+# `flash_attention` call a user makes, against SDPA in the same run. Here is the register kernel's forward
+# over SDPA for B·H = 16, from the committed results of an H100 run:
+
+# %%
+import csv  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+suite_rows, suite_source = gwaves.load_suite()
+if suite_rows:
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for d, color in zip(gwaves.DS, ("tab:blue", "tab:orange", "tab:green")):
+        for causal in (False, True):
+            pts = gwaves.suite_points(suite_rows, 16, d, causal)
+            ax.plot(*zip(*pts), marker="o", color=color, ls="--" if causal else "-",
+                    label=f"d = {d}" + (", causal" if causal else ""))
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xticks([1024, 2048, 4096, 8192, 16384], ["1024", "2048", "4096", "8192", "16384"])
+    ax.set(xlabel="N", ylabel="flashlab / SDPA, float32",
+           title=f"register forward, B·H 16 ({suite_source})")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+else:
+    print("benchmarks/results/suite.csv is not here (a package install without the repository): see the README")
+
+# %% [markdown]
+# Two things stand out. At d = 128 the register kernel stays near a third of SDPA at every N: its tile holds
+# 32 floats of O per thread and issues fewer FMAs per loaded value, a limit of the kernel, not of the launch.
+# Lesson 15's tensor-core kernels are the way past it. And the short shapes are where the launch itself
+# shows: at N = 1024 SDPA finishes a whole forward in well under a millisecond, so what the *host* spends
+# before the kernel starts counts.
+#
+# The first version of `flash_attention` spent half a millisecond on the host per call with torch tensors:
+# wrapping each tensor as a Numba array, checking shapes, planning, and Numba's dispatcher typing about 70
+# kernel arguments (each array is a pointer, a size, its shape and its strides). Nothing of that changes
+# between two calls with the same shapes, so the first call records it all (the plan, the compiled kernel,
+# the argument list with blanks for the data pointers) and later calls only fill in the pointers, allocate
+# the outputs and launch (`flashlab/kernels/_fast.py`). The host time of one call on tiny inputs, measured
+# by `python benchmarks/bench_kernels.py --parts host`:
+
+# %%
+host_csv = Path(gwaves.ROOT) / "benchmarks" / "results" / "host.csv"
+if host_csv.exists():
+    with open(host_csv, newline="") as f:
+        host_rows = list(csv.DictReader(f))
+    print(f"{host_rows[0]['gpu']}, host time of one call:")
+    for r in host_rows:
+        print(f"  {r['call']:78s} {float(r['host_us']):7.1f} µs")
+    sdpa_1024 = [r for r in suite_rows if (r["direction"], r["variant"], r["B"], r["N"], r["d"], r["causal"])
+                 == ("forward", "register", 1, 1024, 64, 0)]
+    if sdpa_1024:
+        ms = attention_flops(1, 16, 1024, 1024, 64) / (sdpa_1024[0]["torch_tflops"] * 1e12) * 1e3
+        print(f"for scale: SDPA's whole forward at B1 H16 N1024 d64 float32 takes {ms * 1e3:.0f} µs")
+else:
+    print("benchmarks/results/host.csv is not here (a package install without the repository)")
+
+# %% [markdown]
+# The prepared call still takes 1.6 to 2 times SDPA's host time: two output allocations and one driver
+# call from Python already cost more than PyTorch's whole C++ dispatch. Real FlashAttention is a C++/CUDA
+# extension, and its launch costs what SDPA's does. `FLASHLAB_FAST_LAUNCH=0` sends every call the general
+# way, if you want to see the difference yourself.
