@@ -87,6 +87,8 @@ def check_fp8_incoherent(t, fn):
                                                        int(2 ** t.rng.integers(0, 8)))]:
         q, k = t.normal((nq, d)), t.normal((nk, d))
         signs = t.rng.choice([-1.0, 1.0], size=d)
+        if d > 1:  # both signs present, or "the signs are missing" could not be told apart from all +1
+            signs[:2] = t.rng.permutation([-1.0, 1.0])
         t.case(label, q=(nq, d), k=(nk, d), signs=(d,))
         out = t.call(q, k, signs)
         if not isinstance(out, tuple) or len(out) != 2:
@@ -98,7 +100,7 @@ def check_fp8_incoherent(t, fn):
             raise t.fail("the scores came out d times too large: your M is not orthogonal",
                          hint="Every row of the doubled Hadamard matrix has length sqrt(d): divide it by sqrt(d).")
         t.compare(qr @ kr.T, q @ k.T, "(q_rotated) @ (k_rotated).T, which must equal q @ k.T", min_dtype=np.float64)
-        if d > 1 and np.allclose(qr, q @ h):
+        if d > 1 and np.allclose(qr, q @ h) and not np.allclose(qr, q @ m):
             raise t.fail("q_rotated is q @ H: the random signs are missing",
                          hint="Multiply coordinate i by signs[i] before mixing: M = signs[:, None] * H.")
         if d > 1 and np.allclose(qr, q @ (h * signs[None, :])) and not np.allclose(qr, q @ m):
