@@ -216,3 +216,28 @@ def test_one_grading_module_per_lesson_named_like_the_lesson():
     for ex in EXERCISES.values():
         module = ex.run.__module__.rsplit(".", 1)[-1]
         assert module == "l" + ex.lesson, f"exercise {ex.name} (lesson {ex.lesson}) lives in {module}.py"
+
+
+def test_quick_solutions_pass_on_many_seeds():
+    """A checker's random inputs must never fail a right answer: every exercise whose check is quick runs its
+    solution on 60 seeds (a degenerate draw, e.g. all signs +1, once made a solution fail 1 run in 16)."""
+    import time
+
+    from conftest import load_exercise
+    from flashlab.grading import EXERCISES, check
+
+    quick = 0
+    for name, ex in EXERCISES.items():
+        fn = load_exercise(ex.lesson).get(name)
+        if fn is None:
+            continue
+        start = time.perf_counter()
+        first = check(name, fn, seed=0, quiet=True)
+        assert first.passed, str(first)
+        if time.perf_counter() - start > 0.02:
+            continue  # simulator-backed checks: covered by their own tests
+        quick += 1
+        for seed in range(1, 60):
+            r = check(name, fn, seed=seed, quiet=True)
+            assert r.passed, str(r)
+    assert quick >= 20, f"only {quick} quick exercises found"
