@@ -3,6 +3,10 @@
     python benchmarks/bench_backward.py                   # B=1, H=16, N in 1024 4096 16384, d in 64 128
     python benchmarks/bench_backward.py --sweep           # first time tile shapes at N=4096, use the best
     python benchmarks/bench_backward.py --check           # small correctness run (for compute-sanitizer)
+    python benchmarks/bench_backward.py --tensor --causal --csv benchmarks/results/tensor_backward.csv
+                                                          # variant="tensor" in float16, bfloat16 and 3xTF32
+    python benchmarks/bench_backward.py --tensor --tiles  # time the tensor backward's tiles at N=4096
+    python benchmarks/bench_backward.py --tensor --check  # small correctness run of every tensor build
 
 FLOPs: 2.5 x 4*B*H*Nq*Nk*d (halved when causal): the five matrix products of the backward. Times: CUDA
 events around one call, median of `repeats` after warm-up, so compilation is never timed; flashlab and
@@ -207,11 +211,128 @@ def check(ds=(16, 32, 64, 128), progress=print):
                     raise SystemExit(1)
 
 
+# ------------------------------------------------------------------------------ variant="tensor"
+TENSOR_DTYPES = ("float16", "bfloat16", "float32")
+# (block_q, block_k) the tile sweep tries; choose_tile adds two stages where 48 KB allow them
+TENSOR_TILES = [(16, 64), (32, 64), (64, 64), (16, 32), (32, 32), (64, 32), (16, 128), (32, 128)]
+
+
+def bench_tensor(q, k, v, do, causal, repeats, block_q=None, block_k=None, precision=None):
+    """variant="tensor" on torch CUDA tensors (o, lse from flashlab's tensor forward): ms, TFLOP/s, MiB."""
+    from flashlab.kernels import flash_attention, flash_attention_backward
+    from flashlab.kernels.plan import plan
+
+    B, H, N, d = q.shape
+    o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+    call = lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal, variant="tensor",
+                                            precision=precision, block_q=block_q, block_k=block_k)
+    ms = cuda_time_ms(call, repeats)
+    dtype = str(q.dtype).replace("torch.", "")
+    p = plan((B, H, N, N, d), variant="tensor", direction="backward", causal=causal, dtype=dtype,
+             block_q=block_q, block_k=block_k, precision=precision)
+    return dict(impl="flashlab tensor", dtype=dtype, n=N, d=d, causal=causal, ms=ms,
+                tflops=backward_flops(B, H, N, N, d, causal) / ms / 1e9, peak_mib=peak_mib(call),
+                config=f"{p.config.block_q}x{p.config.block_k} {p.config.stages}st {p.precision}",
+                regs=p.registers, local_bytes=p.spill_bytes, smem_bytes=p.shared_bytes)
+
+
+def run_tensor_bench(ns=(1024, 4096, 16384), ds=(64, 128), batch=1, heads=16, causal=(False, True), repeats=20,
+                     dtypes=TENSOR_DTYPES, progress=print):
+    """flashlab's tensor backward against torch SDPA's backward in the same dtype, same inputs, same run
+    (float32: also the register kernel). Rows carry vs_sdpa = flashlab's TFLOP/s over SDPA's."""
+    torch = _torch()
+    rows = []
+    for d in ds:
+        for n in ns:
+            for c in causal:
+                for dt in dtypes:
+                    q, k, v, do = _inputs(batch, heads, n, d, getattr(torch, dt))
+                    ours = bench_tensor(q, k, v, do, c, repeats)
+                    base = bench_sdpa(q, k, v, do, c, repeats)
+                    ours["vs_sdpa"] = ours["tflops"] / base["tflops"]
+                    new = [ours, base]
+                    if dt == "float32":
+                        reg = bench_one(q, k, v, do, c, repeats)
+                        reg["impl"], reg["vs_sdpa"] = "flashlab register", reg["tflops"] / base["tflops"]
+                        new.append(reg)
+                    for r in new:
+                        progress(_fmt(r))
+                    rows += new
+                    del q, k, v, do
+                    torch.cuda.empty_cache()
+    return rows
+
+
+def tensor_tiles(ds=(64, 128), n=4096, heads=16, dtypes=("float16", "float32"), repeats=10, progress=print):
+    """Time every tile of TENSOR_TILES that fits, non-causal; returns rows, fastest first per (d, dtype)."""
+    torch = _torch()
+    rows = []
+    for d in ds:
+        for dt in dtypes:
+            q, k, v, do = _inputs(1, heads, n, d, getattr(torch, dt))
+            for bq, bk in TENSOR_TILES:
+                try:
+                    r = bench_tensor(q, k, v, do, False, repeats, block_q=bq, block_k=bk)
+                except ValueError as exc:
+                    progress(f"skip d={d} {dt} {bq}x{bk}: {str(exc)[:90]}")
+                    continue
+                rows.append(r)
+                progress(_fmt(r))
+    return rows
+
+
+def dq_run_to_run(n=4096, d=64, heads=16, runs=5, dtypes=TENSOR_DTYPES):
+    """How much dQ (float32 atomics) changes between identical calls, and whether dK, dV do (they should not):
+    {dtype: {"dq_max_rel": max |dq_i - dq_0| / max |dq_0|, "dq_differs": bool, "dk_dv_identical": bool}}."""
+    from flashlab.kernels import flash_attention, flash_attention_backward
+
+    torch = _torch()
+    out = {}
+    for dt in dtypes:
+        q, k, v, do = _inputs(1, heads, n, d, getattr(torch, dt))
+        o, lse = flash_attention(q, k, v, causal=True, variant="tensor")
+        grads = [flash_attention_backward(q, k, v, o, lse, do, causal=True, variant="tensor") for _ in range(runs)]
+        ref = grads[0][0].float()
+        diff = max(float((g[0].float() - ref).abs().max()) for g in grads[1:])
+        out[dt] = {"dq_max_rel": diff / float(ref.abs().max()), "dq_differs": diff > 0,
+                   "dk_dv_identical": all(torch.equal(g[1], grads[0][1]) and torch.equal(g[2], grads[0][2])
+                                          for g in grads[1:])}
+    return out
+
+
+def check_tensor(ds=(16, 32, 64, 128), progress=print):
+    """Every tensor-backward build once on small ragged inputs, against float64 (for compute-sanitizer)."""
+    from flashlab.kernels import flash_attention, flash_attention_backward
+
+    torch = _torch()
+    rng = np.random.default_rng(0)
+    tol = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-5}
+    for d in ds:
+        for dt in TENSOR_DTYPES:
+            for causal in (False, True):
+                nq, nk = 77, 45 if causal else 83
+                x = [torch.tensor(rng.standard_normal((1, 2, m, d)), device="cuda", dtype=getattr(torch, dt))
+                     for m in (nq, nk, nk, nq)]
+                o, lse = flash_attention(*x[:3], causal=causal, variant="tensor")
+                f64 = [t.double().cpu().numpy() for t in x]
+                o64, lse64 = fl.reference_attention(*f64[:3], causal=causal)
+                want = fl.flash_attention_v2_backward(*f64[:3], o64, lse64, f64[3], causal=causal)
+                got = flash_attention_backward(*x[:3], o, lse, x[3], causal=causal, variant="tensor")
+                torch.cuda.synchronize()
+                errs = [fl.relative_error(g.double().cpu().numpy(), w) for g, w in zip(got, want)]
+                ok = max(errs) < tol[dt]
+                progress(f"check tensor d={d} {dt} causal={causal}: {' '.join(f'{e:.1e}' for e in errs)} "
+                         f"{'ok' if ok else 'FAIL'}")
+                if not ok:
+                    raise SystemExit(1)
+
+
 def _fmt(r):
-    extra = f" ({r['vs_sdpa_fp32']:.0%} of SDPA fp32)" if "vs_sdpa_fp32" in r else ""
+    extra = f" ({r['vs_sdpa_fp32']:.0%} of SDPA fp32)" if "vs_sdpa_fp32" in r else \
+        f" ({r['vs_sdpa']:.0%} of SDPA {r['dtype']})" if "vs_sdpa" in r else ""
     res = f" regs {r['regs']} local {r['local_bytes']}B smem {r['smem_bytes']}B" if r["regs"] is not None else ""
     return (f"{r['impl']:<11} {r['dtype']:<8} N={r['n']:<6} d={r['d']:<4} causal={str(r['causal']):<5} "
-            f"{r['config']:<13} {r['ms']:9.3f} ms {r['tflops']:7.2f} TFLOP/s peak {r['peak_mib']:8.1f} MiB"
+            f"{r['config']:<18} {r['ms']:9.3f} ms {r['tflops']:7.2f} TFLOP/s peak {r['peak_mib']:8.1f} MiB"
             f"{extra}{res}")
 
 
@@ -225,11 +346,17 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="time tile shapes at N=4096 first and use the fastest")
     ap.add_argument("--check", action="store_true", help="only the small correctness run")
     ap.add_argument("--csv", help="write the rows here")
+    ap.add_argument("--tensor", action="store_true", help='variant="tensor" in float16, bfloat16 and float32')
+    ap.add_argument("--dtypes", nargs="+", default=list(TENSOR_DTYPES), help="with --tensor")
+    ap.add_argument("--tiles", action="store_true", help="with --tensor: time the tiles at N=4096")
+    ap.add_argument("--json", help="with --tensor: write the bars and dQ's run-to-run difference here")
     args = ap.parse_args(argv)
     if args.check:
-        return check(args.d)
+        return check_tensor(args.d if args.d != [64, 128] else (16, 32, 64, 128)) if args.tensor else check(args.d)
     torch = _torch()
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    if args.tensor:
+        return _tensor_main(args, torch)
     configs = {}
     if args.sweep:
         for d in args.d:
@@ -244,6 +371,32 @@ def main(argv=None):
             w = csv.DictWriter(f, fieldnames=sorted({key for r in rows for key in r}))
             w.writeheader()
             w.writerows(rows)
+
+
+def _tensor_main(args, torch):
+    import json
+
+    if args.tiles:
+        rows = tensor_tiles(args.d, heads=args.heads, dtypes=args.dtypes, repeats=args.repeats)
+    else:
+        rows = run_tensor_bench(args.n, args.d, heads=args.heads, causal=(False, True) if args.causal else (False,),
+                                repeats=args.repeats, dtypes=args.dtypes)
+    print("\n" + "\n".join(_fmt(r) for r in rows))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=sorted({key for r in rows for key in r}))
+            w.writeheader()
+            w.writerows(rows)
+    if args.json:
+        ours = [r for r in rows if r["impl"] == "flashlab tensor"]
+        summary = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "heads": args.heads,
+                   "repeats": args.repeats, "rows": [{k: r[k] for k in ("dtype", "n", "d", "causal", "tflops",
+                                                                         "vs_sdpa", "config")} for r in ours],
+                   "sdpa": [{k: r[k] for k in ("dtype", "n", "d", "causal", "tflops")} for r in rows
+                            if r["impl"] == "torch SDPA"],
+                   "dq_run_to_run": dq_run_to_run(heads=args.heads)}
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@
 
 CPU tensors run the NumPy FA2 (`flash_attention_v2` / `flash_attention_v2_backward`); CUDA tensors run the
 Numba kernels (`flashlab.kernels`): the forward on tensor cores (variant "tensor": float16, bfloat16, and
-float32 through 3xTF32) on GPUs that have them for the dtype, else the register kernel; the backward on the
-FP32 units (bfloat16 gradients are computed in float32 and rounded back). The forward saves q, k, v, o and the log-sum-exp lse (one number per
-query row) for the backward, which recomputes P from lse: no Nq x Nk tensor is kept between the passes.
+float32 through 3xTF32) on GPUs that have them for the dtype, else the register kernel; the backward on
+tensor cores for float16 and bfloat16 (kernels/tensor_backward.py), on the FP32 units for float32. Under
+`torch.autocast`, q, k and v are cast to the autocast dtype first, as PyTorch's own attention is. The
+forward saves q, k, v, o and the log-sum-exp lse (one number per query row) for the backward, which
+recomputes P from lse: no Nq x Nk tensor is kept between the passes.
 
 This module is named `torch` inside the flashlab package. Its `import torch` lines are absolute imports
 (flashlab itself imports its own modules relatively), so they find the real PyTorch; they sit inside the
@@ -21,6 +23,7 @@ import math
 __all__ = ["FlashAttentionFunction", "scaled_dot_product_attention", "flash_attention"]
 
 _CPU_DTYPES = ("float16", "float32", "float64")
+_TENSOR_D = (16, 32, 64, 128)  # head dims of the tensor kernels
 _CUDA_DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -124,12 +127,16 @@ def _backward(q, k, v, o, lse, do, causal, scale):
 
     if q.is_cuda:
         from .kernels import flash_attention_backward
+        from .kernels.backward import default_variant
 
         four = q.dim() == 4
         args = [x if four else x.unsqueeze(1) for x in (q, k, v, o, lse, do)]
-        if q.dtype == torch.bfloat16:  # the backward kernel computes in fp32 from float16/float32 inputs
+        variant = default_variant(q) if q.shape[-1] in _TENSOR_D else "register"
+        if variant == "tensor":  # 16-byte copies of rows: the last dim must be contiguous (do may be a broadcast)
+            args = [x if x.stride(-1) == 1 else x.contiguous() for x in args]
+        elif q.dtype == torch.bfloat16:  # the register kernel computes in fp32 from float16/float32 inputs
             args = [x.float() for x in args]
-        grads = flash_attention_backward(*(x.detach() for x in args), causal=causal, scale=scale)
+        grads = flash_attention_backward(*(x.detach() for x in args), causal=causal, scale=scale, variant=variant)
         grads = tuple(g.to(q.dtype) for g in grads)
         return grads if four else tuple(g.squeeze(1) for g in grads)
     from .tiled import flash_attention_v2_backward
@@ -170,7 +177,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise TypeError(f"is_causal must be True or False; got {is_causal!r}")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise TypeError(f"scale must be a finite number or None; got {scale!r}")
+    query, key, value = _autocast(query, key, value)
     return _get_function().apply(query, key, value, is_causal, scale)
+
+
+def _autocast(*xs):
+    """Under torch.autocast on CUDA, the tensors in the autocast dtype (as PyTorch's attention runs there);
+    the casts are ordinary autograd ops, so gradients flow back in the callers' dtypes."""
+    import torch
+
+    if not all(isinstance(x, torch.Tensor) and x.is_cuda for x in xs) or not torch.is_autocast_enabled("cuda"):
+        return xs
+    dtype = torch.get_autocast_dtype("cuda")
+    return tuple(x.to(dtype) if x.is_floating_point() else x for x in xs)
 
 
 def _get_function():

@@ -199,12 +199,12 @@ def test_overrides_reach_the_plan():
     assert plan((1, 4, 256, 64), device=H100, direction="backward", block_q=16, threads=32).config == (16, 32, 32)
     assert plan((1, 4, 4096, 64), device=H100, splits=4).splits == 4
     assert plan((1, 4, 4096, 64), device=H100, splits=1).splits == 1
-    with pytest.raises(ValueError, match="threads= configures the backward"):
+    with pytest.raises(ValueError, match="threads= configures the register backward"):
         plan((1, 4, 256, 64), threads=64)
     with pytest.raises(ValueError, match="backward kernel does not split"):
         plan((1, 4, 256, 64), direction="backward", splits=2)
     with pytest.raises(ValueError, match="variant for the backward"):
-        plan((1, 4, 256, 64), direction="backward", variant="tensor")
+        plan((1, 4, 256, 64), direction="backward", variant="shared")
     with pytest.raises(ValueError, match="d = 48 is not supported"):
         plan((1, 4, 256, 48))
     with pytest.raises(ValueError, match="Device sms must be a positive integer; got 0"):

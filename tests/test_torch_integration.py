@@ -231,3 +231,32 @@ def test_cuda_bfloat16_on_tensor_cores_with_autograd(rng):
     ours, ref = cuda_vs_float64(q, k, v, True)
     assert ours[0].dtype == torch.bfloat16 and rel(ours[0], ref[0]) < 2e-2
     assert all(g.dtype == torch.bfloat16 and rel(g, r) < 5e-2 for g, r in zip(ours[1:], ref[1:]))
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_16bit_backward_runs_on_tensor_cores(rng, monkeypatch):
+    import flashlab.kernels.tensor_backward as tb
+
+    calls = []
+    real = tb.launch
+    monkeypatch.setattr(tb, "launch", lambda *a, **kw: calls.append(a[-1]) or real(*a, **kw))
+    for dtype, precision in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
+        q, k, v = qkv(rng, (1, 2, 150, 64), 150, dtype=dtype, device="cuda")
+        sdpa(q, k, v, is_causal=True).sum().backward()  # do is a stride-0 broadcast: made contiguous first
+        assert calls[-1] == precision and q.grad.dtype == dtype and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.gpu
+@gpu
+def test_autocast_casts_like_torch_sdpa(rng):
+    q, k, v = qkv(rng, (2, 4, 200, 64), 200, device="cuda")  # float32 leaves
+    do = torch.randn(2, 4, 200, 64, device="cuda")
+    outs = {}
+    for name, fn in (("flashlab", sdpa), ("torch", F.scaled_dot_product_attention)):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = fn(q, k, v, is_causal=True)
+        outs[name] = (out, *torch.autograd.grad(out, (q, k, v), do.to(out.dtype)))
+    assert outs["flashlab"][0].dtype == outs["torch"][0].dtype == torch.bfloat16
+    for a, b in zip(outs["flashlab"], outs["torch"]):
+        assert a.dtype == b.dtype and rel(a.float(), b.float()) < 2e-2

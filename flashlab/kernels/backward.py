@@ -296,15 +296,31 @@ def default_config(d: int, simulator: bool = False):
     return SIM_CONFIG if simulator else GPU_CONFIG[d]
 
 
-def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_q=None, block_k=None,
-                             threads=None):
+def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, variant=None, precision=None,
+                             block_q=None, block_k=None, threads=None):
     """Gradients (dq, dk, dv) of attention, from the forward's o and lse and the output gradient do.
 
     q, o, do: (B, H, Nq, d); k, v: (B, H, Nk, d); lse: (B, H, Nq) float32, as returned by
-    `flash_attention`. NumPy arrays, numba device arrays or torch CUDA tensors (any strides, no copies);
-    the gradients come back in q's kind and dtype (float32 accumulation for float16 inputs).
-    block_q (Br), block_k (Bc) and threads (per block) override the tile shape; see GPU_CONFIG.
+    `flash_attention`. NumPy arrays, numba device arrays or torch CUDA tensors (no copies); the gradients
+    come back in q's kind and dtype (float32 accumulation for 16-bit inputs).
+
+    variant: "register" (this module, FP32 units; float32 and float16) or "tensor" (kernels/tensor_backward.py,
+    tensor cores: float16, bfloat16 and float32 through 3xTF32, with `precision` as in the forward). By default
+    "tensor" for float16 / bfloat16 on a GPU that has their mma, else "register". block_q / block_k override
+    the tile; threads (register only) the threads per block; see GPU_CONFIG and tensor_backward.choose_tile.
     """
+    variant = default_variant(q) if variant is None else variant
+    if variant == "tensor":
+        if threads is not None:
+            raise ValueError("threads= configures the register backward; the tensor backward takes block_q / block_k")
+        from .tensor_backward import backward
+
+        return backward(q, k, v, o, lse, do, causal=causal, scale=scale, precision=precision, block_q=block_q,
+                        block_k=block_k)
+    if variant != "register":
+        raise ValueError(f"variant must be 'register' or 'tensor' for the backward; got {variant!r}")
+    if precision is not None:
+        raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
     if _fast.available():  # torch tensors: kernels/_fast.py's prepared path after the first call
         key = _fast.torch_key(q, k, v, o, lse, do)
         if key is not None:
@@ -334,6 +350,18 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
         cast[(n + 255) // 256, 256](dq.reshape(n), dq16.reshape(n))
         dq = dq16
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
+
+
+def default_variant(q) -> str:
+    """"tensor" for float16 / bfloat16 inputs on a GPU with their mma (float16: sm_75, bfloat16: sm_80), else
+    "register" (float32 keeps its FP32-unit kernel by default; variant="tensor" runs it through 3xTF32)."""
+    from ..device import device_limits
+
+    dtype = str(getattr(q, "dtype", "")).replace("torch.", "")
+    if dtype not in ("float16", "bfloat16") or not has_gpu():
+        return "register"
+    cc = device_limits()["cc"]
+    return "tensor" if cc is not None and cc >= ((7, 5) if dtype == "float16" else (8, 0)) else "register"
 
 
 def _setup(q, k, v, o, lse, do, causal, scale, block_q, block_k, threads):

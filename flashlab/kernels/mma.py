@@ -10,6 +10,7 @@ assembly. Each function below is one such instruction (or a short fixed sequence
     d0, d1, d2, d3 = mma_f16_m16n8k8x2(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   # k16 as two k8, sm_75+
     d0, d1, d2, d3 = mma_tf32_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)   # sm_80+
     r = pack_f16x2(lo, hi); r = pack_bf16x2(lo, hi)     # two fp32 -> one register of two 16-bit values
+    lo, hi = unpack_f16x2(r); lo, hi = unpack_bf16x2(r) # and back: one register -> two fp32
     x = round_tf32(x)                                   # fp32 rounded to tf32 (cvt.rna), still an fp32
     x = shfl_xor(x, mask)                               # the value held by lane (lane ^ mask)
     r0, r1, r2, r3 = ldmatrix_x4(shared, i)             # four 8x8 16-bit matrices from shared memory
@@ -62,11 +63,14 @@ _MODEL = {"f16_m16n8k16": ("m16n8k16", "float16"), "bf16_m16n8k16": ("m16n8k16",
 # Minimum compute capability of each instruction (PTX ISA, "Warp-level matrix multiply-accumulate").
 MIN_CC = {"f16_m16n8k16": (8, 0), "bf16_m16n8k16": (8, 0), "f16_m16n8k8": (7, 5), "f16_m16n8k8x2": (7, 5),
           "tf32_m16n8k8": (8, 0), "cp_async16": (8, 0),
-          "pack_bf16x2": (8, 0), "round_tf32": (8, 0)}
+          "pack_bf16x2": (8, 0), "round_tf32": (8, 0), "unpack_f16x2": (7, 5), "unpack_bf16x2": (7, 5)}
 
 PACK_F16X2 = "{ .reg .b16 lo, hi; cvt.rn.f16.f32 lo, $1; cvt.rn.f16.f32 hi, $2; mov.b32 $0, {lo, hi}; }"
 PACK_BF16X2 = "cvt.rn.bf16x2.f32 $0, $2, $1;"  # the first source goes to the upper half
 ROUND_TF32 = "cvt.rna.tf32.f32 $0, $1;"
+UNPACK_F16X2 = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }"
+# a bfloat16 is the top half of a float32: shift the low value up, mask the high one
+UNPACK_BF16X2 = "{ .reg .b32 lo, hi; shl.b32 lo, $2, 16; and.b32 hi, $2, 0xFFFF0000; mov.b32 $0, lo; mov.b32 $1, hi; }"
 # ldmatrix reads four 8x8 matrices of 16-bit values from shared memory; lane 8*i + r gives the address of
 # row r of matrix i (16 bytes, 16-byte aligned). The address must be in the shared window: cvta converts.
 _LDMATRIX = ("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, $4; cvt.u32.u64 s, a; "
@@ -129,6 +133,15 @@ def _gpu_functions():
             fnty = ir.FunctionType(i32, [f32, f32])
             return builder.call(ir.InlineAsm(fnty, PACK_BF16X2, "=r,f,f"), args)
         return types.uint32(types.float32, types.float32), codegen
+
+    def unpack_intrinsic(ptx):
+        def typer(typingctx, reg):
+            def codegen(context, builder, signature, args):
+                res = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32, f32]), [i32]), ptx,
+                                                "=f,=f,r"), args)
+                return context.make_tuple(builder, signature.return_type, [builder.extract_value(res, i) for i in (0, 1)])
+            return types.UniTuple(types.float32, 2)(types.uint32), codegen
+        return intrinsic(typer)
 
     @intrinsic
     def round_tf32(typingctx, x):
@@ -194,6 +207,7 @@ def _gpu_functions():
     fns = {f"mma_{name}": mma_intrinsic(ptx, n_a, n_b, name.startswith("tf32"))
            for name, (ptx, n_a, n_b) in _MMA.items()}
     fns.update(pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, round_tf32=round_tf32, shfl_xor=shfl_xor,
+               unpack_f16x2=unpack_intrinsic(UNPACK_F16X2), unpack_bf16x2=unpack_intrinsic(UNPACK_BF16X2),
                ldmatrix_x4=ldmatrix_intrinsic(LDMATRIX_X4), ldmatrix_x4_trans=ldmatrix_intrinsic(LDMATRIX_X4_TRANS),
                cp_async16=cp_async16, cp_async_commit=cp_async_commit, cp_async_wait=cp_async_wait)
     return fns
@@ -312,6 +326,12 @@ def _sim_functions():
     def round_tf32(x):
         return np.float32(F.round_tf32(x))
 
+    def unpack(dtype):
+        def unpack16x2(reg):
+            lo, hi = F.unpack16(np.uint32(reg))
+            return np.float32(F.from_bits16(lo, dtype)), np.float32(F.from_bits16(hi, dtype))
+        return unpack16x2
+
     def shfl_xor(value, mask):
         lane, warp = _lane_and_warp("shfl_xor")
         return warp.collective(lane, f"shfl_xor({int(mask)})", value,
@@ -352,6 +372,7 @@ def _sim_functions():
 
     fns.update(mma_f16_m16n8k8x2=mma_f16_m16n8k8x2)
     fns.update(pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, round_tf32=round_tf32, shfl_xor=shfl_xor,
+               unpack_f16x2=unpack("float16"), unpack_bf16x2=unpack("bfloat16"),
                ldmatrix_x4=ldmatrix(False), ldmatrix_x4_trans=ldmatrix(True),
                cp_async16=cp_async16, cp_async_commit=cp_async_commit, cp_async_wait=cp_async_wait)
     return fns
@@ -364,6 +385,7 @@ mma_f16_m16n8k8 = _FNS["mma_f16_m16n8k8"]
 mma_f16_m16n8k8x2 = _FNS["mma_f16_m16n8k8x2"]
 mma_tf32_m16n8k8 = _FNS["mma_tf32_m16n8k8"]
 pack_f16x2, pack_bf16x2 = _FNS["pack_f16x2"], _FNS["pack_bf16x2"]
+unpack_f16x2, unpack_bf16x2 = _FNS["unpack_f16x2"], _FNS["unpack_bf16x2"]
 round_tf32, shfl_xor = _FNS["round_tf32"], _FNS["shfl_xor"]
 ldmatrix_x4, ldmatrix_x4_trans = _FNS["ldmatrix_x4"], _FNS["ldmatrix_x4_trans"]
 cp_async16, cp_async_commit, cp_async_wait = _FNS["cp_async16"], _FNS["cp_async_commit"], _FNS["cp_async_wait"]

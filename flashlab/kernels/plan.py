@@ -42,7 +42,7 @@ from .._inputs import check_block
 RESOURCES_CSV = Path(__file__).resolve().parent.parent / "data" / "kernel_resources.csv"
 RESOURCE_COLUMNS = ("variant", "direction", "d", "dtype", "precision", "tile", "causal", "split", "heavy_first",
                     "cc", "registers", "spill_bytes", "shared_bytes", "threads")
-VARIANTS = {"forward": ("shared", "register", "tensor"), "backward": ("register",)}
+VARIANTS = {"forward": ("shared", "register", "tensor"), "backward": ("register", "tensor")}
 DTYPES = {"shared": ("float32", "float16"), "register": ("float32", "float16"),
           "tensor": ("float32", "float16", "bfloat16")}
 
@@ -212,6 +212,8 @@ def _problem(problem, causal, dtype, direction) -> Problem:
 def config_text(variant: str, direction: str, config) -> str:
     """A configuration in a few characters: the `tile` column of kernel_resources.csv."""
     if direction == "backward":
+        if variant == "tensor":
+            return f"{config.block_q}x{config.block_k} {config.warps}w {config.stages}st"
         bq, bk, threads = config
         return f"{bq}x{bk} {threads}t"
     if variant == "register":
@@ -224,6 +226,12 @@ def config_text(variant: str, direction: str, config) -> str:
 def _choose_config(p: Problem, variant: str, dev: Device, block_q, block_k, tile, threads, precision):
     """(config, precision, threads per block, shared bytes, block_q, block_k) of the kernel this call launches."""
     d = p.d
+    if p.direction == "backward" and variant == "tensor":
+        from . import tensor, tensor_backward
+
+        precision = tensor.resolve_precision(p.dtype, precision, dev.cc)
+        config = tensor_backward.choose_tile(d, precision, block_q, block_k)
+        return config, precision, config.threads, 4 * config.shared_words(d, precision), config.block_q, config.block_k
     if p.direction == "backward":
         from . import backward
 
@@ -284,6 +292,14 @@ def kernel_and_signature(variant, direction, d, dtype, precision, config, causal
     here on a GPU; by benchmarks/kernel_resources.py for other compute capabilities)."""
     from numba import float32, int64, types
 
+    if direction == "backward" and variant == "tensor":
+        from . import tensor_backward
+
+        kernel = tensor_backward.build(d, config, False, precision)[1]
+        wide = precision in ("3xtf32", "tf32")
+        a4 = types.Array(float32 if wide else types.uint32, 4, "C")
+        f3, f4 = types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
+        return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, int64, float32, float32)
     if direction == "backward":
         from . import backward
 
@@ -472,6 +488,8 @@ class Plan:
         p = self.problem
         if p.direction == "backward":
             nkb = -(-p.Nk // self.block_k)
+            if self.variant == "tensor":
+                return (nkb, p.B * p.H)
             return (self.section, nkb, p.B * p.H // self.section) if self.heavy_first else (nkb, p.H, p.B)
         from .register import grid
 
@@ -613,14 +631,15 @@ def _make_plan(problem, variant, direction, causal, dtype, device, block_q, bloc
         raise ValueError(f"variant for the {p.direction} must be one of {VARIANTS[p.direction]}; got {variant!r}")
     if p.direction == "forward" and p.dtype not in DTYPES[variant]:
         raise ValueError(f"variant {variant!r} takes {' or '.join(DTYPES[variant])}; got dtype {p.dtype!r}")
-    if p.direction == "backward" and p.dtype == "bfloat16":
-        raise ValueError("the backward kernel takes float32 or float16 (flashlab.torch computes bfloat16 in float32)")
+    if p.direction == "backward" and p.dtype == "bfloat16" and variant == "register":
+        raise ValueError("the register backward takes float32 or float16; bfloat16 runs on variant='tensor'")
     block_q, block_k = check_block(block_q, "block_q"), check_block(block_k, "block_k")
     threads, splits = check_block(threads, "threads"), check_block(splits, "splits")
     if tile is not None and (variant != "register" or p.direction != "forward"):
         raise ValueError("tile= configures the register forward kernel; use block_q / block_k otherwise")
-    if threads is not None and p.direction != "backward":
-        raise ValueError("threads= configures the backward kernel; forward tiles set their own threads")
+    if threads is not None and (p.direction != "backward" or variant != "register"):
+        raise ValueError("threads= configures the register backward kernel; other kernels have 32 threads per warp "
+                         "and set their warps from block_q / block_k")
     if precision is not None and variant != "tensor":
         raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
     if splits is not None and p.direction == "backward":
@@ -634,7 +653,8 @@ def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, pre
 
     config, precision, nthreads, shared_bytes, bq, bk = _choose_config(p, variant, dev, block_q, block_k, tile,
                                                                        threads, precision)
-    heavy = p.causal and variant != "shared"
+    # The tensor backward's grid (key blocks, B*H) already starts each head with its heaviest key block.
+    heavy = p.causal and variant != "shared" and not (p.direction == "backward" and variant == "tensor")
     bh = p.B * p.H
     itemsize = 4 if p.dtype == "float32" else 2
     section = l2_section(p, dev, itemsize) if heavy else bh

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 13 (tensor-core backward) on a GPU, in parts that each fit in 10 minutes on an H100:
+#   bash benchmarks/issue13_gpu.sh tests      # GPU tests of the tensor backward and the torch integration
+#   bash benchmarks/issue13_gpu.sh sanitize   # compute-sanitizer memcheck and racecheck on every tensor build
+#   bash benchmarks/issue13_gpu.sh tiles      # time the tensor backward's tiles at B1 H16 N4096
+#   bash benchmarks/issue13_gpu.sh bench      # the bars: B1 H16 N 1024/4096/16384, d 64/128, causal or not,
+#                                             # float16 / bfloat16 / float32 against SDPA in the same dtype ->
+#                                             # benchmarks/results/tensor_backward.csv, flashlab/data/tensor_backward.json
+# Set OUT to a folder to keep the logs (default: benchmarks/results/logs).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+OUT=${OUT:-benchmarks/results/logs}
+mkdir -p "$OUT"
+case "${1:-}" in
+  tests)
+    timeout "${2:-400}" $PY -m pytest -q -m gpu -p no:cacheprovider -W ignore tests/test_tensor_backward.py \
+      tests/test_torch_integration.py 2>&1 | tee "$OUT/tests13.txt" | tail -25 ;;
+  sanitize)
+    for tool in memcheck racecheck; do
+      timeout "${2:-280}" compute-sanitizer --tool $tool --print-limit 5 $PY benchmarks/bench_backward.py --tensor \
+        --check --d 32 64 2>&1 | tee "$OUT/sanitizer_$tool.txt" | tail -6
+    done ;;
+  tiles) $PY benchmarks/bench_backward.py --tensor --tiles --d 64 128 --dtypes float16 float32 --repeats 10 \
+      2>&1 | tee "$OUT/tiles13.txt" | tail -30 ;;
+  bench) $PY benchmarks/bench_backward.py --tensor --causal --n ${2:-1024 4096 16384} --d 64 128 --repeats 20 \
+      --csv benchmarks/results/tensor_backward.csv --json flashlab/data/tensor_backward.json \
+      2>&1 | tee "$OUT/bench13.txt" | tail -40 ;;
+  *) sed -n 2,9p "$0"; exit 2 ;;
+esac

@@ -1,0 +1,503 @@
+"""variant="tensor" backward: FlashAttention-2's backward on tensor cores, from pure-Python Numba (lesson 15).
+
+Three launches, as in kernels/backward.py (the FP32-unit version); none holds an Nq x Nk array:
+
+1. `preprocess`: D_i = rowsum(dO_i * O_i) in fp32, and dQ's float32 accumulator set to zero.
+2. the main kernel: one thread block per (key block, batch * head). A block owns block_k = 16 * warps keys
+   and warp w owns 16 of them, so dK_j and dV_j stay in registers as C fragments (rows = keys) for the
+   whole loop. V's A fragments sit in registers too; K_j is in shared memory (it is an operand twice). The
+   block walks over the query tiles that can see its keys (causal: from the diagonal on), copying Q_i, dO_i,
+   lse_i and D_i to shared memory (cp.async, one tile ahead, where 48 KB allow two stages). For each tile
+   a warp computes, for its 16 keys, the transposes of the forward's view:
+
+       S^T  = K Q^T      A: K (ldmatrix)                  B: Q (ldmatrix)
+       dP^T = V dO^T     A: V (registers)                 B: dO (ldmatrix)
+       P^T  = exp(scale S^T - lse),  dS^T = P^T * (dP^T - D)      (fp32, on the C fragments; lse, D per column)
+       dV  += P^T dO     A: P^T's C fragments, as is      B: dO (ldmatrix.trans)
+       dK  += dS^T Q     A: dS^T's C fragments, as is     B: Q (ldmatrix.trans)
+
+   As in the forward, two 8-column C fragments are one 16-column A fragment, so P^T and dS^T never leave
+   registers for dV and dK. dQ_i += dS K is different: its rows are queries, and each warp holds dS^T for
+   16 keys only. So the warps store dS^T to shared memory (C's columns 2t and 2t+1 are one 32-bit word),
+   synchronise, and split dQ_i's tile between them; ldmatrix.trans reads dS^T back as dS's A fragments.
+   Each warp adds its scale * dS K into the float32 accumulator with atomics, as FlashAttention-2 does.
+3. `cast`: dQ's accumulator to q's dtype (16-bit inputs only).
+
+Why atomics for dQ: a separate pass over the key blocks of each query block would recompute S^T and dP^T,
+two more of the five products (+40% FLOPs), and read K and V again. The price is that dQ's float32 sums
+run in whatever order blocks finish, so dQ changes in its last bits from run to run; dK and dV do not.
+
+Precisions as in kernels/tensor.py: "f16" / "bf16" (m16n8k16, fp32 accumulation; P^T and dS^T are rounded to
+16 bits for their products, as in FlashAttention-2), "k8" (float16 on sm_75: two m16n8k8 per step, copies
+through registers), "3xtf32" (float32 inputs, each product as three tf32 mma on big + small halves) and
+"tf32" (one tf32 mma). tf32 reads 32-bit words from shared memory instead of ldmatrix; its C -> A reuse
+renumbers the k index (column t <- row 2t, column t + 4 <- row 2t + 1) on both operands, as in the forward.
+
+Where FlashAttention-2's own backward differs: blocks of 128 keys with ~100 KB of shared memory (numba-cuda
+gives a block 48 KB of static shared memory), dQ's atomics issued from a dedicated shared-memory tile, and
+CUDA C++ compiled ahead of time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numba import config, float32, uint32
+
+from ..device import get_cuda
+from . import mma
+from .tensor import FASTMATH, LOG2E, PRECISIONS, row_words, stages as async_stages  # noqa: F401
+
+cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
+
+U = np.uint64
+SHARED_LIMIT = 48 * 1024
+
+
+@dataclass(frozen=True)
+class BackwardTile:
+    """block_k = 16 * warps keys per block; block_q query rows per tile of the loop; stages: copies of the
+    Q/dO tile in shared memory (2: the next tile is copied by cp.async while this one is used)."""
+
+    warps: int = 4
+    block_q: int = 32
+    stages: int = 2
+
+    @property
+    def block_k(self) -> int:
+        return 16 * self.warps
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def shared_words(self, d: int, precision: str) -> int:
+        """32-bit words: K_j, the Q_i and dO_i stages (rows padded by 4 words), dS^T (block_k rows of block_q
+        values, padded by 4 words), lse_i and D_i per stage."""
+        rs = row_words(d, precision) + 4
+        ds = self.block_q if precision in ("3xtf32", "tf32") else self.block_q // 2
+        return (self.block_k * rs + 2 * self.stages * self.block_q * rs + self.block_k * (ds + 4)
+                + 2 * self.stages * self.block_q)
+
+    def check(self, d: int, precision: str):
+        for name in ("warps", "block_q", "stages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if self.block_q % 16:
+            raise ValueError(f"block_q must be a multiple of 16 for the tensor backward; got {self.block_q}")
+        if self.threads > 1024:
+            raise ValueError(f"{self.warps} warps is {self.threads} threads per block; at most 1024 (32 warps)")
+        if self.stages not in (1, 2) or (self.stages == 2 and async_stages(precision) == 1):
+            raise ValueError(f"stages must be 1 or 2 (1 for precision 'k8', which has no cp.async); got {self.stages}")
+        need = 4 * self.shared_words(d, precision)
+        if need > SHARED_LIMIT:
+            raise ValueError(f"tile {self} needs {need} bytes of shared memory at d={d} ({precision}); the limit "
+                             f"per block is {SHARED_LIMIT} bytes: use a smaller block_q, fewer warps or stages=1")
+        return self
+
+
+def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> BackwardTile:
+    """The default tile: 4 warps (64 keys), or fewer where 48 KB do not hold them (float32 at d = 128); the
+    largest block_q of (64, 32, 16) that fits, with two stages where they fit (benchmarks/bench_backward.py
+    --tensor-tiles measures the alternatives)."""
+    if block_k is not None and (block_k % 16 or block_k < 16):
+        raise ValueError(f"block_k must be a positive multiple of 16 for the tensor backward (16 keys per warp); "
+                         f"got {block_k}")
+    two = async_stages(precision) == 2
+    wide = precision in ("3xtf32", "tf32")
+    # ptxas on sm_90: block_q 64 costs 64 registers of S^T and dP^T; past d = 32 it spills, so 32 first there;
+    # at d = 128 (16-bit) only 2 warps x block_q 16 stays under 255 registers without spilling
+    order = (64, 32, 16) if d <= 32 else (32, 16, 64)
+    for warps in ((block_k // 16,) if block_k else (2, 1) if d == 128 and not wide else (4, 2, 1)):
+        for bq in ((block_q,) if block_q else order):
+            for st in ((2, 1) if two else (1,)):
+                tile = BackwardTile(warps, bq, st)
+                if 4 * tile.shared_words(d, precision) <= SHARED_LIMIT:
+                    return tile.check(d, precision)
+    return BackwardTile(block_k // 16 if block_k else 1, block_q or 16, 1).check(d, precision)  # raises: too big
+
+
+@lru_cache(maxsize=None)
+def build(d: int, tile: BackwardTile, causal: bool, precision: str):
+    """(preprocess, main, cast) kernels for one (d, tile, causal, precision). 16-bit precisions take q, k, v,
+    o, do, dk, dv as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d)."""
+    WIDE = precision in ("3xtf32", "tf32")
+    SPLIT = precision == "3xtf32"
+    BF16 = precision == "bf16"
+    NW, BQ, NST = tile.warps, tile.block_q, tile.stages
+    BK = 16 * NW
+    W = d if WIDE else d // 2  # 32-bit words per row
+    RS = W + 4  # padded row stride of K, Q, dO in shared memory (words)
+    DRS = (BQ if WIDE else BQ // 2) + 4  # row stride of dS^T (rows = keys)
+    KSTEPS = d // 8 if WIDE else d // 16  # k-steps over d (S^T, dP^T)
+    NTQ = BQ // 8  # n-tiles of S^T, dP^T (8 queries each)
+    NTD = d // 8  # n-tiles of dK, dV, dQ (8 dims each)
+    QSTEPS = BQ // 8 if WIDE else BQ // 16  # k-steps over queries (dV, dK)
+    KSTEPS_K = BK // 8 if WIDE else BK // 16  # k-steps over keys (dQ)
+    NG = min(4, NTD)  # 3xTF32: n-tiles of dK / dV whose tile sums are built together
+    QG, NPAIR = BQ // 16, NTD // 2  # dQ's tile: row groups of 16 queries x pairs of n-tiles
+    DQ_NP = 1  # pairs of n-tiles per warp in the dQ phase: enough for every warp to get one unit, if possible
+    while 2 * DQ_NP <= min(NPAIR, QG * NPAIR // NW) and NPAIR % (2 * DQ_NP) == 0:
+        DQ_NP *= 2
+    DQ_UNITS, DQ_NT = QG * NPAIR // DQ_NP, 2 * DQ_NP
+    # array sizes must be plain constants (Numba does not fold products of them while typing)
+    K_WORDS, QD_WORDS, DS_WORDS, STATS, VREGS = BK * RS, NST * BQ * RS, BK * DRS, NST * BQ, 4 * KSTEPS
+    NT = 32 * NW
+    ASYNC = NST == 2
+    LAG = 1 if ASYNC else 0
+    CPR = W // 4  # 16-byte chunks per row
+    Q_CHUNKS, K_CHUNKS = BQ * CPR, BK * CPR
+    UW, URS, UDRS, UBQ, UBK = U(W), U(RS), U(DRS), U(BQ), U(BK)
+    CAUSAL = causal
+    ALIGN = None if config.ENABLE_CUDASIM else 16
+    DT = float32 if WIDE else uint32
+    mma16 = {"f16": mma.mma_f16_m16n8k16, "bf16": mma.mma_bf16_m16n8k16, "k8": mma.mma_f16_m16n8k8x2}.get(precision)
+    pack = mma.pack_bf16x2 if BF16 else mma.pack_f16x2
+    unpack = mma.unpack_bf16x2 if BF16 else mma.unpack_f16x2
+
+    @cuda.jit(device=True, inline=True)
+    def mma_tf(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """c + a @ b on tf32 tensor cores: one mma, or (3xTF32) small*big + big*small + big*big."""
+        if not SPLIT:
+            return mma.mma_tf32_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        a0b, a1b, a2b, a3b = mma.round_tf32(a0), mma.round_tf32(a1), mma.round_tf32(a2), mma.round_tf32(a3)
+        b0b, b1b = mma.round_tf32(b0), mma.round_tf32(b1)
+        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(mma.round_tf32(a0 - a0b), mma.round_tf32(a1 - a1b),
+                                              mma.round_tf32(a2 - a2b), mma.round_tf32(a3 - a3b),
+                                              b0b, b1b, c0, c1, c2, c3)
+        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0b, a1b, a2b, a3b, mma.round_tf32(b0 - b0b),
+                                              mma.round_tf32(b1 - b1b), c0, c1, c2, c3)
+        return mma.mma_tf32_m16n8k8(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
+
+    @cuda.jit
+    def preprocess(o, do, D, dq_acc, n_heads):
+        """D = rowsum(dO * O) in fp32 and dq_acc = 0; one thread per query row, grid (row blocks, B * H)."""
+        bh = U(cuda.blockIdx.y)
+        b, h = bh // U(n_heads), bh % U(n_heads)
+        i = U(cuda.blockIdx.x) * U(cuda.blockDim.x) + U(cuda.threadIdx.x)
+        if i < U(o.shape[2]):
+            acc = float32(0.0)
+            for w in range(W):
+                if WIDE:
+                    acc += do[b, h, i, w] * o[b, h, i, w]
+                else:
+                    x0, x1 = unpack(o[b, h, i, w])
+                    y0, y1 = unpack(do[b, h, i, w])
+                    acc += x0 * y0 + x1 * y1
+            for e in range(d):
+                dq_acc[b, h, i, e] = 0.0
+            D[b, h, i] = acc
+
+    @cuda.jit(fastmath=FASTMATH)
+    def main(q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, scale, scale_log2):
+        Ks = cuda.shared.array(K_WORDS, DT, alignment=ALIGN)
+        Qs = cuda.shared.array(QD_WORDS, DT, alignment=ALIGN)
+        dOs = cuda.shared.array(QD_WORDS, DT, alignment=ALIGN)
+        dSs = cuda.shared.array(DS_WORDS, DT, alignment=ALIGN)  # dS^T, rows = the block's keys
+        Ls = cuda.shared.array(STATS, float32)  # lse * log2(e) of the tile's queries
+        Ds = cuda.shared.array(STATS, float32)
+        tid = U(cuda.threadIdx.x)
+        warp, lane = tid // U(32), tid % U(32)
+        g, t = lane // U(4), lane % U(4)
+        bh = U(cuda.blockIdx.y)
+        b, h = bh // U(n_heads), bh % U(n_heads)
+        nq, nk = U(q.shape[2]), U(k.shape[2])
+        k0 = U(cuda.blockIdx.x) * UBK
+        kw = k0 + warp * U(16)  # this warp's first key
+        qh, kh, vh, doh, lh, dh, dqh = q[b, h], k[b, h], v[b, h], do[b, h], lse[b, h], D[b, h], dq_acc[b, h]
+
+        # K_j to shared memory (zeros past Nk), in the first group of copies.
+        for it in range(-(-K_CHUNKS // NT)):
+            e = U(it * NT) + tid
+            if e < U(K_CHUNKS):
+                row, col = e // U(CPR), (e % U(CPR)) * U(4)
+                ok = k0 + row < nk
+                if ASYNC:
+                    mma.cp_async16(Ks, row * URS + col, kh, k0 + row if ok else U(0), col, 16 if ok else 0)
+                else:
+                    for c in range(4):
+                        Ks[row * URS + col + U(c)] = kh[k0 + row, col + U(c)] if ok else DT(0)
+        # V's A fragments for this warp's 16 keys, kept in registers: rows kw+g and kw+g+8 (zeros past Nk).
+        vf = cuda.local.array(VREGS, DT)
+        for ks in range(KSTEPS):
+            for j in range(4):  # a0: (g, word t)  a1: (g+8, t)  a2: (g, t+4)  a3: (g+8, t+4) of k-step ks
+                row = kw + g + U(8 * (j % 2))
+                vf[4 * ks + j] = vh[row, U(8 * ks) + t + U(4 * (j // 2))] if row < nk else DT(0)
+
+        dK = cuda.local.array((NTD, 4), float32)
+        dV = cuda.local.array((NTD, 4), float32)
+        for n in range(NTD):
+            for j in range(4):
+                dK[n, j] = 0.0
+                dV[n, j] = 0.0
+        s = cuda.local.array((NTQ, 4), float32)  # S^T, then P^T
+        dp = cuda.local.array((NTQ, 4), float32)  # dP^T, then dS^T
+        part = cuda.local.array((NG, 4), float32)  # 3xTF32: one tile's sum for NG n-tiles of dK or dV
+        dq = cuda.local.array((DQ_NT, 4), float32)
+
+        q_first = k0 // UBQ * UBQ if CAUSAL else U(0)  # earlier queries see none of this block's keys
+        n_tiles = (nq - q_first + UBQ - U(1)) // UBQ if q_first < nq else U(0)
+        for j in range(n_tiles + U(LAG)):
+            if j < n_tiles:  # copy tile j of Q, dO (zeros past Nq), lse * log2(e) and D to stage j % NST
+                qc, st = q_first + j * UBQ, (j % U(NST)) * UBQ
+                for it in range(-(-Q_CHUNKS // NT)):
+                    e = U(it * NT) + tid
+                    if e < U(Q_CHUNKS):
+                        row, col = e // U(CPR), (e % U(CPR)) * U(4)
+                        ok = qc + row < nq
+                        dst = (st + row) * URS + col
+                        if ASYNC:
+                            src, nbytes = qc + row if ok else U(0), 16 if ok else 0
+                            mma.cp_async16(Qs, dst, qh, src, col, nbytes)
+                            mma.cp_async16(dOs, dst, doh, src, col, nbytes)
+                        else:
+                            for c in range(4):
+                                Qs[dst + U(c)] = qh[qc + row, col + U(c)] if ok else DT(0)
+                                dOs[dst + U(c)] = doh[qc + row, col + U(c)] if ok else DT(0)
+                if tid < UBQ:
+                    ok = qc + tid < nq
+                    Ls[st + tid] = lh[qc + tid] * float32(LOG2E) if ok else float32(0.0)
+                    Ds[st + tid] = dh[qc + tid] if ok else float32(0.0)
+            if ASYNC:
+                mma.cp_async_commit()
+                if j == U(0):
+                    continue
+                mma.cp_async_wait(1)  # this thread's copies of tile j - 1 have landed ...
+            cuda.syncthreads()  # ... and everyone's; everyone is also done with dS^T of the tile before
+            q0 = q_first + (j - U(LAG)) * UBQ
+            st = ((j - U(LAG)) % U(NST)) * UBQ  # the stage (row offset) the tile is in
+            QO = st * URS
+            # Under causal masking, a warp whose 16 keys come after every query of the tile has P = 0.
+            live = not CAUSAL or q0 + UBQ > kw
+
+            # S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and the tile's BQ queries.
+            for n in range(NTQ):
+                for c in range(4):
+                    s[n, c] = 0.0
+                    dp[n, c] = 0.0
+            if live:
+                for ks in range(KSTEPS):
+                    if WIDE:
+                        kb = (kw - k0 + g) * URS + U(8 * ks) + t  # K's A fragment from shared memory
+                        a0, a1, a2, a3 = Ks[kb], Ks[kb + U(8) * URS], Ks[kb + U(4)], Ks[kb + U(8) * URS + U(4)]
+                        for n in range(NTQ):  # b0 = Q[query 8n+g][dim 8ks+t], b1 = ... dim + 4
+                            base = QO + (U(8 * n) + g) * URS + U(8 * ks) + t
+                            s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_tf(a0, a1, a2, a3, Qs[base], Qs[base + U(4)],
+                                                                        s[n, 0], s[n, 1], s[n, 2], s[n, 3])
+                            dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma_tf(
+                                vf[4 * ks], vf[4 * ks + 1], vf[4 * ks + 2], vf[4 * ks + 3], dOs[base], dOs[base + U(4)],
+                                dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3])
+                    else:
+                        # K's A fragment: lane 8i + r gives row r of matrix i = key kw + (i%2)*8 + r, words 8ks + (i//2)*4
+                        key = kw - k0 + (lane // U(8)) % U(2) * U(8) + lane % U(8)
+                        a0, a1, a2, a3 = mma.ldmatrix_x4(Ks, key * URS + U(8 * ks) + lane // U(16) * U(4))
+                        for n2 in range(NTQ // 2):  # B fragments of two n-tiles: query n2*16 + (i//2)*8 + r
+                            row = st + U(n2 * 16) + lane // U(16) * U(8) + lane % U(8)
+                            word = row * URS + U(8 * ks) + (lane // U(8)) % U(2) * U(4)
+                            q00, q01, q10, q11 = mma.ldmatrix_x4(Qs, word)
+                            o00, o01, o10, o11 = mma.ldmatrix_x4(dOs, word)
+                            for half in range(2):
+                                n = 2 * n2 + half
+                                b0, b1 = (q00, q01) if half == 0 else (q10, q11)
+                                s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma16(a0, a1, a2, a3, b0, b1,
+                                                                           s[n, 0], s[n, 1], s[n, 2], s[n, 3])
+                                b0, b1 = (o00, o01) if half == 0 else (o10, o11)
+                                dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma16(
+                                    vf[4 * ks], vf[4 * ks + 1], vf[4 * ks + 2], vf[4 * ks + 3], b0, b1,
+                                    dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3])
+
+                # P^T = exp(scale S^T - lse) and dS^T = P^T (dP^T - D): rows kw+g (c = 0, 1), kw+g+8 (c = 2, 3),
+                # columns (queries) 8n + 2t + c % 2. Masked: queries past Nq and, under causal, keys after the query.
+                # Keys past Nk too: their S^T is 0, and exp(-lse) could overflow 16 bits (inf * 0 = NaN in dQ).
+                edge = q0 + UBQ > nq or kw + U(16) > nk or (CAUSAL and q0 < kw + U(16))
+                for n in range(NTQ):
+                    for c in range(4):
+                        col = U(8 * n) + U(2) * t + U(c % 2)
+                        p = math.exp2(s[n, c] * scale_log2 - Ls[st + col])
+                        if edge:
+                            key = kw + g + U(8 * (c // 2))
+                            if q0 + col >= nq or key >= nk or (CAUSAL and key > q0 + col):
+                                p = float32(0.0)
+                        s[n, c] = p
+                        dp[n, c] = p * (dp[n, c] - Ds[st + col])
+
+                # dV += P^T dO and dK += dS^T Q: A straight from the C fragments (see the module docstring).
+                if WIDE:
+                    for which in range(2):
+                        for n0 in range(0, NTD, NG):
+                            for nn in range(NG):
+                                for c in range(4):
+                                    part[nn, c] = 0.0
+                            for kk in range(QSTEPS):  # b0 = X[query 8kk+2t][dim 8n+g], b1 = X[query 8kk+2t+1][..]
+                                for nn in range(NG):
+                                    base = QO + (U(8 * kk) + U(2) * t) * URS + U(8 * (n0 + nn)) + g
+                                    if which == 0:
+                                        a0, a1, a2, a3, b0, b1 = s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3], dOs[base], \
+                                            dOs[base + URS]
+                                    else:
+                                        a0, a1, a2, a3, b0, b1 = dp[kk, 0], dp[kk, 2], dp[kk, 1], dp[kk, 3], Qs[base], \
+                                            Qs[base + URS]
+                                    part[nn, 0], part[nn, 1], part[nn, 2], part[nn, 3] = mma_tf(
+                                        a0, a1, a2, a3, b0, b1, part[nn, 0], part[nn, 1], part[nn, 2], part[nn, 3])
+                            for nn in range(NG):  # fp32 adds: a tensor-core sum over many tiles drifts (tensor.py)
+                                for c in range(4):
+                                    if which == 0:
+                                        dV[n0 + nn, c] += part[nn, c]
+                                    else:
+                                        dK[n0 + nn, c] += part[nn, c]
+                else:
+                    for kk in range(QSTEPS):  # k-step kk = n-tiles 2kk and 2kk+1, packed to 16 bits
+                        p0, p1 = pack(s[2 * kk, 0], s[2 * kk, 1]), pack(s[2 * kk, 2], s[2 * kk, 3])
+                        p2, p3 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1]), pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+                        d0, d1 = pack(dp[2 * kk, 0], dp[2 * kk, 1]), pack(dp[2 * kk, 2], dp[2 * kk, 3])
+                        d2, d3 = pack(dp[2 * kk + 1, 0], dp[2 * kk + 1, 1]), pack(dp[2 * kk + 1, 2], dp[2 * kk + 1, 3])
+                        for n2 in range(NTD // 2):  # ldmatrix.trans: B of two 8-dim n-tiles, rows = queries
+                            row = st + U(16 * kk) + (lane // U(8)) % U(2) * U(8) + lane % U(8)
+                            word = row * URS + U(8 * n2) + lane // U(16) * U(4)
+                            o00, o01, o10, o11 = mma.ldmatrix_x4_trans(dOs, word)
+                            q00, q01, q10, q11 = mma.ldmatrix_x4_trans(Qs, word)
+                            for half in range(2):
+                                n = 2 * n2 + half
+                                b0, b1 = (o00, o01) if half == 0 else (o10, o11)
+                                dV[n, 0], dV[n, 1], dV[n, 2], dV[n, 3] = mma16(p0, p1, p2, p3, b0, b1,
+                                                                               dV[n, 0], dV[n, 1], dV[n, 2], dV[n, 3])
+                                b0, b1 = (q00, q01) if half == 0 else (q10, q11)
+                                dK[n, 0], dK[n, 1], dK[n, 2], dK[n, 3] = mma16(d0, d1, d2, d3, b0, b1,
+                                                                               dK[n, 0], dK[n, 1], dK[n, 2], dK[n, 3])
+
+            # dS^T to shared memory (zeros when the warp has none): the transpose dQ needs goes through here.
+            for n in range(NTQ):
+                for r in range(2):
+                    row = (warp * U(16) + g + U(8 * r)) * UDRS
+                    if WIDE:
+                        dSs[row + U(8 * n) + U(2) * t] = dp[n, 2 * r]
+                        dSs[row + U(8 * n) + U(2) * t + U(1)] = dp[n, 2 * r + 1]
+                    else:
+                        dSs[row + U(4 * n) + t] = pack(dp[n, 2 * r], dp[n, 2 * r + 1])
+            cuda.syncthreads()
+
+            # dQ_i += scale * dS K: unit u = (16 query rows, DQ_NP pairs of n-tiles), spread over the warps.
+            u = warp
+            while u < U(DQ_UNITS):
+                rg, np0 = u // U(NPAIR // DQ_NP), (u % U(NPAIR // DQ_NP)) * U(DQ_NP)
+                for n in range(2 * DQ_NP):
+                    for c in range(4):
+                        dq[n, c] = 0.0
+                for kk in range(KSTEPS_K):
+                    if WIDE:  # a0 = dS[query g][key 2t] = dS^T[2t][g], renumbered as in dV's products
+                        ab = (U(8 * kk) + U(2) * t) * UDRS + rg * U(16) + g
+                        a0, a1, a2, a3 = dSs[ab], dSs[ab + U(8)], dSs[ab + UDRS], dSs[ab + UDRS + U(8)]
+                        for n in range(2 * DQ_NP):  # b0 = K[key 8kk+2t][dim 8n+g], b1 = K[key 8kk+2t+1][..]
+                            base = (U(8 * kk) + U(2) * t) * URS + (np0 * U(2) + U(n)) * U(8) + g
+                            dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3] = mma_tf(a0, a1, a2, a3, Ks[base], Ks[base + URS],
+                                                                            dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3])
+                    else:
+                        # ldmatrix.trans of dS^T: lane 8i + r gives stored row (key) 16kk + (i//2)*8 + r, query words
+                        # rg*8 + (i%2)*4; transposed on the way, the four matrices are dS's A fragment a0..a3.
+                        key = U(16 * kk) + lane // U(16) * U(8) + lane % U(8)
+                        a0, a1, a2, a3 = mma.ldmatrix_x4_trans(dSs, key * UDRS + rg * U(8) + (lane // U(8)) % U(2) * U(4))
+                        krow = U(16 * kk) + (lane // U(8)) % U(2) * U(8) + lane % U(8)
+                        for n2 in range(DQ_NP):  # K's B fragments (k = keys) by ldmatrix.trans, like V in the forward
+                            word = krow * URS + (np0 + U(n2)) * U(8) + lane // U(16) * U(4)
+                            k00, k01, k10, k11 = mma.ldmatrix_x4_trans(Ks, word)
+                            for half in range(2):
+                                n = 2 * n2 + half
+                                b0, b1 = (k00, k01) if half == 0 else (k10, k11)
+                                dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3] = mma16(a0, a1, a2, a3, b0, b1,
+                                                                               dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3])
+                for r in range(2):
+                    row = q0 + rg * U(16) + g + U(8 * r)
+                    if row < nq:
+                        for n in range(2 * DQ_NP):
+                            col = (np0 * U(2) + U(n)) * U(8) + U(2) * t
+                            cuda.atomic.add(dqh, (row, col), dq[n, 2 * r] * scale)
+                            cuda.atomic.add(dqh, (row, col + U(1)), dq[n, 2 * r + 1] * scale)
+                u += U(NW)
+
+        if ASYNC:
+            mma.cp_async_wait(0)  # no copy may still be in flight when the block ends (n_tiles = 0: K's)
+
+        # dK_j (times scale) and dV_j to HBM in the inputs' type; zero for keys no query sees.
+        for r in range(2):
+            key = kw + g + U(8 * r)
+            if key < nk:
+                for n in range(NTD):
+                    x0, x1 = dK[n, 2 * r] * scale, dK[n, 2 * r + 1] * scale
+                    y0, y1 = dV[n, 2 * r], dV[n, 2 * r + 1]
+                    if WIDE:
+                        dk[b, h, key, U(8 * n) + U(2) * t] = x0
+                        dk[b, h, key, U(8 * n) + U(2) * t + U(1)] = x1
+                        dv[b, h, key, U(8 * n) + U(2) * t] = y0
+                        dv[b, h, key, U(8 * n) + U(2) * t + U(1)] = y1
+                    else:
+                        dk[b, h, key, U(4 * n) + t] = pack(x0, x1)
+                        dv[b, h, key, U(4 * n) + t] = pack(y0, y1)
+
+    @cuda.jit
+    def cast(src, dst):
+        """dst[i] = the 16-bit pair (src[2i], src[2i+1]), over flat arrays: dQ's accumulator to q's dtype."""
+        i = cuda.grid(1)
+        if i < dst.shape[0]:
+            dst[i] = pack(src[2 * i], src[2 * i + 1])
+
+    return preprocess, main, cast
+
+
+def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, tile: BackwardTile, precision: str):
+    """Launch the three kernels on device arrays: q, k, v, o, do, dq, dk, dv as (B, H, N, d/2) uint32 pairs
+    (16-bit precisions) or float32 (B, H, N, d); lse, D float32 (B, H, Nq); dq_acc float32 (B, H, Nq, d),
+    which is dq itself for float32."""
+    B, H, Nq, w = q.shape
+    d = w if precision in ("3xtf32", "tf32") else 2 * w
+    preprocess, main, cast = build(d, tile, causal, precision)
+    rows = 128
+    preprocess[(-(-Nq // rows), B * H), rows](o, do, D, dq_acc, n_heads)
+    main[(-(-k.shape[2] // tile.block_k), B * H), tile.threads](q, k, v, do, lse, D, dq_acc, dk, dv, n_heads,
+                                                               np.float32(scale), np.float32(scale * LOG2E))
+    if dq is not dq_acc:
+        n = B * H * Nq * w
+        cast[-(-n // 256), 256](dq_acc.reshape(B * H * Nq * d), dq.reshape(n))
+    return main
+
+
+def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, block_q=None, block_k=None,
+             plan=None):
+    """flash_attention_backward(..., variant="tensor"): (dq, dk, dv) in q's dtype and kind of array."""
+    from ._launch import check_kernel_inputs, empty, empty_words, like_input, to_device, to_device_words
+    from .plan import plan as make_plan
+    from .tensor import resolve_precision
+    from ..device import device_limits
+
+    words = {}
+    for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):
+        words[name] = to_device_words(x, name)
+    kind, dtype = words["q"][1], words["q"][2]
+    for name in ("k", "v", "o", "do"):
+        if words[name][2] != dtype:
+            raise TypeError(f"{name} has dtype {words[name][2]}; expected q's dtype {dtype}")
+    lse_d, _ = to_device(lse, "lse")
+    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(words["q"][0], words["k"][0], words["v"][0], causal=causal,
+                                                         scale=scale, words=dtype != "float32")
+    for name, want in (("o", (B, H, Nq)), ("do", (B, H, Nq))):
+        got = tuple(words[name][0].shape)[:3]
+        if got != want or words[name][0].shape[3] != words["q"][0].shape[3]:
+            raise ValueError(f"{name} has shape {tuple(getattr(locals()[name], 'shape', got))}; expected q's shape")
+    if tuple(lse_d.shape) != (B, H, Nq) or np.dtype(lse_d.dtype) != np.float32:
+        raise ValueError(f"lse must be float32 of shape {(B, H, Nq)} (as the forward returns it); got "
+                         f"{np.dtype(lse_d.dtype).name} {tuple(lse_d.shape)}")
+    if plan is None:
+        precision = resolve_precision(dtype, precision, device_limits()["cc"])
+        plan = make_plan((B, H, Nq, Nk, d), variant="tensor", direction="backward", causal=causal, dtype=dtype,
+                         block_q=block_q, block_k=block_k, precision=precision)
+    alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
+    D = alloc((B, H, Nq), np.float32)
+    dq, dq_w = empty_words((B, H, Nq, d), dtype, kind, like=q)
+    dq_acc = dq_w if dtype == "float32" else alloc((B, H, Nq, d), np.float32)
+    dk, dk_w = empty_words((B, H, Nk, d), dtype, kind, like=q)
+    dv, dv_w = empty_words((B, H, Nk, d), dtype, kind, like=q)
+    launch(words["q"][0], words["k"][0], words["v"][0], words["o"][0], lse_d, words["do"][0], dq_w, dk_w, dv_w,
+           dq_acc, D, H, scale, causal, plan.config, plan.precision)
+    return tuple(like_input(x, kind) for x in (dq, dk, dv))
