@@ -4,6 +4,7 @@ capabilities 7.5 (T4), 8.0 (A100) and 9.0 (H100), compiled without a GPU:
     export LD_LIBRARY_PATH=/path/to/nvrtc/lib:$CUDA_HOME/lib CUDA_HOME=/usr/local/cuda NUMBA_ENABLE_CUDASIM=0
     python benchmarks/kernel_resources.py            # writes flashlab/data/kernel_resources.csv
     python benchmarks/kernel_resources.py --check    # compiles nothing: lists configurations without a row
+    python benchmarks/kernel_resources.py --missing  # compiles only those, and keeps the other rows as they are
 
 numba-cuda turns each kernel into PTX for the asked compute capability (numba.cuda.compile_ptx, which needs
 NVRTC/NVVM but no driver) and NVIDIA's assembler `ptxas -v` reports what the compiled kernel uses. The
@@ -68,7 +69,7 @@ def compile_one(key):
     spill = re.search(r"(\d+) bytes spill stores", out)
     stack = re.search(r"(\d+) bytes stack frame", out)  # local memory per thread: spills and local arrays
     smem = re.search(r"(\d+) bytes smem", out)
-    threads = config[2] if direction == "backward" else (config[0] if variant == "shared" else config.threads)
+    threads = getattr(config, "threads", None) or (config[2] if direction == "backward" else config[0])
     return {"variant": variant, "direction": direction, "d": d, "dtype": dtype, "precision": precision or "",
             "tile": plan.config_text(variant, direction, config), "causal": int(causal), "split": int(split),
             "heavy_first": int(heavy), "cc": f"{cc[0]}.{cc[1]}", "registers": regs,
@@ -98,15 +99,16 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "flashlab" / "data" / "kernel_resources.csv"))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--check", action="store_true", help="list the configurations that have no row; compile nothing")
+    ap.add_argument("--missing", action="store_true", help="compile only the configurations without a row")
     args = ap.parse_args(argv)
     _compile_only()
     from flashlab.bench import write_csv
     from flashlab.kernels import plan
 
     keys = all_keys()
+    table = plan.resource_table()
+    missing = [k for k in keys if plan.resource_key(*k[:5], plan.config_text(k[0], k[1], k[5]), *k[6:]) not in table]
     if args.check:
-        table = plan.resource_table()
-        missing = [k for k in keys if plan.resource_key(*k[:5], plan.config_text(k[0], k[1], k[5]), *k[6:]) not in table]
         print(f"{len(keys)} configurations, {len(missing)} without a row in {plan.RESOURCES_CSV}")
         for k in missing[:20]:
             print("  missing:", k)
@@ -114,6 +116,12 @@ def main(argv=None):
     version = ptxas_version()
     print(f"{len(keys)} configurations, ptxas {version}, {args.jobs} processes", flush=True)
     rows = []
+    if args.missing:  # keep every existing row; compile the rest
+        import csv
+
+        with open(plan.RESOURCES_CSV, newline="") as f:
+            rows = list(csv.DictReader(f))
+        keys = missing
     from tqdm.auto import tqdm
 
     with ProcessPoolExecutor(args.jobs, initializer=_init) as pool:
@@ -121,7 +129,7 @@ def main(argv=None):
             rows.append({**row, "ptxas": version})
     rows.sort(key=lambda r: tuple(str(r[c]) for c in plan.RESOURCE_COLUMNS))
     write_csv(args.out, rows)
-    spills = [r for r in rows if r["spill_bytes"]]
+    spills = [r for r in rows if int(r["spill_bytes"])]
     print(f"wrote {len(rows)} rows to {args.out}; {len(spills)} spill")
     for r in spills:
         print("  spills:", r)

@@ -150,6 +150,24 @@ def test_pack_round_and_shuffle_match_numpy(rng):
 
 
 @cuda.jit
+def _unpack(out, bits):
+    lane = cuda.threadIdx.x
+    out[lane, 0], out[lane, 1] = mma.unpack_f16x2(bits[lane, 0])
+    out[lane, 2], out[lane, 3] = mma.unpack_bf16x2(bits[lane, 1])
+
+
+def test_unpack_is_the_inverse_of_pack(rng):
+    """unpack_*x2 (the tensor backward's D = rowsum(dO * O) reads 16-bit pairs) against NumPy's decoding."""
+    x, y = ((rng.standard_normal(32) * 10).astype(np.float32) for _ in range(2))
+    bits = np.stack([F.pack16(F.to_bits16(x, dt), F.to_bits16(y, dt)) for dt in ("float16", "bfloat16")], 1)
+    out = np.zeros((32, 4), np.float32)
+    _unpack[1, 32](out, np.ascontiguousarray(bits, np.uint32))
+    for col, dt in ((0, "float16"), (2, "bfloat16")):
+        np.testing.assert_array_equal(out[:, col], F.from_bits16(F.to_bits16(x, dt), dt))
+        np.testing.assert_array_equal(out[:, col + 1], F.from_bits16(F.to_bits16(y, dt), dt))
+
+
+@cuda.jit
 def _early_exit(out, a):
     lane = cuda.threadIdx.x
     if lane == 3:

@@ -8,7 +8,8 @@
 
 Inputs are (B, H, N, d) NumPy arrays, numba device arrays or torch CUDA tensors (no copies); outputs come
 back in the same kind. Variants: "shared" (lesson 08: one thread per query row, K/V tiles in shared
-memory) and "register" (lesson 09: FA2 with register tiling).
+memory), "register" (lesson 09: FA2 with register tiling) and "tensor" (lesson 15: mma.sync tensor cores,
+forward in tensor.py, backward in tensor_backward.py).
 """
 from ._launch import SUPPORTED_D
 from .backward import flash_attention_backward

@@ -734,13 +734,14 @@ def planner_configs(devices=(T4, A100, H100)):
                         [("forward", v, dt, None) for v in ("shared", "register") for dt in ("float32", "float16")]
                         + [("forward", "tensor", dt, None) for dt in ("float16", "bfloat16", "float32")]
                         + [("forward", "tensor", "float32", "tf32"), ("backward", "register", "float32", None),
-                           ("backward", "register", "float16", None)]):
+                           ("backward", "register", "float16", None)]
+                        + [("backward", "tensor", dt, None) for dt in ("float16", "bfloat16", "float32")]):
                     prob = Problem(1, 1, 256, 256, d, causal, dtype, direction)
                     try:
                         config, prec, *_ = _choose_config(prob, variant, dev, None, None, None, None, precision)
                     except ValueError:  # e.g. bfloat16 on a T4
                         continue
-                    heavy = causal and variant != "shared"
+                    heavy = causal and variant != "shared" and not (direction == "backward" and variant == "tensor")
                     can_split = direction == "forward" and variant != "shared" and prec != "bf16"
                     configs = [config] + ([D128_REDESIGN] if variant == "register" and direction == "forward"
                                           and d == 128 else [])

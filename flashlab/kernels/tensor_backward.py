@@ -108,9 +108,10 @@ def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> BackwardT
                          f"got {block_k}")
     two = async_stages(precision) == 2
     wide = precision in ("3xtf32", "tf32")
-    # ptxas on sm_90: block_q 64 costs 64 registers of S^T and dP^T; past d = 32 it spills, so 32 first there;
-    # at d = 128 (16-bit) only 2 warps x block_q 16 stays under 255 registers without spilling
-    order = (64, 32, 16) if d <= 32 else (32, 16, 64)
+    # From ptxas -v for sm_80 and sm_90 (flashlab/data/kernel_resources.csv): block_q 64 costs 64 registers of
+    # S^T and dP^T and spills past d = 32 (16 for float32); at d = 128 (16-bit) only 2 warps x block_q 16
+    # stay under 255 registers without spilling.
+    order = (64, 32, 16) if d <= (16 if wide else 32) else (16, 32, 64) if d == 128 and not wide else (32, 16, 64)
     for warps in ((block_k // 16,) if block_k else (2, 1) if d == 128 and not wide else (4, 2, 1)):
         for bq in ((block_q,) if block_q else order):
             for st in ((2, 1) if two else (1,)):
