@@ -82,6 +82,8 @@ SIM_CASES = [
     (1, 1, 17, 12, 16, False, "tf32", W1),
     (1, 1, 19, 23, 32, True, "k8", tb.BackwardTile(1, 16, 1)),  # the sm_75 build: copies through registers
     (1, 1, 1, 1, 16, True, "f16", W1),  # N = 1
+    (1, 1, 20, 19, 32, True, "bf16", tb.BackwardTile(1, 16, 2, v_shared=True)),  # V's fragments by ldmatrix
+    (1, 1, 20, 19, 16, False, "3xtf32", tb.BackwardTile(1, 16, 1, v_shared=True)),
 ]
 
 
@@ -140,9 +142,15 @@ def test_clear_errors():
 def test_tiles_fit_and_default_variant():
     for d in (16, 32, 64, 128):
         for precision in ("f16", "bf16", "k8", "3xtf32", "tf32"):
-            tile = tb.choose_tile(d, precision)
-            assert 4 * tile.shared_words(d, precision) <= tb.SHARED_LIMIT
-            assert tile.stages == (1 if precision == "k8" else tile.stages)
+            for bq, bk in ((None, None), (16, None), (None, 32), (32, 32)):
+                try:
+                    tile = tb.choose_tile(d, precision, bq, bk)
+                except ValueError as exc:  # only a forced tile may not fit, and then the error says why
+                    assert bq and bk and "bytes of shared memory" in str(exc), (d, precision, bq, bk)
+                    continue
+                assert 4 * tile.shared_words(d, precision) <= tb.SHARED_LIMIT
+                assert tile.block_q == (bq or tile.block_q) and tile.block_k == (bk or tile.block_k)
+                assert precision != "k8" or tile.stages == 1  # no cp.async on sm_75
     assert default_variant(np.zeros(2, np.float32)) == "register"
     if not has_gpu():
         assert default_variant(np.zeros(2, np.float16)) == "register"  # the simulator keeps the FP32-unit kernel

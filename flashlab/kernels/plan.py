@@ -213,7 +213,7 @@ def config_text(variant: str, direction: str, config) -> str:
     """A configuration in a few characters: the `tile` column of kernel_resources.csv."""
     if direction == "backward":
         if variant == "tensor":
-            return f"{config.block_q}x{config.block_k} {config.warps}w {config.stages}st"
+            return f"{config.block_q}x{config.block_k} {config.warps}w {config.stages}st" + (" vsh" if config.v_shared else "")
         bq, bk, threads = config
         return f"{bq}x{bk} {threads}t"
     if variant == "register":

@@ -59,11 +59,14 @@ SHARED_LIMIT = 48 * 1024
 @dataclass(frozen=True)
 class BackwardTile:
     """block_k = 16 * warps keys per block; block_q query rows per tile of the loop; stages: copies of the
-    Q/dO tile in shared memory (2: the next tile is copied by cp.async while this one is used)."""
+    Q/dO tile in shared memory (2: the next tile is copied by cp.async while this one is used); v_shared: V_j
+    in shared memory, read by ldmatrix per tile, instead of its A fragments held in registers (d/4 registers
+    for 16-bit types, d/2 for float32: what tips d = 128 into spilling)."""
 
     warps: int = 4
     block_q: int = 32
     stages: int = 2
+    v_shared: bool = False
 
     @property
     def block_k(self) -> int:
@@ -78,8 +81,8 @@ class BackwardTile:
         values, padded by 4 words), lse_i and D_i per stage."""
         rs = row_words(d, precision) + 4
         ds = self.block_q if precision in ("3xtf32", "tf32") else self.block_q // 2
-        return (self.block_k * rs + 2 * self.stages * self.block_q * rs + self.block_k * (ds + 4)
-                + 2 * self.stages * self.block_q)
+        return ((2 if self.v_shared else 1) * self.block_k * rs + 2 * self.stages * self.block_q * rs
+                + self.block_k * (ds + 4) + 2 * self.stages * self.block_q)
 
     def check(self, d: int, precision: str):
         for name in ("warps", "block_q", "stages"):
@@ -99,25 +102,34 @@ class BackwardTile:
         return self
 
 
+# Default tiles (warps, block_q, stages, v_shared), from `ptxas -v` for sm_80 and sm_90: the largest tiles that
+# compile without spilling, or with the least spill (flashlab/data/kernel_resources.csv). block_q 64 costs 64
+# registers of S^T and dP^T; at d = 128 dK, dV and V's fragments alone take 192, so V moves to shared memory.
+# Not yet timed on a GPU: `bash benchmarks/issue13_gpu.sh tiles` measures the alternatives.
+DEFAULT_TILES = {
+    "16-bit": {16: (4, 64, 2, False), 32: (4, 64, 2, False), 64: (4, 32, 2, False), 128: (2, 16, 2, True)},
+    "k8": {16: (4, 64, 1, False), 32: (4, 64, 1, False), 64: (4, 32, 1, False), 128: (2, 16, 1, False)},
+    "float32": {16: (4, 64, 2, False), 32: (4, 32, 2, False), 64: (4, 16, 1, True), 128: (2, 16, 1, False)},
+}
+
+
 def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> BackwardTile:
-    """The default tile: 4 warps (64 keys), or fewer where 48 KB do not hold them (float32 at d = 128); the
-    largest block_q of (64, 32, 16) that fits, with two stages where they fit (benchmarks/bench_backward.py
-    --tensor-tiles measures the alternatives)."""
+    """DEFAULT_TILES for (precision, d); with block_q / block_k given, the first of 4, 2, 1 warps (or
+    block_k / 16), two stages, then V in shared memory, that fits in 48 KB."""
     if block_k is not None and (block_k % 16 or block_k < 16):
         raise ValueError(f"block_k must be a positive multiple of 16 for the tensor backward (16 keys per warp); "
                          f"got {block_k}")
+    kind = "float32" if precision in ("3xtf32", "tf32") else "k8" if precision == "k8" else "16-bit"
+    if block_q is None and block_k is None and d in DEFAULT_TILES[kind]:
+        return BackwardTile(*DEFAULT_TILES[kind][d]).check(d, precision)
     two = async_stages(precision) == 2
-    wide = precision in ("3xtf32", "tf32")
-    # From ptxas -v for sm_80 and sm_90 (flashlab/data/kernel_resources.csv): block_q 64 costs 64 registers of
-    # S^T and dP^T and spills past d = 32 (16 for float32); at d = 128 (16-bit) only 2 warps x block_q 16
-    # stay under 255 registers without spilling.
-    order = (64, 32, 16) if d <= (16 if wide else 32) else (16, 32, 64) if d == 128 and not wide else (32, 16, 64)
-    for warps in ((block_k // 16,) if block_k else (2, 1) if d == 128 and not wide else (4, 2, 1)):
-        for bq in ((block_q,) if block_q else order):
+    for warps in ((block_k // 16,) if block_k else (4, 2, 1)):
+        for bq in ((block_q,) if block_q else (32, 16, 64)):
             for st in ((2, 1) if two else (1,)):
-                tile = BackwardTile(warps, bq, st)
-                if 4 * tile.shared_words(d, precision) <= SHARED_LIMIT:
-                    return tile.check(d, precision)
+                for v_shared in (False, True):
+                    tile = BackwardTile(warps, bq, st, v_shared)
+                    if 4 * tile.shared_words(d, precision) <= SHARED_LIMIT:
+                        return tile.check(d, precision)
     return BackwardTile(block_k // 16 if block_k else 1, block_q or 16, 1).check(d, precision)  # raises: too big
 
 
@@ -128,7 +140,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
     WIDE = precision in ("3xtf32", "tf32")
     SPLIT = precision == "3xtf32"
     BF16 = precision == "bf16"
-    NW, BQ, NST = tile.warps, tile.block_q, tile.stages
+    NW, BQ, NST, VSH = tile.warps, tile.block_q, tile.stages, bool(tile.v_shared)
     BK = 16 * NW
     W = d if WIDE else d // 2  # 32-bit words per row
     RS = W + 4  # padded row stride of K, Q, dO in shared memory (words)
@@ -145,7 +157,8 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
         DQ_NP *= 2
     DQ_UNITS, DQ_NT = QG * NPAIR // DQ_NP, 2 * DQ_NP
     # array sizes must be plain constants (Numba does not fold products of them while typing)
-    K_WORDS, QD_WORDS, DS_WORDS, STATS, VREGS = BK * RS, NST * BQ * RS, BK * DRS, NST * BQ, 4 * KSTEPS
+    K_WORDS, QD_WORDS, DS_WORDS, STATS = BK * RS, NST * BQ * RS, BK * DRS, NST * BQ
+    V_WORDS, VREGS = (BK * RS, 1) if VSH else (1, 4 * KSTEPS)
     NT = 32 * NW
     ASYNC = NST == 2
     LAG = 1 if ASYNC else 0
@@ -195,6 +208,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
     @cuda.jit(fastmath=FASTMATH)
     def main(q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, scale, scale_log2):
         Ks = cuda.shared.array(K_WORDS, DT, alignment=ALIGN)
+        Vs = cuda.shared.array(V_WORDS, DT, alignment=ALIGN)  # v_shared only
         Qs = cuda.shared.array(QD_WORDS, DT, alignment=ALIGN)
         dOs = cuda.shared.array(QD_WORDS, DT, alignment=ALIGN)
         dSs = cuda.shared.array(DS_WORDS, DT, alignment=ALIGN)  # dS^T, rows = the block's keys
@@ -210,7 +224,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
         kw = k0 + warp * U(16)  # this warp's first key
         qh, kh, vh, doh, lh, dh, dqh = q[b, h], k[b, h], v[b, h], do[b, h], lse[b, h], D[b, h], dq_acc[b, h]
 
-        # K_j to shared memory (zeros past Nk), in the first group of copies.
+        # K_j (and V_j if v_shared) to shared memory (zeros past Nk), in the first group of copies.
         for it in range(-(-K_CHUNKS // NT)):
             e = U(it * NT) + tid
             if e < U(K_CHUNKS):
@@ -218,12 +232,16 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
                 ok = k0 + row < nk
                 if ASYNC:
                     mma.cp_async16(Ks, row * URS + col, kh, k0 + row if ok else U(0), col, 16 if ok else 0)
+                    if VSH:
+                        mma.cp_async16(Vs, row * URS + col, vh, k0 + row if ok else U(0), col, 16 if ok else 0)
                 else:
                     for c in range(4):
                         Ks[row * URS + col + U(c)] = kh[k0 + row, col + U(c)] if ok else DT(0)
+                        if VSH:
+                            Vs[row * URS + col + U(c)] = vh[k0 + row, col + U(c)] if ok else DT(0)
         # V's A fragments for this warp's 16 keys, kept in registers: rows kw+g and kw+g+8 (zeros past Nk).
         vf = cuda.local.array(VREGS, DT)
-        for ks in range(KSTEPS):
+        for ks in range(0 if VSH else KSTEPS):
             for j in range(4):  # a0: (g, word t)  a1: (g+8, t)  a2: (g, t+4)  a3: (g+8, t+4) of k-step ks
                 row = kw + g + U(8 * (j % 2))
                 vf[4 * ks + j] = vh[row, U(8 * ks) + t + U(4 * (j // 2))] if row < nk else DT(0)
@@ -284,17 +302,24 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
                     if WIDE:
                         kb = (kw - k0 + g) * URS + U(8 * ks) + t  # K's A fragment from shared memory
                         a0, a1, a2, a3 = Ks[kb], Ks[kb + U(8) * URS], Ks[kb + U(4)], Ks[kb + U(8) * URS + U(4)]
+                        if VSH:
+                            v0, v1, v2, v3 = Vs[kb], Vs[kb + U(8) * URS], Vs[kb + U(4)], Vs[kb + U(8) * URS + U(4)]
+                        else:
+                            v0, v1, v2, v3 = vf[4 * ks], vf[4 * ks + 1], vf[4 * ks + 2], vf[4 * ks + 3]
                         for n in range(NTQ):  # b0 = Q[query 8n+g][dim 8ks+t], b1 = ... dim + 4
                             base = QO + (U(8 * n) + g) * URS + U(8 * ks) + t
                             s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_tf(a0, a1, a2, a3, Qs[base], Qs[base + U(4)],
                                                                         s[n, 0], s[n, 1], s[n, 2], s[n, 3])
-                            dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma_tf(
-                                vf[4 * ks], vf[4 * ks + 1], vf[4 * ks + 2], vf[4 * ks + 3], dOs[base], dOs[base + U(4)],
-                                dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3])
+                            dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma_tf(v0, v1, v2, v3, dOs[base], dOs[base + U(4)],
+                                                                            dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3])
                     else:
                         # K's A fragment: lane 8i + r gives row r of matrix i = key kw + (i%2)*8 + r, words 8ks + (i//2)*4
                         key = kw - k0 + (lane // U(8)) % U(2) * U(8) + lane % U(8)
                         a0, a1, a2, a3 = mma.ldmatrix_x4(Ks, key * URS + U(8 * ks) + lane // U(16) * U(4))
+                        if VSH:
+                            v0, v1, v2, v3 = mma.ldmatrix_x4(Vs, key * URS + U(8 * ks) + lane // U(16) * U(4))
+                        else:
+                            v0, v1, v2, v3 = vf[4 * ks], vf[4 * ks + 1], vf[4 * ks + 2], vf[4 * ks + 3]
                         for n2 in range(NTQ // 2):  # B fragments of two n-tiles: query n2*16 + (i//2)*8 + r
                             row = st + U(n2 * 16) + lane // U(16) * U(8) + lane % U(8)
                             word = row * URS + U(8 * ks) + (lane // U(8)) % U(2) * U(4)
@@ -306,9 +331,8 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
                                 s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma16(a0, a1, a2, a3, b0, b1,
                                                                            s[n, 0], s[n, 1], s[n, 2], s[n, 3])
                                 b0, b1 = (o00, o01) if half == 0 else (o10, o11)
-                                dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma16(
-                                    vf[4 * ks], vf[4 * ks + 1], vf[4 * ks + 2], vf[4 * ks + 3], b0, b1,
-                                    dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3])
+                                dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma16(v0, v1, v2, v3, b0, b1, dp[n, 0],
+                                                                               dp[n, 1], dp[n, 2], dp[n, 3])
 
                 # P^T = exp(scale S^T - lse) and dS^T = P^T (dP^T - D): rows kw+g (c = 0, 1), kw+g+8 (c = 2, 3),
                 # columns (queries) 8n + 2t + c % 2. Masked: queries past Nq and, under causal, keys after the query.
