@@ -48,15 +48,20 @@ def values(w, precision):
     return np.stack([F.from_bits16(lo, dt), F.from_bits16(hi, dt)], -1).reshape(*w.shape[:-1], -1).astype(np.float64)
 
 
-def run_sim(rng, B, H, nq, nk, d, causal, precision, tile, logit_scale=1.0):
-    """Gradients from tensor_backward.launch (on NumPy arrays: the simulator) and the float64 ones."""
-    q, k, v, do = (rounded(rng.standard_normal((B, H, n, d)) * s, precision)
-                   for n, s in ((nq, logit_scale), (nk, logit_scale), (nk, 1.0), (nq, 1.0)))
-    o, lse, *want = exact_grads(q, k, v, do, causal)
+def run_sim(rng, B, H, nq, nk, d, causal, precision, tile, logit_scale=1.0, h_kv=None):
+    """Gradients from tensor_backward.launch (on NumPy arrays: the simulator) and the float64 ones.
+    h_kv < H: GQA, k and v have h_kv heads (query head h reads head h // (H / h_kv))."""
+    h_kv = h_kv or H
+    q, k, v, do = (rounded(rng.standard_normal((B, heads, n, d)) * s, precision)
+                   for heads, n, s in ((H, nq, logit_scale), (h_kv, nk, logit_scale), (h_kv, nk, 1.0), (H, nq, 1.0)))
+    rep = lambda x: np.repeat(x, H // h_kv, axis=1)  # noqa: E731 (the float64 reference's copies of K/V)
+    o, lse, dq, dk, dv = exact_grads(q, rep(k), rep(v), do, causal)
+    fold = lambda g: g.reshape(B, h_kv, H // h_kv, nk, d).sum(2)  # noqa: E731 (a K/V head's gradient: its group's sum)
+    want = [dq, fold(dk), fold(dv)]
     o = rounded(o, precision)
     wide = DTYPE[precision] == "float32"
     dq = np.zeros((B, H, nq, d if wide else d // 2), np.float32 if wide else np.uint32)
-    dk, dv = (np.zeros((B, H, nk, dq.shape[-1]), dq.dtype) for _ in range(2))
+    dk, dv = (np.zeros((B, h_kv, nk, dq.shape[-1]), dq.dtype) for _ in range(2))
     dq_acc = dq if wide else np.zeros((B, H, nq, d), np.float32)
     tb.launch(*(words(x, precision) for x in (q, k, v, o)), lse.astype(np.float32), words(do, precision), dq, dk, dv,
               dq_acc, np.zeros((B, H, nq), np.float32), H, 1 / np.sqrt(d), causal, tile, precision)
@@ -85,6 +90,14 @@ SIM_CASES = [
     (1, 1, 20, 19, 32, True, "bf16", tb.BackwardTile(1, 16, 2, v_shared=True)),  # V's fragments by ldmatrix
     (1, 1, 20, 19, 16, False, "3xtf32", tb.BackwardTile(1, 16, 1, v_shared=True)),
 ]
+
+
+@pytest.mark.parametrize("H,h_kv,causal,precision,tile", [(4, 2, True, "f16", W1), (3, 1, False, "3xtf32", W1),
+                                                         (2, 1, True, "k8", tb.BackwardTile(1, 16, 1))])
+def test_simulated_gqa_sums_dk_dv_over_the_group(rng, H, h_kv, causal, precision, tile):
+    got, want, _ = run_sim(rng, 1, H, 18, 21, 16, causal, precision, tile, h_kv=h_kv)
+    assert got[1].shape[1] == h_kv
+    assert_close(got, want, TOL[precision], f"GQA {H}:{h_kv} {precision}")
 
 
 @pytest.mark.parametrize("B,H,nq,nk,d,causal,precision,tile", SIM_CASES)

@@ -203,8 +203,9 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
         else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
             bh, part, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
             q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBR
-        qh, kh, vh = q[bh // U(n_heads), bh % U(n_heads)], k[bh // U(n_heads), bh % U(n_heads)], \
-            v[bh // U(n_heads), bh % U(n_heads)]  # this head's (N, d) matrices
+        b, h = bh // U(n_heads), bh % U(n_heads)
+        hk = h * U(k.shape[1]) // U(n_heads)  # GQA / MQA: query head h reads K/V head h // (H / H_kv)
+        qh, kh, vh = q[b, h], k[b, hk], v[b, hk]  # this head's (N, d) matrices
 
         # Q tile -> shared, transposed and scaled (S comes out in log2 units); rows past Nq are zeros.
         for it in range(Q_LOADS):

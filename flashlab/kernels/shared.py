@@ -50,6 +50,7 @@ def build(d: int, block_q: int, block_k: int, causal: bool):
         row = q0 + t
         b = cuda.blockIdx.y // n_heads
         h = cuda.blockIdx.y % n_heads
+        hk = h * k.shape[1] // n_heads  # GQA / MQA: query head h reads K/V head h // (H / H_kv)
 
         q_row = cuda.local.array(D, float32)  # scaled so scores come out in log2 units
         o_row = cuda.local.array(D, float32)
@@ -74,8 +75,8 @@ def build(d: int, block_q: int, block_k: int, causal: bool):
                     Ks[c, x] = 0.0
                     Vs[c, x] = 0.0
                     if k0 + c < n_k:
-                        Ks[c, x] = float32(k[b, h, k0 + c, x])
-                        Vs[c, x] = float32(v[b, h, k0 + c, x])
+                        Ks[c, x] = float32(k[b, hk, k0 + c, x])
+                        Vs[c, x] = float32(v[b, hk, k0 + c, x])
             cuda.syncthreads()
             for c in range(BC):  # online softmax, one key at a time
                 key = k0 + c

@@ -172,7 +172,8 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
             q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBQ
         w0 = q0 + warp * U(16)  # this warp's first row
         b, h = bh // U(n_heads), bh % U(n_heads)
-        qh, kh, vh = q[b, h], k[b, h], v[b, h]
+        hk = h * U(k.shape[1]) // U(n_heads)  # GQA / MQA: query head h reads K/V head h // (H / H_kv)
+        qh, kh, vh = q[b, h], k[b, hk], v[b, hk]
 
         # Q fragments, kept in registers: rows w0+g and w0+g+8 (zeros past Nq).
         qf = cuda.local.array(QREGS, DT)

@@ -3,7 +3,9 @@
 Three launches, as in kernels/backward.py (the FP32-unit version); none holds an Nq x Nk array:
 
 1. `preprocess`: D_i = rowsum(dO_i * O_i) in fp32, and dQ's float32 accumulator set to zero.
-2. the main kernel: one thread block per (key block, batch * head). A block owns block_k = 16 * warps keys
+2. the main kernel: one thread block per (key block, batch * K/V head); under GQA / MQA (H_kv < H heads of
+   K and V) the block walks the query tiles of each of the H / H_kv query heads that read its K/V head, so
+   dK_j and dV_j add up over them in registers. A block owns block_k = 16 * warps keys
    and warp w owns 16 of them, so dK_j and dV_j stay in registers as C fragments (rows = keys) for the
    whole loop. V's A fragments sit in registers too; K_j is in shared memory (it is an operand twice). The
    block walks over the query tiles that can see its keys (causal: from the diagonal on), copying Q_i, dO_i,
@@ -217,12 +219,16 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)
+        # grid (key blocks, B * H_kv): under GQA / MQA the block walks the query tiles of every query head that
+        # reads its K/V head (group = H / H_kv of them), so dK_j and dV_j sum over them in registers.
+        n_kv = U(k.shape[1])
+        group = U(n_heads) // n_kv
         bh = U(cuda.blockIdx.y)
-        b, h = bh // U(n_heads), bh % U(n_heads)
+        b, hk = bh // n_kv, bh % n_kv
         nq, nk = U(q.shape[2]), U(k.shape[2])
         k0 = U(cuda.blockIdx.x) * UBK
         kw = k0 + warp * U(16)  # this warp's first key
-        qh, kh, vh, doh, lh, dh, dqh = q[b, h], k[b, h], v[b, h], do[b, h], lse[b, h], D[b, h], dq_acc[b, h]
+        kh, vh = k[b, hk], v[b, hk]
 
         # K_j (and V_j if v_shared) to shared memory (zeros past Nk), in the first group of copies.
         for it in range(-(-K_CHUNKS // NT)):
@@ -259,9 +265,11 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
 
         q_first = k0 // UBQ * UBQ if CAUSAL else U(0)  # earlier queries see none of this block's keys
         n_tiles = (nq - q_first + UBQ - U(1)) // UBQ if q_first < nq else U(0)
-        for j in range(n_tiles + U(LAG)):
-            if j < n_tiles:  # copy tile j of Q, dO (zeros past Nq), lse * log2(e) and D to stage j % NST
-                qc, st = q_first + j * UBQ, (j % U(NST)) * UBQ
+        for j in range(group * n_tiles + U(LAG)):  # tile j: query head hk * group + j // n_tiles
+            if j < group * n_tiles:  # copy tile j of Q, dO (zeros past Nq), lse * log2(e) and D to stage j % NST
+                hq = hk * group + j // n_tiles
+                qh, doh, lh, dh = q[b, hq], do[b, hq], lse[b, hq], D[b, hq]
+                qc, st = q_first + (j % n_tiles) * UBQ, (j % U(NST)) * UBQ
                 for it in range(-(-Q_CHUNKS // NT)):
                     e = U(it * NT) + tid
                     if e < U(Q_CHUNKS):
@@ -286,7 +294,8 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
                     continue
                 mma.cp_async_wait(1)  # this thread's copies of tile j - 1 have landed ...
             cuda.syncthreads()  # ... and everyone's; everyone is also done with dS^T of the tile before
-            q0 = q_first + (j - U(LAG)) * UBQ
+            q0 = q_first + ((j - U(LAG)) % n_tiles) * UBQ
+            dqh = dq_acc[b, hk * group + (j - U(LAG)) // n_tiles]
             st = ((j - U(LAG)) % U(NST)) * UBQ  # the stage (row offset) the tile is in
             QO = st * URS
             # Under causal masking, a warp whose 16 keys come after every query of the tile has P = 0.
@@ -453,13 +462,13 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
                     x0, x1 = dK[n, 2 * r] * scale, dK[n, 2 * r + 1] * scale
                     y0, y1 = dV[n, 2 * r], dV[n, 2 * r + 1]
                     if WIDE:
-                        dk[b, h, key, U(8 * n) + U(2) * t] = x0
-                        dk[b, h, key, U(8 * n) + U(2) * t + U(1)] = x1
-                        dv[b, h, key, U(8 * n) + U(2) * t] = y0
-                        dv[b, h, key, U(8 * n) + U(2) * t + U(1)] = y1
+                        dk[b, hk, key, U(8 * n) + U(2) * t] = x0
+                        dk[b, hk, key, U(8 * n) + U(2) * t + U(1)] = x1
+                        dv[b, hk, key, U(8 * n) + U(2) * t] = y0
+                        dv[b, hk, key, U(8 * n) + U(2) * t + U(1)] = y1
                     else:
-                        dk[b, h, key, U(4 * n) + t] = pack(x0, x1)
-                        dv[b, h, key, U(4 * n) + t] = pack(y0, y1)
+                        dk[b, hk, key, U(4 * n) + t] = pack(x0, x1)
+                        dv[b, hk, key, U(4 * n) + t] = pack(y0, y1)
 
     @cuda.jit
     def cast(src, dst):
@@ -480,8 +489,8 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, t
     preprocess, main, cast = build(d, tile, causal, precision)
     rows = 128
     preprocess[(-(-Nq // rows), B * H), rows](o, do, D, dq_acc, n_heads)
-    main[(-(-k.shape[2] // tile.block_k), B * H), tile.threads](q, k, v, do, lse, D, dq_acc, dk, dv, n_heads,
-                                                               np.float32(scale), np.float32(scale * LOG2E))
+    grid = (-(-k.shape[2] // tile.block_k), B * k.shape[1])  # key blocks x (batch, K/V head)
+    main[grid, tile.threads](q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, np.float32(scale), np.float32(scale * LOG2E))
     if dq is not dq_acc:
         n = B * H * Nq * w
         cast[-(-n // 256), 256](dq_acc.reshape(B * H * Nq * d), dq.reshape(n))

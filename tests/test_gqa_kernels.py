@@ -1,0 +1,45 @@
+"""GQA / MQA in the kernels (issue 14): k and v with H_kv heads beside q's H, query head h reading K/V head
+h // (H / H_kv), with no copies of K and V. In the simulator, on tiny shapes, each forward kernel against the
+float64 reference on K/V repeated per query head (the tensor backward's GQA is in test_tensor_backward.py)."""
+import numpy as np
+import pytest
+
+import flashlab as fl
+
+pytest.importorskip("flashlab.kernels")
+from flashlab.kernels import register, shared, tensor  # noqa: E402
+from flashlab.kernels.register import Tile  # noqa: E402
+from flashlab.kernels.tensor import TensorTile  # noqa: E402
+from test_tensor_kernel import DT16, run_tensor  # noqa: E402
+
+
+def inputs(rng, H, h_kv, nq, nk, d):
+    q = rng.standard_normal((1, H, nq, d))
+    k, v = (rng.standard_normal((1, h_kv, nk, d)) for _ in range(2))
+    return q, k, v
+
+
+def reference(q, k, v, causal):
+    g = q.shape[1] // k.shape[1]
+    return fl.reference_attention(q, np.repeat(k, g, axis=1), np.repeat(v, g, axis=1), causal=causal)
+
+
+@pytest.mark.parametrize("H,h_kv,causal", [(4, 2, True), (3, 1, False)])
+def test_register_and_shared_forward_read_the_grouped_kv_head(rng, H, h_kv, causal):
+    q, k, v = (x.astype(np.float32) for x in inputs(rng, H, h_kv, 19, 23, 16))
+    want_o, want_lse = reference(q, k, v, causal)
+    for name, launch in (("register", lambda o, lse: register.launch(q, k, v, o, lse, H, 0.25, causal,
+                                                                     Tile(16, 16, 4, 4))),
+                         ("shared", lambda o, lse: shared.launch(q, k, v, o, lse, H, 0.25, causal, 16, 16))):
+        o, lse = np.full(q.shape, np.nan, np.float32), np.full(q.shape[:3], np.nan, np.float32)
+        launch(o, lse)
+        assert fl.relative_error(o, want_o) < 1e-5 and fl.relative_error(lse, want_lse) < 1e-5, name
+
+
+@pytest.mark.parametrize("precision", ["f16", "3xtf32"])
+def test_tensor_forward_reads_the_grouped_kv_head(rng, precision):
+    q, k, v = inputs(rng, 4, 1, 17, 14, 32)
+    o, lse, seen = run_tensor(q, k, v, True, precision, TensorTile(1, 16))
+    want_o, want_lse = reference(*seen, True)
+    assert fl.relative_error(o, want_o) < (2e-3 if precision in DT16 else 1e-5)
+    assert fl.relative_error(lse, want_lse) < 1e-5
