@@ -301,7 +301,7 @@ if bf16_run is not None:
               f"({'bit for bit the same run' if again == 0 else 'torch alone is not deterministic here'})")
     for name, run in runs.items():
         print(f"{run['label']:>18}: loss {run['losses'][0]:.3f} -> {np.mean(run['losses'][-10:]):.3f}, "
-              f"{run['tokens_per_s']:,.0f} tokens/s")
+              f"{run['tokens_per_s']:,.0f} tokens/s, first step {run['first_step_s']:.1f} s")
     print(f"flashlab trains at {runs['flashlab']['tokens_per_s'] / runs['torch']['tokens_per_s']:.2f} times "
           f"torch's speed (tokens/s after {bf16_run['training']['warmup']} warm-up steps, same process)")
 
@@ -309,7 +309,7 @@ if bf16_run is not None:
 # Attention is only part of a training step: the linear layers, layer norms, the loss and AdamW run the same
 # PyTorch code in both runs. So the ratio of whole-step speeds lies between 1 and the ratio of the attention
 # kernels alone (lessons 10 and 15 time those). The first steps are left out of tokens/s: flashlab compiles
-# its kernels on its first call (the file records each run's first step, `first_step_s`).
+# its kernels on its first call, which the first step's time above includes.
 #
 # **Would this comparison notice a wrong backward?** A tolerance nothing can fail proves nothing. Here is an
 # attention whose forward is exact but whose backward forgets dQ and dK (q and k are detached, so only V gets a
