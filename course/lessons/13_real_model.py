@@ -7,6 +7,10 @@
 # - swap `torch.nn.functional.scaled_dot_product_attention` for flashlab's inside a GPT-style model and
 #   show that logits, loss and every parameter's gradient agree;
 # - train that model for a few steps on flashlab's attention and watch the loss fall;
+# - say what mixed precision with `torch.autocast` runs in bf16 and what it keeps in float32 (the master
+#   weights), and why two correct attentions give bf16 loss curves that drift apart slightly;
+# - judge whether two such curves match with a tolerance that a broken backward fails, and read the tokens/s
+#   of both from one run on a GPU;
 # - name what the drop-in does not support (masks, dropout, grouped-query attention) and why it says so.
 #
 # Lessons 05 and 06 built the FlashAttention-2 forward and backward (Dao 2023, arXiv 2307.08691,
@@ -232,7 +236,128 @@ out = model.generate(prompt, size(120, 60), generator=torch.Generator().manual_s
 print(tok.decode(out[0]))
 
 # %% [markdown]
-# ## 6. On a GPU
+# ## 6. Training in bf16 on a GPU
+#
+# Large models train in 16-bit mixed precision, not in float32. Here is the same comparison in bf16, at a size
+# where attention matters (head dim 64 and long contexts: the figure's title gives the model), measured on a GPU by
+# `benchmarks/gpt_bf16.py`: three copies of one GPT trained from the same initial weights on the same batches,
+# with torch's attention, with flashlab's, and with torch's a second time. The text is
+# `flashlab.gpt.copy_text`: lines of random words from the lines above, each said twice, so that the second half
+# of a line can be predicted only by attending back to the first.
+
+# %%
+import flashlab.gpt as gpt
+from flashlab.viz.training import plot_bf16_run
+
+bf16_run = gpt.load_bf16_run()  # the committed measurement, or None before its first GPU run
+if bf16_run is None:
+    print("The bf16 measurement has not been committed yet (python benchmarks/gpt_bf16.py writes it on a GPU): "
+          "no figure here. With a GPU, the last cell of this section measures it live.")
+else:
+    plot_bf16_run(bf16_run)
+    plt.show()
+    print(f"{bf16_run['gpu']}, torch {bf16_run['versions']['torch']}, {bf16_run['source']}")
+
+# %% [markdown]
+# **What runs in bf16.** bfloat16 keeps float32's 8 exponent bits, so it covers the same range of magnitudes,
+# but only 7 of its 23 stored significand bits: each value is rounded to about three significant decimal digits
+# (a relative error of at most 2^-8). Tensor cores multiply bf16 matrices far faster than the FP32 units
+# multiply float32 ones (lesson 15). Under `torch.autocast(device_type="cuda", dtype=torch.bfloat16)` PyTorch
+# decides op by op:
+#
+# - matrix products (every `nn.Linear`, `matmul`) cast their inputs to bf16 and return bf16; so the attention
+#   receives q, k and v in bf16, straight from the `qkv` layer, and returns bf16;
+# - ops that need range or precision run in float32: layer norm, softmax and log-softmax, the cross-entropy,
+#   exp, sums;
+# - the weights stay float32, the *master weights* (Micikevicius et al. 2018, arXiv 1710.03740). Autocast casts
+#   a weight to bf16 each time a matrix product reads it; the gradient flows back through that cast and reaches
+#   the weight in float32, and AdamW updates float32 weights with float32 moments. An update of lr times
+#   about 1 is far smaller than the spacing of bf16 numbers near 1 (2^-7): applied to a bf16 weight it would
+#   round away.
+#
+# Unlike float16, bf16 needs no loss scaling: its exponent range is float32's, so small gradients do not
+# underflow to zero.
+#
+# **Why the two curves are not identical.** Two correct attentions differ in the last bits of their bf16
+# results: they add the same terms in different orders, and one rounds an intermediate (P, say) to bf16 where
+# the other keeps it in float32. After one step the weights of the two runs differ by roundings; every later
+# step starts from its own weights, so the differences add up and the runs follow slightly different paths.
+# They see the same batches, so the batch-to-batch ups and downs of the loss are common to both; what remains is
+# a small drift. That is how the course compares two curves: the moving average of the per-step difference over
+# `BF16_LOSS_WINDOW` steps, and its largest absolute value over the run (`flashlab.gpt.loss_gap`), must stay
+# within `BF16_LOSS_TOLERANCE` nats. The constant's comment in `flashlab/gpt.py` says how it was chosen: correct
+# attentions in bf16 on the CPU stayed several times below it, broken ones far above. The measured run:
+
+# %%
+if bf16_run is not None:
+    runs = bf16_run["runs"]
+    gap = gpt.loss_gap(runs["flashlab"]["losses"], runs["torch"]["losses"])
+    print(f"tolerance: {gpt.BF16_LOSS_TOLERANCE} nats on the {gpt.BF16_LOSS_WINDOW}-step average")
+    print(f"flashlab vs torch SDPA: largest gap {gap:.4f} nats, "
+          f"{'within' if gap <= gpt.BF16_LOSS_TOLERANCE else 'OUTSIDE'} the tolerance")
+    if "torch_again" in runs:
+        again = gpt.loss_gap(runs["torch_again"]["losses"], runs["torch"]["losses"])
+        print(f"torch SDPA vs torch SDPA again: largest gap {again:.4f} nats "
+              f"({'bit for bit the same run' if again == 0 else 'torch alone is not deterministic here'})")
+    for name, run in runs.items():
+        print(f"{run['label']:>18}: loss {run['losses'][0]:.3f} -> {np.mean(run['losses'][-10:]):.3f}, "
+              f"{run['tokens_per_s']:,.0f} tokens/s, first step {run['first_step_s']:.1f} s")
+    print(f"flashlab trains at {runs['flashlab']['tokens_per_s'] / runs['torch']['tokens_per_s']:.2f} times "
+          f"torch's speed (tokens/s after {bf16_run['training']['warmup']} warm-up steps, same process)")
+
+# %% [markdown]
+# Attention is only part of a training step: the linear layers, layer norms, the loss and AdamW run the same
+# PyTorch code in both runs. So the ratio of whole-step speeds lies between 1 and the ratio of the attention
+# kernels alone (lessons 10 and 15 time those). The first steps are left out of tokens/s: flashlab compiles
+# its kernels on its first call, which the first step's time above includes.
+#
+# **Would this comparison notice a wrong backward?** A tolerance nothing can fail proves nothing. Here is an
+# attention whose forward is exact but whose backward forgets dQ and dK (q and k are detached, so only V gets a
+# gradient): the kind of bug a test of the forward alone never sees. A small model on the CPU, float32, a few
+# seconds:
+
+# %%
+def attention_without_dq_dk(q, k, v, is_causal=False):
+    """Exact output; gradients reach v only, as if the backward returned dQ = dK = 0."""
+    return F.scaled_dot_product_attention(q.detach(), k.detach(), v, is_causal=is_causal)
+
+
+small = {**gpt.BF16_SETUP, "n_layer": 2, "n_head": 1, "n_embd": 64, "block_size": 64, "batch_size": 16,
+         "steps": 150, "lr": 3e-3, "warmup": 2, "text_chars": 20_000}
+cpu_run = gpt.compare_attention({"torch": F.scaled_dot_product_attention, "flashlab": flash_sdpa,
+                                 "without dQ, dK": attention_without_dq_dk}, small)
+plot_bf16_run(cpu_run, speed=False)
+plt.show()
+for name, run in cpu_run["runs"].items():
+    if name != "torch":
+        g = gpt.loss_gap(run["losses"], cpu_run["runs"]["torch"]["losses"])
+        print(f"{name:>15}: first loss {run['losses'][0]:.5f} (torch {cpu_run['runs']['torch']['losses'][0]:.5f}), "
+              f"largest gap {g:.4f} nats: {'within' if g <= gpt.BF16_LOSS_TOLERANCE else 'OUTSIDE'} the tolerance")
+
+# %% [markdown]
+# The first losses agree (the forward is right), then the broken run falls behind as soon as the model needs its
+# attention to copy the second half of each line, and leaves the band. flashlab's float32 run on the CPU sits on
+# torch's. `tests/test_gpt_bf16.py` keeps this check, and `tests/test_gpt_bf16_gpu.py` runs the bf16 comparison
+# on a GPU, with the same broken attention as a control.
+#
+# With a GPU, measure it yourself (a minute or so; three progress bars):
+
+# %%
+if flashlab.device.has_gpu() and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+    live = gpt.compare_attention({"torch": F.scaled_dot_product_attention, "flashlab": flash_sdpa},
+                                 {**gpt.BF16_SETUP, "steps": size(gpt.BF16_SETUP["steps"], 60)},
+                                 device="cuda", autocast_dtype=torch.bfloat16)
+    live["gpu"] = torch.cuda.get_device_name()
+    plot_bf16_run(live)
+    plt.show()
+    g = gpt.loss_gap(live["runs"]["flashlab"]["losses"], live["runs"]["torch"]["losses"])
+    print(f"largest gap {g:.4f} nats (tolerance {gpt.BF16_LOSS_TOLERANCE}); tokens/s: "
+          + ", ".join(f"{r['label']} {r['tokens_per_s']:,.0f}" for r in live["runs"].values()))
+else:
+    print("No CUDA GPU with bf16 here" + (": the figure above is the committed run." if bf16_run else "."))
+
+# %% [markdown]
+# ## 7. On a GPU
 #
 # The same call on CUDA tensors runs the register kernel of lesson 09 (forward) and the FA2 backward
 # kernel, with the lse saved in float32. The kernels need d in (16, 32, 64, 128) and the same width for V.
@@ -260,6 +385,11 @@ else:
 #   and raises `NotImplementedError` for masks, dropout and grouped-query attention.
 # - Swapped into a GPT, it gives the same logits, loss and gradients (to float32 rounding), and the model
 #   trains the same way.
+# - In bf16 mixed precision (`torch.autocast`: matrix products in bf16; norms, softmax and the loss in
+#   float32; float32 master weights and optimizer state) two correct attentions round differently, so their
+#   loss curves drift apart slightly. Compare them on the same batches by the largest moving-average gap, within
+#   `flashlab.gpt.BF16_LOSS_TOLERANCE`: a tolerance a backward without dQ and dK fails. Measure tokens/s after
+#   the warm-up steps, in the same run for both.
 #
 # **Next:** write the Function yourself, count what it keeps for the backward, and use causal attention
 # with a KV cache:
