@@ -12,7 +12,7 @@ from flashlab.device import has_gpu
 from flashlab.grading import EXERCISES, check
 
 STEM = "15_tensor_cores"
-NUMPY_EXERCISES = ("fragment_position", "warp_mma", "split_tf32", "matmul_3xtf32")
+NUMPY_EXERCISES = ("fragment_position", "warp_mma", "split_tf32", "matmul_3xtf32", "ds_source")
 SEEDS = (1, 2, 3)
 SOLUTIONS = load_exercise(STEM)
 MUTANTS = {}  # exercise -> [(what the learner got wrong, function, words the verdict must contain)]
@@ -218,6 +218,42 @@ KERNEL_MUTANTS = [  # (what the learner got wrong, edits, words the verdict must
 
 
 # ------------------------------------------------------------------------------------------------
+# -- 6: where dS comes from ----------------------------------------------------------------------
+@mutant("ds_source", "the warp holds dS TRANSPOSED")
+def ds_no_transpose(lane, i):
+    """looks dS[query, key] up as if the C fragments had queries as rows"""
+    g, t = lane // 4, lane % 4
+    query, key = g + 8 * ((i // 2) % 2), 2 * t + i % 2 + 8 * (i // 4)
+    return key // 8, 4 * (query % 8) + (key % 8) // 2, key % 2 + 2 * (query // 8)
+
+
+@mutant("ds_source", "the C index is wrong")
+def ds_c_index_transposed(lane, i):
+    """c = 2 * (column % 2) + row // 8: c1 taken for the row 8 below"""
+    n, L, c = SOLUTIONS["ds_source"](lane, i)
+    return n, L, 2 * (c % 2) + c // 2
+
+
+@mutant("ds_source", "A's registers are in the wrong order")
+def ds_a_registers_swapped(lane, i):
+    """reads a2, a3 as the keys 8 further right and a4..a7 as the rows 8 further down"""
+    return SOLUTIONS["ds_source"](lane, {2: 4, 3: 5, 4: 2, 5: 3}.get(i, i))
+
+
+@mutant("ds_source", "is not a place in the C fragments")
+def ds_returns_the_matrix_position(lane, i):
+    """returns (0, key, query): a position in dS^T, not (n_tile, lane, c)"""
+    g, t = lane // 4, lane % 4
+    return 0, 2 * t + i % 2 + 8 * (i // 4), g + 8 * ((i // 2) % 2)
+
+
+def test_the_ds_checkers_map_is_the_lessons():
+    from flashlab.grading.l15_tensor_cores import RIGHT_DS, ds_sources
+    from flashlab.viz.tensor import ds_sources as lesson_map
+
+    np.testing.assert_array_equal(ds_sources(**RIGHT_DS), lesson_map())
+
+
 def test_every_exercise_of_lesson_15_is_tested_with_three_mutants():
     mine = {name for name, ex in EXERCISES.items() if ex.lesson == STEM}
     assert mine == set(NUMPY_EXERCISES) | {"s_tile"}

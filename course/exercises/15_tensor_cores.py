@@ -1,14 +1,15 @@
 # %% [markdown]
 # # Exercises 15: tensor cores from Python
 #
-# Goes with lesson [15 tensor cores from Python](../notebooks/15_tensor_cores.ipynb). Five exercises, from
-# the layout of one instruction to one step of the kernel:
+# Goes with lesson [15 tensor cores from Python](../notebooks/15_tensor_cores.ipynb). Six exercises, from
+# the layout of one instruction to one step of the kernel and the backward's transpose:
 #
 # 1. the fragment map: which (row, column) each lane's element is;
 # 2. a warp's `mma` in NumPy, from the lanes' packed 32-bit registers;
 # 3. the tf32 split of a float32 number, on its bits;
 # 4. a 3xTF32 matrix product from a tf32 tensor core, and its error;
-# 5. S = QKᵀ for one warp's 16 rows as a Numba kernel on `mma.sync`, graded in the CUDA simulator.
+# 5. S = QKᵀ for one warp's 16 rows as a Numba kernel on `mma.sync`, graded in the CUDA simulator;
+# 6. where each value of the backward's dS fragment sits in the warp's dSᵀ.
 #
 # `flashlab.fragments` holds the library's versions of 1 to 3 (`fragment_map`, `warp_mma`, `split_tf32`):
 # don't call them in your answers, the point is to build them yourself.
@@ -254,7 +255,37 @@ print("largest difference from Q @ K.T:", np.abs(S - Q.astype(np.float64) @ K.as
 flashlab.check("s_tile", s_tile)
 
 # %% [markdown]
-# ## 6. Think about it
+# ## 6. Where dS comes from (the backward)
+#
+# In the tensor backward (lesson section 8) each warp ends a tile holding dSᵀ for its 16 keys and 16 queries
+# as the C fragments of two m16n8 n-tiles: n-tile 0 has queries 0-7, n-tile 1 queries 8-15, rows = keys.
+# dQ += dS K needs dS as the A fragment of an `mma.m16n8k16`: rows = queries, columns = keys.
+#
+# Write `ds_source(lane, i)`: for element `i` (0-7, PTX order, as in exercise 1) of `lane`'s A fragment of
+# dS, return `(n_tile, source_lane, c)`: which n-tile of dSᵀ, which lane, and which of its C values
+# (c0..c3) holds that value. This map is what the shared-memory round trip and `ldmatrix.trans` carry out.
+# Then count how many of the 256 values stay in their own lane.
+
+# %%
+def ds_source(lane, i):
+    """(n_tile, source_lane, c): where element i of `lane`'s A fragment of dS sits in the C fragments of dS^T."""
+    ### BEGIN SOLUTION
+    g, t = lane // 4, lane % 4
+    query, key = g + 8 * ((i // 2) % 2), 2 * t + i % 2 + 8 * (i // 4)  # the A element is dS[query, key] ...
+    col = query % 8  # ... = dS^T[key, query]: row `key`, column query % 8 of n-tile query // 8
+    return query // 8, 4 * (key % 8) + col // 2, col % 2 + 2 * (key // 8)
+    ### END SOLUTION
+
+
+# %%
+stay = sum(ds_source(L, i)[1] == L for L in range(32) for i in range(8))
+print(f"{stay} of 256 values are already in the right lane")
+
+# %%
+flashlab.check("ds_source", ds_source)
+
+# %% [markdown]
+# ## 7. Think about it
 #
 # - In exercise 5 every lane reads its Q words again for every n-tile. How many 32-bit registers would it
 #   take to keep a lane's Q fragments for all k-steps at d = 64, and d = 128? The tensor kernel keeps them

@@ -17,7 +17,9 @@
 # - split a float32 number into two tf32 numbers and say what 3xTF32 costs and buys, against 1xTF32,
 #   float16 and bfloat16;
 # - follow the tensor kernel step by step, run it in the CUDA simulator, and read its measured speed
-#   against PyTorch, the FP32 kernels and the tensor cores' own ceiling.
+#   against PyTorch, the FP32 kernels and the tensor cores' own ceiling;
+# - say which fragment layouts the five products of the backward use, why dS must be transposed on its
+#   way to dQ, and why dQ is accumulated with atomics.
 #
 # Sources: PTX ISA, "Warp Level Matrix Multiply-Accumulate Instructions" (`mma`, its fragment layouts,
 # `ldmatrix`), "cp.async" and "cvt"; FlashAttention-2 (Dao 2023, arXiv 2307.08691) for the algorithm and
@@ -485,7 +487,99 @@ plt.show()
 # - In float16 and bfloat16, SDPA's kernels are FlashAttention-2's (and cuDNN's): compiled C++ tuned over
 #   years, where ours is one Python module. The next section lists where they differ.
 #
-# ## 8. Where this kernel differs from FlashAttention-2 and -3
+# ## 8. The backward on tensor cores
+#
+# Lesson 06's backward has five matrix products per tile. `flashlab/kernels/tensor_backward.py` runs them
+# on `mma.sync` with the forward's tricks, and one new one. Its thread block owns a block of keys, and each
+# warp owns 16 of them, so that dK and dV (one row per key) can sit in registers for the whole loop over
+# query tiles, as O does in the forward. That decides the layouts: a warp's accumulators must have *keys*
+# as rows, so it computes the transposes Sᵀ = K Qᵀ and dPᵀ = V dOᵀ instead of S and dP.
+#
+# | product | A operand (16 rows) | B operand | C / D |
+# | --- | --- | --- | --- |
+# | Sᵀ = K Qᵀ | K: `ldmatrix` from shared memory | Q: `ldmatrix` (stored row-major, read as B's columns) | Sᵀ, rows = keys |
+# | dPᵀ = V dOᵀ | V: `ldmatrix`, or held in registers | dO: `ldmatrix` | dPᵀ, rows = keys |
+# | dV += Pᵀ dO | Pᵀ: straight from Sᵀ's C fragments (section 4's trick) | dO: `ldmatrix.trans` (like V in the forward) | dV in registers |
+# | dK += dSᵀ Q | dSᵀ: straight from its C fragments | Q: `ldmatrix.trans` | dK in registers |
+# | dQ += dS K | dS: `ldmatrix.trans` of dSᵀ, **after a trip through shared memory** | K: `ldmatrix.trans` | added to dQ with atomics |
+#
+# Between the products, Pᵀ = exp(scale·Sᵀ − lse) and dSᵀ = Pᵀ ∘ (dPᵀ − D) are computed in fp32 on the C
+# fragments. lse and D belong to queries, so they now index *columns*. Pᵀ and dSᵀ are rounded to 16 bits
+# before their products, as in FlashAttention-2.
+#
+# The last row is the odd one. dQ's rows are queries, and a query's row of dS is spread over every warp of
+# the block, 16 keys each. Even within one warp the values sit in the wrong lanes: the figure colours every
+# cell by the lane that holds it, as a C fragment of dSᵀ (left) and as the A fragment dQ's `mma` needs (right).
+
+# %%
+tviz.plot_ds_transpose(lane=5)
+plt.show()
+src = tviz.ds_sources()
+moved = (src[:, :, 1] != np.arange(32)[:, None]).mean()
+print(f"{moved:.1%} of the A fragment's values sit in another lane's C fragment")
+
+# %% [markdown]
+# So each warp stores its dSᵀ to shared memory (C's neighbours 2t and 2t+1 are neighbouring queries: one
+# packed 32-bit word), the block synchronises, and the warps split dQ's tile between them. `ldmatrix.trans`
+# reads dSᵀ's 8 x 8 blocks back transposed, which is exactly dS's A fragment: the same instruction that
+# turns V around in the forward. Here is that round trip in NumPy, with the same packing as the kernel:
+
+# %%
+dS_T = F.from_bits16(F.to_bits16(rng.standard_normal((16, 16)), "float16"), "float16")  # keys x queries
+stored = F.pack16(F.to_bits16(dS_T[:, 0::2], "float16"), F.to_bits16(dS_T[:, 1::2], "float16"))  # 16 x 8 words
+
+
+def ldmatrix_trans(words, row0, word0):
+    """What lane L gets from one 8 x 8 block at (row0, word0): the two values of column L // 4 in rows
+    2(L % 4) and 2(L % 4) + 1, packed: the block transposed, then read as ldmatrix reads."""
+    lo, hi = F.unpack16(words[row0:row0 + 8, word0:word0 + 4])
+    block = np.stack([lo, hi], -1).reshape(8, 8).T  # 16-bit values, transposed
+    return F.pack16(block[np.arange(32) // 4, 2 * (np.arange(32) % 4)], block[np.arange(32) // 4, 2 * (np.arange(32) % 4) + 1])
+
+
+# A's registers a0..a3: (queries 0-7, keys 0-7), (queries 8-15, keys 0-7), (0-7, 8-15), (8-15, 8-15)
+regs = np.stack([ldmatrix_trans(stored, 8 * (r // 2), 4 * (r % 2)) for r in range(4)], 1)
+want = F.to_fragments(dS_T.T, "m16n8k16", "A", "float16")  # dS's A fragment, (32 lanes, 8 values)
+lo, hi = F.unpack16(regs)
+got = F.from_bits16(np.stack([lo, hi], -1).reshape(32, 8), "float16")
+print("ldmatrix.trans of the stored dSᵀ is dS's A fragment:", np.array_equal(got, want))
+
+# %% [markdown]
+# **Why atomics for dQ.** Each block holds one block of keys, so it sees only its share of a query's dQ;
+# the other key blocks hold the rest. Two ways to add the shares up:
+#
+# - a second pass that loops over the key blocks of each query block. It must recompute Sᵀ and dPᵀ, two
+#   more of the five products (+40% FLOPs), and read K and V again;
+# - float32 `atomicAdd` into a dQ accumulator in global memory, then a cast to q's dtype. FlashAttention-2
+#   does this (its `dq_accum`), and so does this kernel.
+#
+# The atomics' price: float32 additions happen in the order blocks finish, so dQ can change in its last
+# bits from run to run, where dK and dV (written once, by one block) do not. The GPU test suite checks both
+# (`tests/test_tensor_backward.py`). Under grouped-query attention (lesson 16's topic: fewer K/V heads than
+# query heads), a block walks the query tiles of every query head that shares its K/V head, so dK and dV
+# add up in registers and need no atomics either.
+#
+# The kernel runs in the simulator like the forward, every `mma` and `ldmatrix` emulated for the warp; on
+# a small ragged, causal problem against float64 gradients:
+
+# %%
+from flashlab.kernels import flash_attention_backward
+
+qb, kb, vb, dob = (rng.standard_normal((1, 1, n, 16)).astype(np.float16) for n in (19, 23, 23, 19))
+f64 = [x.astype(np.float64) for x in (qb, kb, vb, dob)]
+ob, lseb = reference_attention(*f64[:3], causal=True)
+want_grads = flashlab.flash_attention_v2_backward(*f64[:3], ob, lseb, f64[3], causal=True)
+got_grads = flash_attention_backward(qb, kb, vb, ob.astype(np.float16), lseb.astype(np.float32), dob, causal=True,
+                                     variant="tensor", block_q=16, block_k=16)
+for name, g, w in zip(("dQ", "dK", "dV"), got_grads, want_grads):
+    print(f"{name}: relative error {relative_error(g.astype(np.float64), w):.1e} (float16 inputs and outputs)")
+
+# %% [markdown]
+# This backward has not yet been timed on a GPU: it is opt-in (`variant="tensor"`) until its GPU tests
+# and benchmark have run (`bash benchmarks/issue13_gpu.sh`); until then float16 and bfloat16 gradients
+# default to the FP32-unit kernel.
+#
+# ## 9. Where this kernel differs from FlashAttention-2 and -3
 #
 # - **Tile sizes.** FA2 gives a thread block 128 query rows with several 16-row m-tiles per warp, so each K
 #   and V fragment loaded from shared memory feeds more `mma`. Ours gives each warp one m-tile of 16 rows.
@@ -500,8 +594,9 @@ plt.show()
 # - **Hopper.** FlashAttention-3 replaces `mma.sync` with `wgmma` (a warpgroup of 4 warps, operands read
 #   from shared memory, asynchronous) and `cp.async` with TMA (one thread copies a whole tile), and splits
 #   warps into producers and consumers (lesson 11). That is how it gets past `mma.sync`'s ceiling.
-# - **The backward pass** is not on tensor cores here: flashlab's backward kernel (`kernels/backward.py`) runs
-#   on the FP32 units.
+# - **The backward pass** (section 8) uses blocks of 16 to 64 keys where FA2 uses up to 128 with about
+#   100 KB of shared memory, and keeps V's fragments in registers or re-reads them, where FA2 tunes this
+#   per head dimension.
 
 # %%
 print(tensor.__doc__.split("Where FlashAttention-2 itself goes further:")[1].strip())
@@ -518,7 +613,11 @@ print(f"\nshared memory per block: H100 {GPUS['H100'].shared_per_block // 1024} 
 # - A FlashAttention-2 forward on tensor cores fits in one Python module, runs in the simulator, and its
 #   measured speed shows both how far tensor cores go past FP32 units and how far a first kernel stays from
 #   the hardware's ceiling.
+# - The backward keeps dK and dV in registers by giving each warp 16 keys, so it computes Sᵀ and dPᵀ; Pᵀ
+#   and dSᵀ feed dV and dK straight from registers, but dQ needs dS with queries as rows, which means a
+#   trip through shared memory and `ldmatrix.trans`, and float32 atomics to sum the key blocks' shares.
 #
 # **Exercises:** [15_tensor_cores](../exercises/15_tensor_cores.ipynb): write the fragment map, emulate a
 # warp's mma in NumPy from packed registers, split float32 into tf32 parts and build a 3xTF32 product,
-# and write the S = QKᵀ step of one warp as a Numba kernel on `mma.sync`, graded in the simulator.
+# write the S = QKᵀ step of one warp as a Numba kernel on `mma.sync`, graded in the simulator, and find
+# where each value of the backward's dS fragment sits in the warp's dSᵀ.

@@ -1,5 +1,6 @@
 """Lesson 15, tensor cores from Python: the fragment map, a warp's mma from packed registers, the tf32 split,
-a 3xTF32 product, and the S = Q K^T step of one warp as a Numba kernel (graded in the simulator)."""
+a 3xTF32 product, the S = Q K^T step of one warp as a Numba kernel (graded in the simulator), and where the
+backward's dS comes from when dQ needs it as an A fragment."""
 from __future__ import annotations
 
 import numpy as np
@@ -353,3 +354,78 @@ def check_s_tile(t, fn):
         (got,) = launch(t, fn, 1, 32, [q, k, s], [2])
         ref = Q.astype(np.float64) @ K.astype(np.float64).T
         t.compare(got, ref, "S", dtype=np.float32, tol=1e-5, explain=_s_tile_explain(Q, K, 1e-4))
+
+
+# ------------------------------------------------------------------------------- the dS transpose
+def ds_sources(query_of, key_of, c_of):
+    """(32, 8, 3) (n-tile, lane, c) of every A element of dS, from formulas for the A element's query and key
+    (of g, t, i) and for C's register index (of the column within the n-tile and the key): the checker's
+    statement of flashlab.viz.tensor.ds_sources (a test keeps them equal), replayable with a slip."""
+    out = np.zeros((32, 8, 3), np.int64)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for i in range(8):
+            query, key = query_of(g, t, i), key_of(g, t, i)
+            col = query % 8
+            out[lane, i] = (query // 8, 4 * (key % 8) + col // 2, c_of(col, key))
+    return out
+
+
+RIGHT_DS = dict(query_of=lambda g, t, i: g + 8 * ((i // 2) % 2), key_of=lambda g, t, i: 2 * t + i % 2 + 8 * (i // 4),
+                c_of=lambda col, key: col % 2 + 2 * (key // 8))
+
+
+def _ds_slips(want):
+    no_transpose = np.zeros_like(want)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for i in range(8):  # dS[query, key] looked up as if the stored tile were dS itself (rows = queries)
+            query, key = RIGHT_DS["query_of"](g, t, i), RIGHT_DS["key_of"](g, t, i)
+            no_transpose[lane, i] = (key // 8, 4 * (query % 8) + (key % 8) // 2, key % 2 + 2 * (query // 8))
+    return [
+        (no_transpose, "you located dS[query, key] in C fragments whose rows are queries: the warp holds dS "
+                       "TRANSPOSED (rows = keys), so dS[query, key] is dS^T[key, query]: row = key, column = query"),
+        (ds_sources(RIGHT_DS["query_of"], RIGHT_DS["key_of"], lambda col, key: 2 * (col % 2) + key // 8),
+         "the C index is wrong: c0 and c1 are neighbouring columns of one row, c2 and c3 the same columns 8 rows "
+         "lower"),
+        (ds_sources(lambda g, t, i: g + 8 * (i // 4), lambda g, t, i: 2 * t + i % 2 + 8 * ((i // 2) % 2),
+                    RIGHT_DS["c_of"]),
+         "A's registers are in the wrong order: a2, a3 (register 1) are the rows 8 further down, a4..a7 the keys "
+         "8 further right"),
+    ]
+
+
+@exercise("ds_source", lesson=LESSON,
+          hint="First say which element of dS lane (g, t) holds as A element i (the A layout of exercise 1: row = "
+               "query, column = key). That value is dS^T[key, query]; the warp holds dS^T as two 8-column C "
+               "n-tiles: which n-tile is the query in, and which lane and c hold (row = key, column = query % 8)?")
+def check_ds_source(t, fn):
+    want = ds_sources(**RIGHT_DS)
+    t.case("every element of every lane, in random order", lanes=32, elements_per_lane=8)
+    got = np.full(want.shape, -1, np.int64)
+    for lane, i in t.rng.permutation([(L, i) for L in range(32) for i in range(8)]):
+        out = t.call(int(lane), int(i))
+        if (not isinstance(out, (tuple, list, np.ndarray)) or len(out) != 3
+                or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in out)):
+            raise t.fail(f"return three ints (n_tile, source_lane, c); for lane {lane}, element {i} you returned "
+                         f"{out!r:.60}")
+        got[lane, i] = [int(x) for x in out]
+        n, L, c = got[lane, i]
+        if not (0 <= n < 2 and 0 <= L < 32 and 0 <= c < 4):
+            raise t.fail(f"lane {lane}, element {i}: ({n}, {L}, {c}) is not a place in the C fragments: n_tile is "
+                         "0 or 1, source_lane 0-31, c 0-3")
+    if np.array_equal(got, want):
+        # and with values: gathering a random dS^T's C fragments by these places gives dS's A fragment
+        dS_T = t.normal((16, 16))
+        C = np.stack([F.to_fragments(dS_T[:, 8 * n:8 * n + 8], "m16n8k16", "C") for n in range(2)])
+        gathered = C[want[..., 0], want[..., 1], want[..., 2]]
+        assert np.array_equal(gathered, F.to_fragments(dS_T.T, "m16n8k16", "A")), "the checker's own map is wrong"
+        return
+    for slip, why in _ds_slips(want):
+        if np.array_equal(got, slip):
+            raise t.fail(why)
+    bad = np.argwhere((got != want).any(-1))
+    L, i = bad[0]
+    raise t.fail(f"{len(bad)} of the 256 places are wrong; e.g. lane {L}, element {i}: you said "
+                 f"{tuple(int(x) for x in got[L, i])}, the value is at {tuple(int(x) for x in want[L, i])} "
+                 "(n_tile, source_lane, c)")

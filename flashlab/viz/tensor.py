@@ -153,6 +153,55 @@ def plot_p_in_registers(layout="f16", axes=None):
     return fig
 
 
+def ds_sources() -> np.ndarray:
+    """(32, 8, 3): for element i of lane L's A fragment of dS (16 queries x 16 keys, m16n8k16), the
+    (n-tile, lane, c index) of the C fragments of dS^T (16 keys x 16 queries, two m16n8 n-tiles) holding it:
+    where the tensor backward's dQ += dS K finds each value of its A operand (lesson 15)."""
+    A = F.fragment_map("m16n8k16", "A", "float16")  # (query, key) per (lane, i)
+    C = F.fragment_map("m16n8k16", "C", "float16")  # (key, query % 8) per (lane, c)
+    where = {(int(r), int(c)): (L, i) for L in range(32) for i, (r, c) in enumerate(C[L])}
+    out = np.zeros((32, 8, 3), np.int64)
+    for L in range(32):
+        for i, (query, key) in enumerate(A[L]):
+            out[L, i] = (query // 8, *where[(int(key), int(query % 8))])
+    return out
+
+
+def plot_ds_transpose(lane=5, axes=None):
+    """Left: dS^T as each warp holds it after the backward's products (C fragments: rows = the warp's 16
+    keys, two 8-query n-tiles); right: dS as dQ += dS K needs it (A fragment: rows = queries). Colour = the
+    lane holding the cell; `lane`'s eight A values are outlined on the right and their sources on the left."""
+    if axes is None:
+        fig, axes = subplots(1, 2, width=13, height=6.4)
+    fig = axes[0].figure
+    src = ds_sources()[lane]
+    ax = axes[0]
+    for n in range(2):
+        def names(L, i, n=n):
+            return f"c{i}" + ("'" if n else "")
+        _draw_operand(ax, 8 * n + 0.3 * n, 0, "m16n8k16", "C", "float16", col_offset=8 * n, names=names,
+                      label=f"dSᵀ, n-tile {n}: queries {8 * n}-{8 * n + 7}", row_labels=n == 0)
+    C = F.fragment_map("m16n8k16", "C", "float16")
+    for n, L, c in src:
+        r, col = C[L, c]
+        ax.add_patch(plt.Rectangle((8 * n + 0.3 * n + col, r), 1, 1, fill=False, edgecolor="black", lw=2.2))
+    ax.set_xlim(-1.2, 16.6)
+    ax.set_ylim(17.5, -1.8)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"dSᵀ (rows = keys) as C fragments; outlined: where lane {lane}'s values are", fontsize=9)
+    ax = axes[1]
+    _draw_operand(ax, 0, 0, "m16n8k16", "A", "float16", lane=lane, label="dS as the A operand of dQ += dS K")
+    ax.set_xlim(-1.2, 16.3)
+    ax.set_ylim(17.5, -1.8)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    moved = int((src[:, 1] != lane).sum())
+    ax.set_title(f"dS (rows = queries): lane {lane} needs {moved} of its 8 values from other lanes", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def plot_ldmatrix(axes=None):
     """One 8 x 8 block of 16-bit values in shared memory (rows = keys, as K and V are stored) and the two
     values lane 5 receives: ldmatrix gives a lane two neighbours of one row (what K's B fragment needs),
