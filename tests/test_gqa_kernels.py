@@ -43,3 +43,22 @@ def test_tensor_forward_reads_the_grouped_kv_head(rng, precision):
     want_o, want_lse = reference(*seen, True)
     assert fl.relative_error(o, want_o) < (2e-3 if precision in DT16 else 1e-5)
     assert fl.relative_error(lse, want_lse) < 1e-5
+
+
+def test_register_backward_sums_dk_dv_over_the_group(rng):
+    from flashlab.kernels import backward as kb
+    from test_kernels_backward import exact_grads
+
+    H, h_kv, nq, nk, d = 4, 2, 19, 23, 16
+    q, do = (rng.standard_normal((1, H, nq, d)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((1, h_kv, nk, d)).astype(np.float32) for _ in range(2))
+    o, lse, dq, dk, dv = exact_grads(q, np.repeat(k, 2, 1), np.repeat(v, 2, 1), do, True)
+    preprocess, dkdv, _ = kb.make_kernels(d, 8, 16, 32)
+    D, dq_got = np.zeros((1, H, nq), np.float32), np.zeros((1, H, nq, d), np.float32)
+    dk_got, dv_got = (np.zeros((1, h_kv, nk, d), np.float32) for _ in range(2))
+    o32, lse32 = o.astype(np.float32), lse.astype(np.float32)
+    preprocess[(1, H, 1), 32](o32, do, D, dq_got)
+    dkdv[(-(-nk // 16), h_kv, 1), 32](q, k, v, do, lse32, D, dq_got, dk_got, dv_got, np.float32(0.25), True)
+    for name, got, want in (("dq", dq_got, dq), ("dk", dk_got, dk.reshape(1, h_kv, 2, nk, d).sum(2)),
+                            ("dv", dv_got, dv.reshape(1, h_kv, 2, nk, d).sum(2))):
+        assert fl.relative_error(got, want) < 1e-4, name

@@ -133,12 +133,15 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
 
     @cuda.jit
     def dkdv(q, k, v, do, lse, D, dq, dk, dv, scale, causal):
+        # One block per (key block, K/V head): under GQA / MQA (k with H_kv < H heads) it walks the query
+        # blocks of every query head of its group, so dK_j and dV_j add up over them in registers.
+        group = uint64(q.shape[1]) // uint64(k.shape[1])
         if HEAVY:  # grid (g, key blocks, sections)
             bh = uint64(cuda.blockIdx.z) * uint64(cuda.gridDim.x) + uint64(cuda.blockIdx.x)
-            head, batch = bh % uint64(q.shape[1]), bh // uint64(q.shape[1])
+            hk, batch = bh % uint64(k.shape[1]), bh // uint64(k.shape[1])
             k0 = uint64(cuda.blockIdx.y) * Bc
-        else:  # grid (key blocks, H, B)
-            head, batch = cuda.blockIdx.y, cuda.blockIdx.z
+        else:  # grid (key blocks, H_kv, B)
+            hk, batch = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.z)
             k0 = uint64(cuda.blockIdx.x) * Bc
         tid = uint64(cuda.threadIdx.x)
         nq, nk = uint64(q.shape[2]), uint64(k.shape[2])
@@ -157,8 +160,8 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
         while idx < K_ELEMS:
             c, e = idx // Dh, idx % Dh
             inside = k0 + c < nk
-            Ks[c, e] = float32(k[batch, head, k0 + c, e]) if inside else float32(0)
-            Vs[c, e] = float32(v[batch, head, k0 + c, e]) if inside else float32(0)
+            Ks[c, e] = float32(k[batch, hk, k0 + c, e]) if inside else float32(0)
+            Vs[c, e] = float32(v[batch, hk, k0 + c, e]) if inside else float32(0)
             idx += NT
 
         dK = cuda.local.array(n_kv, float32)
@@ -178,99 +181,101 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
         dQ = cuda.local.array(n_q, float32)
         sa = cuda.local.array(q_tr, float32)
 
-        # Causal: query block i sees key block j only if its last row reaches k0.
-        q0 = (k0 // Br) * Br if causal else ZERO
-        while q0 < nq:
-            cuda.syncthreads()  # everyone is done with the previous Q_i, dO_i, P_ij
-            idx = tid
-            while idx < Q_ELEMS:
-                r, e = idx // Dh, idx % Dh
-                inside = q0 + r < nq
-                Qs[r, e] = float32(q[batch, head, q0 + r, e]) if inside else float32(0)
-                dOs[r, e] = float32(do[batch, head, q0 + r, e]) if inside else float32(0)
-                idx += NT
-            if tid < Br:
-                inside = q0 + tid < nq
-                Ls[tid] = lse[batch, head, q0 + tid] if inside else float32(0)
-                Ds[tid] = D[batch, head, q0 + tid] if inside else float32(0)
-            cuda.syncthreads()
+        for gi in range(group):
+            head = hk * group + uint64(gi)
+            # Causal: query block i sees key block j only if its last row reaches k0.
+            q0 = (k0 // Br) * Br if causal else ZERO
+            while q0 < nq:
+                cuda.syncthreads()  # everyone is done with the previous Q_i, dO_i, P_ij
+                idx = tid
+                while idx < Q_ELEMS:
+                    r, e = idx // Dh, idx % Dh
+                    inside = q0 + r < nq
+                    Qs[r, e] = float32(q[batch, head, q0 + r, e]) if inside else float32(0)
+                    dOs[r, e] = float32(do[batch, head, q0 + r, e]) if inside else float32(0)
+                    idx += NT
+                if tid < Br:
+                    inside = q0 + tid < nq
+                    Ls[tid] = lse[batch, head, q0 + tid] if inside else float32(0)
+                    Ds[tid] = D[batch, head, q0 + tid] if inside else float32(0)
+                cuda.syncthreads()
 
-            # S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T: an S_TR x S_TC register tile of each.
-            for n in range(n_s):
-                S[n] = 0
-                dP[n] = 0
-            x = ZERO
-            while x < Dh:
-                for a in range(S_TR):
-                    qa[a] = Qs[sy + S_NR * a, x]
-                    oa[a] = dOs[sy + S_NR * a, x]
-                for b in range(S_TC):
-                    kb = Ks[sx + S_NC * b, x]
-                    vb = Vs[sx + S_NC * b, x]
+                # S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T: an S_TR x S_TC register tile of each.
+                for n in range(n_s):
+                    S[n] = 0
+                    dP[n] = 0
+                x = ZERO
+                while x < Dh:
                     for a in range(S_TR):
-                        S[a * S_TC + b] += qa[a] * kb
-                        dP[a * S_TC + b] += oa[a] * vb
-                x += ONE
-            # P_ij = exp(scale * S_ij - lse_i), zero past Nq, past Nk and (causal) right of the diagonal.
-            for a in range(S_TR):
-                r = sy + S_NR * a
-                for b in range(S_TC):
-                    c = sx + S_NC * b
-                    p = float32(0)
-                    if q0 + r < nq and k0 + c < nk and (not causal or k0 + c <= q0 + r):
-                        p = math.exp(S[a * S_TC + b] * scale - Ls[r])
-                    S[a * S_TC + b] = p
-                    Ps[r, c] = p
-            cuda.syncthreads()
+                        qa[a] = Qs[sy + S_NR * a, x]
+                        oa[a] = dOs[sy + S_NR * a, x]
+                    for b in range(S_TC):
+                        kb = Ks[sx + S_NC * b, x]
+                        vb = Vs[sx + S_NC * b, x]
+                        for a in range(S_TR):
+                            S[a * S_TC + b] += qa[a] * kb
+                            dP[a * S_TC + b] += oa[a] * vb
+                    x += ONE
+                # P_ij = exp(scale * S_ij - lse_i), zero past Nq, past Nk and (causal) right of the diagonal.
+                for a in range(S_TR):
+                    r = sy + S_NR * a
+                    for b in range(S_TC):
+                        c = sx + S_NC * b
+                        p = float32(0)
+                        if q0 + r < nq and k0 + c < nk and (not causal or k0 + c <= q0 + r):
+                            p = math.exp(S[a * S_TC + b] * scale - Ls[r])
+                        S[a * S_TC + b] = p
+                        Ps[r, c] = p
+                cuda.syncthreads()
 
-            # dV_j += P_ij^T dO_i
-            r = ZERO
-            while r < Br:
-                for a in range(KV_TR):
-                    pa[a] = Ps[r, ky + KV_NR * a]
-                for t in range(KV_TD):
-                    g = dOs[r, kx + KV_ND * t]
+                # dV_j += P_ij^T dO_i
+                r = ZERO
+                while r < Br:
                     for a in range(KV_TR):
-                        dV[a * KV_TD + t] += pa[a] * g
-                r += ONE
-            cuda.syncthreads()
+                        pa[a] = Ps[r, ky + KV_NR * a]
+                    for t in range(KV_TD):
+                        g = dOs[r, kx + KV_ND * t]
+                        for a in range(KV_TR):
+                            dV[a * KV_TD + t] += pa[a] * g
+                    r += ONE
+                cuda.syncthreads()
 
-            # dS_ij = P_ij * (dP_ij - D_i), stored times scale: both products below need exactly that.
-            for a in range(S_TR):
-                r = sy + S_NR * a
-                for b in range(S_TC):
-                    Ps[r, sx + S_NC * b] = S[a * S_TC + b] * (dP[a * S_TC + b] - Ds[r]) * scale
-            cuda.syncthreads()
+                # dS_ij = P_ij * (dP_ij - D_i), stored times scale: both products below need exactly that.
+                for a in range(S_TR):
+                    r = sy + S_NR * a
+                    for b in range(S_TC):
+                        Ps[r, sx + S_NC * b] = S[a * S_TC + b] * (dP[a * S_TC + b] - Ds[r]) * scale
+                cuda.syncthreads()
 
-            # dK_j += scale * dS_ij^T Q_i
-            r = ZERO
-            while r < Br:
-                for a in range(KV_TR):
-                    pa[a] = Ps[r, ky + KV_NR * a]
-                for t in range(KV_TD):
-                    g = Qs[r, kx + KV_ND * t]
+                # dK_j += scale * dS_ij^T Q_i
+                r = ZERO
+                while r < Br:
                     for a in range(KV_TR):
-                        dK[a * KV_TD + t] += pa[a] * g
-                r += ONE
+                        pa[a] = Ps[r, ky + KV_NR * a]
+                    for t in range(KV_TD):
+                        g = Qs[r, kx + KV_ND * t]
+                        for a in range(KV_TR):
+                            dK[a * KV_TD + t] += pa[a] * g
+                    r += ONE
 
-            # dQ_i += scale * dS_ij K_j: this key block's share, added atomically (many blocks share dQ_i).
-            for n in range(n_q):
-                dQ[n] = 0
-            c = ZERO
-            while c < Bc:
-                for a in range(Q_TR):
-                    sa[a] = Ps[qy + Q_NR * a, c]
-                for t in range(Q_TD):
-                    kc = Ks[c, qx + Q_ND * t]
+                # dQ_i += scale * dS_ij K_j: this key block's share, added atomically (many blocks share dQ_i).
+                for n in range(n_q):
+                    dQ[n] = 0
+                c = ZERO
+                while c < Bc:
                     for a in range(Q_TR):
-                        dQ[a * Q_TD + t] += sa[a] * kc
-                c += ONE
-            for a in range(Q_TR):
-                i = q0 + qy + Q_NR * a
-                if i < nq:
+                        sa[a] = Ps[qy + Q_NR * a, c]
                     for t in range(Q_TD):
-                        cuda.atomic.add(dq, (batch, head, i, qx + Q_ND * t), dQ[a * Q_TD + t])
-            q0 += Br
+                        kc = Ks[c, qx + Q_ND * t]
+                        for a in range(Q_TR):
+                            dQ[a * Q_TD + t] += sa[a] * kc
+                    c += ONE
+                for a in range(Q_TR):
+                    i = q0 + qy + Q_NR * a
+                    if i < nq:
+                        for t in range(Q_TD):
+                            cuda.atomic.add(dq, (batch, head, i, qx + Q_ND * t), dQ[a * Q_TD + t])
+                q0 += Br
 
         # dK_j, dV_j to HBM in the output dtype (zero for keys no query sees).
         for a in range(KV_TR):
@@ -278,8 +283,8 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
             if c < nk:
                 for t in range(KV_TD):
                     e = kx + KV_ND * t
-                    dk[batch, head, c, e] = dK[a * KV_TD + t]
-                    dv[batch, head, c, e] = dV[a * KV_TD + t]
+                    dk[batch, hk, c, e] = dK[a * KV_TD + t]
+                    dv[batch, hk, c, e] = dV[a * KV_TD + t]
 
     @cuda.jit
     def cast(src, dst):
@@ -322,7 +327,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
         raise ValueError(f"variant must be 'register' or 'tensor' for the backward; got {variant!r}")
     if precision is not None:
         raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
-    if _fast.available():  # torch tensors: kernels/_fast.py's prepared path after the first call
+    gqa = tuple(getattr(k, "shape", ()))[1:2] != tuple(getattr(q, "shape", ()))[1:2]
+    if _fast.available() and not gqa:  # torch tensors: kernels/_fast.py's prepared path after the first call
         key = _fast.torch_key(q, k, v, o, lse, do)
         if key is not None:
             key = ("backward", key, causal, scale, block_q, block_k, threads)
@@ -333,18 +339,21 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
             return call(q, k, v, o, lse, do)
     p, scale, rows, dev, kind = _setup(q, k, v, o, lse, do, causal, scale, block_q, block_k, threads)
     B, H, Nq, Nk, d = p.problem.B, p.problem.H, p.problem.Nq, p.problem.Nk, p.problem.d
+    H_kv = dev["k"].shape[1]
     block_q, block_k, threads = p.config
-    preprocess, dkdv, cast = make_kernels(d, block_q, block_k, threads, heavy_first=p.heavy_first)
+    heavy = p.heavy_first and H_kv == H  # GQA: one block per (key block, K/V head), in per-head order
+    preprocess, dkdv, cast = make_kernels(d, block_q, block_k, threads, heavy_first=heavy)
 
     dtype = np.dtype(dev["q"].dtype)
     new = lambda shape, dt: empty(shape, dt, kind, like=q)
     D = new((B, H, Nq), np.float32)
     dq = new((B, H, Nq, d), np.float32)  # accumulated with atomics, so always float32
-    dk, dv = new((B, H, Nk, d), dtype), new((B, H, Nk, d), dtype)
+    dk, dv = new((B, H_kv, Nk, d), dtype), new((B, H_kv, Nk, d), dtype)
 
     preprocess[((Nq + rows - 1) // rows, H, B), rows](dev["o"], dev["do"], D, dq)
-    dkdv[p.grid, threads](dev["q"], dev["k"], dev["v"], dev["do"], dev["lse"], D, dq, dk, dv, np.float32(scale),
-                          p.problem.causal)
+    grid = p.grid if H_kv == H else (-(-Nk // block_k), H_kv, B)
+    dkdv[grid, threads](dev["q"], dev["k"], dev["v"], dev["do"], dev["lse"], D, dq, dk, dv, np.float32(scale),
+                        p.problem.causal)
     if dtype != np.float32:
         dq16 = new((B, H, Nq, d), dtype)
         n = B * H * Nq * d
