@@ -6,8 +6,8 @@
 
 Suite: B*H in {16 (B1 H16), 64 (B4 H16)}, N in {1024, 2048, 4096, 8192, 16384}, d in {32, 64, 128}, causal
 and not, forward and backward; flashlab's register variant in float32 against torch SDPA in float32, and the
-tensor-core variant (forward) in float16 against SDPA in float16 and in float32 (3xTF32) against SDPA float32,
-all in the same run. flashlab is called through its public API with torch tensors (flash_attention,
+tensor-core variant (forward and backward) in float16 against SDPA in float16 and in float32 (3xTF32) against
+SDPA float32, all in the same run. flashlab is called through its public API with torch tensors (flash_attention,
 flash_attention_backward: host overhead included, as a user would see it). Timing: CUDA events, 2 warm-up
 calls, median of --reps (default 20). FLOPs: forward 4*B*H*N^2*d (halved under causal), backward 2.5x that;
 SDPA's backward = time(forward + backward) - time(forward). Every timed forward is also compared with SDPA in
@@ -35,7 +35,7 @@ SUITE_N = (1024, 2048, 4096, 8192, 16384)
 SUITE_D = (32, 64, 128)
 # (direction, flashlab variant, dtype): the torch baseline is SDPA in the same dtype
 SUITE_RUNS = (("forward", "register", "float32"), ("forward", "tensor", "float16"), ("forward", "tensor", "float32"),
-              ("backward", "register", "float32"))
+              ("backward", "register", "float32"), ("backward", "tensor", "float16"), ("backward", "tensor", "float32"))
 
 
 def _median_ms(fn, reps):
@@ -72,8 +72,8 @@ def _flashlab_fn(direction, variant, q, k, v, do, causal, plan=None):
 
     if direction == "forward":
         return lambda: flash_attention(q, k, v, causal=causal, variant=variant, plan=plan)
-    o, lse = flash_attention(q, k, v, causal=causal)
-    return lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal)
+    o, lse = flash_attention(q, k, v, causal=causal, variant=variant)
+    return lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal, variant=variant)  # no alternatives
 
 
 # A timed forward that is also wrong is worth nothing: each is compared with SDPA in float32 (max |error|),
