@@ -53,7 +53,7 @@ def test_register_backward_sums_dk_dv_over_the_group(rng):
     q, do = (rng.standard_normal((1, H, nq, d)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((1, h_kv, nk, d)).astype(np.float32) for _ in range(2))
     o, lse, dq, dk, dv = exact_grads(q, np.repeat(k, 2, 1), np.repeat(v, 2, 1), do, True)
-    preprocess, dkdv, _ = kb.make_kernels(d, 8, 16, 32)
+    preprocess, dkdv, _ = kb.make_kernels(d, 8, 16, 32, gqa=True)
     D, dq_got = np.zeros((1, H, nq), np.float32), np.zeros((1, H, nq, d), np.float32)
     dk_got, dv_got = (np.zeros((1, h_kv, nk, d), np.float32) for _ in range(2))
     o32, lse32 = o.astype(np.float32), lse.astype(np.float32)

@@ -86,7 +86,7 @@ def check_config(d: int, block_q: int, block_k: int, threads: int):
 
 
 @functools.lru_cache(maxsize=None)
-def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: bool = False):
+def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: bool = False, gqa: bool = False):
     """(preprocess, dkdv, cast) kernels specialised for one head dim and tile shape.
 
     heavy_first: dkdv's grid is (g, key blocks, B*H/g sections) instead of (key blocks, H, B): heads in
@@ -117,7 +117,7 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
     KV_TR, KV_TD, KV_NR, KV_ND = u(kv_tr), u(kv_td), u(kv_nr), u(kv_nd)
     Q_TR, Q_TD, Q_NR, Q_ND = u(q_tr), u(q_td), u(q_nr), u(q_nd)
     K_ELEMS, Q_ELEMS = u(block_k * d), u(block_q * d)
-    HEAVY = bool(heavy_first)
+    HEAVY, GQA = bool(heavy_first), bool(gqa)
 
     @cuda.jit
     def preprocess(o, do, D, dq):
@@ -133,16 +133,21 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
 
     @cuda.jit
     def dkdv(q, k, v, do, lse, D, dq, dk, dv, scale, causal):
-        # One block per (key block, K/V head): under GQA / MQA (k with H_kv < H heads) it walks the query
-        # blocks of every query head of its group, so dK_j and dV_j add up over them in registers.
-        group = uint64(q.shape[1]) // uint64(k.shape[1])
-        if HEAVY:  # grid (g, key blocks, sections)
-            bh = uint64(cuda.blockIdx.z) * uint64(cuda.gridDim.x) + uint64(cuda.blockIdx.x)
-            hk, batch = bh % uint64(k.shape[1]), bh // uint64(k.shape[1])
-            k0 = uint64(cuda.blockIdx.y) * Bc
-        else:  # grid (key blocks, H_kv, B)
+        # gqa (a build of its own, so that MHA's code is unchanged): one block per (key block, K/V head)
+        # walks the query blocks of every query head of its group, so dK_j and dV_j add up in registers.
+        if GQA:  # grid (key blocks, H_kv, B)
             hk, batch = uint64(cuda.blockIdx.y), uint64(cuda.blockIdx.z)
             k0 = uint64(cuda.blockIdx.x) * Bc
+            n_group = uint64(q.shape[1]) // uint64(k.shape[1])
+        elif HEAVY:  # grid (g, key blocks, sections)
+            bh = uint64(cuda.blockIdx.z) * uint64(cuda.gridDim.x) + uint64(cuda.blockIdx.x)
+            hk, batch = bh % uint64(q.shape[1]), bh // uint64(q.shape[1])
+            k0 = uint64(cuda.blockIdx.y) * Bc
+            n_group = uint64(1)
+        else:  # grid (key blocks, H, B)
+            hk, batch = cuda.blockIdx.y, cuda.blockIdx.z
+            k0 = uint64(cuda.blockIdx.x) * Bc
+            n_group = uint64(1)
         tid = uint64(cuda.threadIdx.x)
         nq, nk = uint64(q.shape[2]), uint64(k.shape[2])
         scale = float32(scale)
@@ -181,8 +186,11 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
         dQ = cuda.local.array(n_q, float32)
         sa = cuda.local.array(q_tr, float32)
 
-        for gi in range(group):
-            head = hk * group + uint64(gi)
+        for gi in range(n_group):
+            if GQA:
+                head = hk * n_group + gi
+            else:
+                head = hk
             # Causal: query block i sees key block j only if its last row reaches k0.
             q0 = (k0 // Br) * Br if causal else ZERO
             while q0 < nq:
@@ -342,7 +350,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     H_kv = dev["k"].shape[1]
     block_q, block_k, threads = p.config
     heavy = p.heavy_first and H_kv == H  # GQA: one block per (key block, K/V head), in per-head order
-    preprocess, dkdv, cast = make_kernels(d, block_q, block_k, threads, heavy_first=heavy)
+    preprocess, dkdv, cast = make_kernels(d, block_q, block_k, threads, heavy_first=heavy, gqa=H_kv != H)
 
     dtype = np.dtype(dev["q"].dtype)
     new = lambda shape, dt: empty(shape, dt, kind, like=q)

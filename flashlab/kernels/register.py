@@ -140,7 +140,7 @@ def _vec(n: int) -> int:
 
 @lru_cache(maxsize=None)
 def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int | None = None,
-          split: bool = False, heavy_first: bool = False):
+          split: bool = False, heavy_first: bool = False, gqa: bool = False):
     """Compile-time specialised kernel for (d, tile, causal). Numba compiles it on first launch,
     once per input dtype (float32 or float16).
 
@@ -186,6 +186,7 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
 
     options = {"max_registers": max_registers} if max_registers is not None and not config.ENABLE_CUDASIM else {}
 
+    GQA = bool(gqa)
     @cuda.jit(fastmath=FASTMATH, **options)
     def flash_fwd_register(q, k, v, o, lse, n_q, n_k, n_heads, scale_log2):
         sh = cuda.shared.array(SH, float32, alignment=ALIGN)
@@ -203,9 +204,12 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
         else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
             bh, part, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
             q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBR
-        b, h = bh // U(n_heads), bh % U(n_heads)
-        hk = h * U(k.shape[1]) // U(n_heads)  # GQA / MQA: query head h reads K/V head h // (H / H_kv)
-        qh, kh, vh = q[b, h], k[b, hk], v[b, hk]  # this head's (N, d) matrices
+        if GQA:  # query head h reads K/V head h // (H / H_kv); a build of its own, so MHA's code is unchanged
+            b, h = bh // U(n_heads), bh % U(n_heads)
+            qh, kh, vh = q[b, h], k[b, h * U(k.shape[1]) // U(n_heads)], v[b, h * U(k.shape[1]) // U(n_heads)]
+        else:
+            qh, kh, vh = q[bh // U(n_heads), bh % U(n_heads)], k[bh // U(n_heads), bh % U(n_heads)], \
+                v[bh // U(n_heads), bh % U(n_heads)]  # this head's (N, d) matrices
 
         # Q tile -> shared, transposed and scaled (S comes out in log2 units); rows past Nq are zeros.
         for it in range(Q_LOADS):
@@ -401,7 +405,7 @@ def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile, *, splits: int =
     B, H, Nq, d = q.shape
     splits = split_chunk(k.shape[2], splits, tile.block_k)[1]
     split = splits > 1
-    kernel = build(d, tile, causal, split=split, heavy_first=heavy_first, **options)
+    kernel = build(d, tile, causal, split=split, heavy_first=heavy_first, gqa=k.shape[1] != H, **options)
     g = grid(B, H, Nq, tile.block_q, splits, heavy_first, section)
     scale_log2 = np.float32(scale * LOG2E)
     if not split:

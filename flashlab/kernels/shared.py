@@ -37,8 +37,8 @@ def check_blocks(d: int, block_q: int, block_k: int, shared_limit: int = 48 * 10
 
 
 @lru_cache(maxsize=None)
-def build(d: int, block_q: int, block_k: int, causal: bool):
-    D, BR, BC, CAUSAL = d, block_q, block_k, causal
+def build(d: int, block_q: int, block_k: int, causal: bool, gqa: bool = False):
+    D, BR, BC, CAUSAL, GQA = d, block_q, block_k, causal, bool(gqa)
     LOADS = (BC * D + BR - 1) // BR  # tile elements each thread copies
 
     @cuda.jit(fastmath=FASTMATH)
@@ -50,7 +50,9 @@ def build(d: int, block_q: int, block_k: int, causal: bool):
         row = q0 + t
         b = cuda.blockIdx.y // n_heads
         h = cuda.blockIdx.y % n_heads
-        hk = h * k.shape[1] // n_heads  # GQA / MQA: query head h reads K/V head h // (H / H_kv)
+        hk = h
+        if GQA:  # query head h reads K/V head h // (H / H_kv); a build of its own, so MHA's code is unchanged
+            hk = h * k.shape[1] // n_heads
 
         q_row = cuda.local.array(D, float32)  # scaled so scores come out in log2 units
         o_row = cuda.local.array(D, float32)
@@ -103,7 +105,7 @@ def build(d: int, block_q: int, block_k: int, causal: bool):
 
 def launch(q, k, v, o, lse, n_heads, scale, causal, block_q, block_k):
     B, H, Nq, d = q.shape
-    kernel = build(d, block_q, block_k, causal)
+    kernel = build(d, block_q, block_k, causal, gqa=k.shape[1] != q.shape[1])
     grid = ((Nq + block_q - 1) // block_q, B * H)
     kernel[grid, block_q](q, k, v, o, lse, Nq, k.shape[2], n_heads, np.float32(scale * LOG2E))
     return kernel

@@ -115,7 +115,8 @@ def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> TensorTil
 
 
 @lru_cache(maxsize=None)
-def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = False, heavy_first: bool = False):
+def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = False, heavy_first: bool = False,
+          gqa: bool = False):
     """Compile-time specialised forward kernel for (d, tile, causal, precision). 16-bit precisions take Q,
     K, V and O as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d).
     split: o and lse are float32 partial outputs viewed as (B, H * splits, Nq, d) and (B, H * splits, Nq)."""
@@ -144,7 +145,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     LOADS, LOADS_EVEN = -(-(BK * W) // NT), (BK * W) % NT == 0  # words per thread (copies through registers)
     UW, URS, UBK, UBQ = U(W), U(RS), U(BK), U(BQ)  # unsigned: no negative-index checks
     CAUSAL = causal
-    SPLIT_KV, HEAVY = bool(split), bool(heavy_first)
+    SPLIT_KV, HEAVY, GQA = bool(split), bool(heavy_first), bool(gqa)
     GUARD = SPLIT_KV and CAUSAL  # a row can see no key of its chunk: keep its p = 0 and its output finite
     HALF_NEG = float32(0.5 * NEG)
     ALIGN = None if config.ENABLE_CUDASIM else 16
@@ -172,7 +173,9 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
             q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBQ
         w0 = q0 + warp * U(16)  # this warp's first row
         b, h = bh // U(n_heads), bh % U(n_heads)
-        hk = h * U(k.shape[1]) // U(n_heads)  # GQA / MQA: query head h reads K/V head h // (H / H_kv)
+        hk = h
+        if GQA:  # query head h reads K/V head h // (H / H_kv); a build of its own, so MHA's code is unchanged
+            hk = h * U(k.shape[1]) // U(n_heads)
         qh, kh, vh = q[b, h], k[b, hk], v[b, hk]
 
         # Q fragments, kept in registers: rows w0+g and w0+g+8 (zeros past Nq).
@@ -479,7 +482,7 @@ def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision:
     split = splits > 1
     if split and precision == "bf16":
         raise ValueError("split-KV writes its merged output as float16 or float32; bfloat16 runs with splits=1")
-    kernel = build(d, tile, causal, precision, split=split, heavy_first=heavy_first)
+    kernel = build(d, tile, causal, precision, split=split, heavy_first=heavy_first, gqa=k.shape[1] != H)
     g = grid(B, H, Nq, tile.block_q, splits, heavy_first, section)
     scale_log2 = np.float32(scale * LOG2E)
     if not split:

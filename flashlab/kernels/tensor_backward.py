@@ -136,13 +136,13 @@ def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> BackwardT
 
 
 @lru_cache(maxsize=None)
-def build(d: int, tile: BackwardTile, causal: bool, precision: str):
+def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = False):
     """(preprocess, main, cast) kernels for one (d, tile, causal, precision). 16-bit precisions take q, k, v,
     o, do, dk, dv as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d)."""
     WIDE = precision in ("3xtf32", "tf32")
     SPLIT = precision == "3xtf32"
     BF16 = precision == "bf16"
-    NW, BQ, NST, VSH = tile.warps, tile.block_q, tile.stages, bool(tile.v_shared)
+    NW, BQ, NST, VSH, GQA = tile.warps, tile.block_q, tile.stages, bool(tile.v_shared), bool(gqa)
     BK = 16 * NW
     W = d if WIDE else d // 2  # 32-bit words per row
     RS = W + 4  # padded row stride of K, Q, dO in shared memory (words)
@@ -220,9 +220,10 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)
         # grid (key blocks, B * H_kv): under GQA / MQA the block walks the query tiles of every query head that
-        # reads its K/V head (group = H / H_kv of them), so dK_j and dV_j sum over them in registers.
-        n_kv = U(k.shape[1])
-        group = U(n_heads) // n_kv
+        # reads its K/V head (group = H / H_kv of them), so dK_j and dV_j sum over them in registers. A build
+        # of its own (gqa=True): the index arithmetic costs registers that MHA need not pay.
+        n_kv = U(k.shape[1]) if GQA else U(n_heads)
+        group = U(n_heads) // n_kv if GQA else U(1)
         bh = U(cuda.blockIdx.y)
         b, hk = bh // n_kv, bh % n_kv
         nq, nk = U(q.shape[2]), U(k.shape[2])
@@ -267,9 +268,12 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
         n_tiles = (nq - q_first + UBQ - U(1)) // UBQ if q_first < nq else U(0)
         for j in range(group * n_tiles + U(LAG)):  # tile j: query head hk * group + j // n_tiles
             if j < group * n_tiles:  # copy tile j of Q, dO (zeros past Nq), lse * log2(e) and D to stage j % NST
-                hq = hk * group + j // n_tiles
+                if GQA:
+                    hq, qc = hk * group + j // n_tiles, q_first + (j % n_tiles) * UBQ
+                else:
+                    hq, qc = hk, q_first + j * UBQ
                 qh, doh, lh, dh = q[b, hq], do[b, hq], lse[b, hq], D[b, hq]
-                qc, st = q_first + (j % n_tiles) * UBQ, (j % U(NST)) * UBQ
+                st = (j % U(NST)) * UBQ
                 for it in range(-(-Q_CHUNKS // NT)):
                     e = U(it * NT) + tid
                     if e < U(Q_CHUNKS):
@@ -294,8 +298,10 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str):
                     continue
                 mma.cp_async_wait(1)  # this thread's copies of tile j - 1 have landed ...
             cuda.syncthreads()  # ... and everyone's; everyone is also done with dS^T of the tile before
-            q0 = q_first + ((j - U(LAG)) % n_tiles) * UBQ
-            dqh = dq_acc[b, hk * group + (j - U(LAG)) // n_tiles]
+            if GQA:
+                q0, dqh = q_first + ((j - U(LAG)) % n_tiles) * UBQ, dq_acc[b, hk * group + (j - U(LAG)) // n_tiles]
+            else:
+                q0, dqh = q_first + (j - U(LAG)) * UBQ, dq_acc[b, hk]
             st = ((j - U(LAG)) % U(NST)) * UBQ  # the stage (row offset) the tile is in
             QO = st * URS
             # Under causal masking, a warp whose 16 keys come after every query of the tile has P = 0.
@@ -486,7 +492,7 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, t
     which is dq itself for float32."""
     B, H, Nq, w = q.shape
     d = w if precision in ("3xtf32", "tf32") else 2 * w
-    preprocess, main, cast = build(d, tile, causal, precision)
+    preprocess, main, cast = build(d, tile, causal, precision, gqa=k.shape[1] != H)
     rows = 128
     preprocess[(-(-Nq // rows), B * H), rows](o, do, D, dq_acc, n_heads)
     grid = (-(-k.shape[2] // tile.block_k), B * k.shape[1])  # key blocks x (batch, K/V head)
