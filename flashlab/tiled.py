@@ -113,7 +113,7 @@ class _Masking:
     Mask::apply_mask adds ALiBi and sets -inf outside the causal/local band, with the ALiBi slope divided by
     the softmax scale so that the bias itself is unscaled): scale, softcap, ALiBi bias, mask."""
 
-    def __init__(self, opt, lead, grouped_lead, nq, nk):
+    def __init__(self, opt, lead, grouped_lead, nq, nk, batch_offset=0):
         self.opt, self.nq, self.nk = opt, nq, nk
         self.off = opt.offset(nq, nk)
         self.left, self.right = opt.bounds()
@@ -123,6 +123,7 @@ class _Masking:
             self.slopes = reshape(np.broadcast_to(opt.alibi, tuple(lead))[..., None, None])
         if opt.dropout_p > 0:  # the dropout key uses the query head h, also under GQA
             self.batch, self.head = (reshape(x) for x in batch_head_index(lead))
+            self.batch = self.batch + batch_offset
 
     def key_range(self, q0, q1):
         """[lo, hi): the keys seen by at least one of the rows q0 .. q1-1 (empty when hi <= lo)."""
@@ -198,12 +199,16 @@ def flash_attention_v2(q, k, v, *, causal=False, scale=None, window_size=(-1, -1
     q, k, v, causal, scale = check_attention_inputs(q, k, v, causal=causal, scale=scale, gqa=True)
     opt = _options(q, causal, scale, dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes,
                                           softcap=softcap, dropout_p=dropout_p, seed=seed))
-    br, bc = _blocks(q, v, block_q, block_k, io)
+    return _fa2_forward(q, k, v, opt, *_blocks(q, v, block_q, block_k, io), io=io, round_p=round_p)
+
+
+def _fa2_forward(q, k, v, opt, br, bc, io=NO_IO, round_p=None, batch_offset=0):
+    """The FA2 forward on checked inputs; batch_offset shifts the dropout key's batch index (varlen)."""
     ct = compute_dtype(q.dtype)
     nq, nk, dv = q.shape[-2], k.shape[-2], v.shape[-1]
     qg, kg, vg, _ = _group(q, k, v)
     batch = qg.shape[:-2]
-    masking = _Masking(opt, q.shape[:-2], batch, nq, nk)
+    masking = _Masking(opt, q.shape[:-2], batch, nq, nk, batch_offset)
     io.start("fa2", q.shape[:-2])
     o = np.empty(batch + (nq, dv), q.dtype)
     lse = np.empty(batch + (nq,), ct)
@@ -262,12 +267,16 @@ def flash_attention_v2_backward(q, k, v, o, lse, do, *, causal=False, scale=None
                                           softcap=softcap, dropout_p=dropout_p, seed=seed))
     if opt.plain and np.any(np.isinf(lse)):  # without options every row sees a key: lse is finite
         raise ValueError("lse contains inf or NaN; pass the lse returned by the forward pass")
-    br, bc = _blocks(q, v, block_q, block_k, io, backward=True)
+    return _fa2_backward(q, k, v, o, lse, do, opt, *_blocks(q, v, block_q, block_k, io, backward=True), io=io)
+
+
+def _fa2_backward(q, k, v, o, lse, do, opt, br, bc, io=NO_IO, batch_offset=0):
+    """The FA2 backward on checked inputs; batch_offset as in _fa2_forward."""
     ct = compute_dtype(q.dtype)
     nq, nk, d, dv = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     qg, kg, vg, grouped = _group(q, k, v)
     batch = qg.shape[:-2]
-    masking = _Masking(opt, q.shape[:-2], batch, nq, nk)
+    masking = _Masking(opt, q.shape[:-2], batch, nq, nk, batch_offset)
     do, o, lse = do.reshape(batch + (nq, dv)), o.reshape(batch + (nq, dv)), lse.reshape(batch + (nq,))
     group_sum = (lambda x: x.sum(axis=-3, keepdims=True)) if grouped else (lambda x: x)  # noqa: E731
     io.start("fa2_backward", q.shape[:-2])
@@ -309,8 +318,8 @@ def flash_attention_v2_backward(q, k, v, o, lse, do, *, causal=False, scale=None
             dS = P * (dP - D_i[..., None])
             if T is not None:
                 dS = dS * (1 - T * T)  # d/ds of softcap * tanh(s / softcap)
-            dQ[..., rows, :] = io.write("dQ", io.read("dQ", dQ[..., rows, :]) + ct.type(scale) * (dS @ K_j))
-            dK_j += group_sum(ct.type(scale) * (np.swapaxes(dS, -1, -2) @ Q_i))
+            dQ[..., rows, :] = io.write("dQ", io.read("dQ", dQ[..., rows, :]) + ct.type(opt.scale) * (dS @ K_j))
+            dK_j += group_sum(ct.type(opt.scale) * (np.swapaxes(dS, -1, -2) @ Q_i))
             r, c = S.shape[-2:]
             io.flops(matmul=2 * r * c * (dv + dv + d + d), other=5 * r * c + 2 * r * d + c * d)
         dK[..., cols, :] = io.write("dK", dK_j)
