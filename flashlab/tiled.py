@@ -133,8 +133,9 @@ class _Masking:
 
     def mask(self, q0, k0, r, c):
         """Boolean (r, c) mask of the tile at rows q0.., keys k0.., or None when it hides nothing."""
-        if self.left is None and self.right is None:
-            return None
+        first, last = q0 + self.off, q0 + self.off + r - 1  # positions of the tile's first and last rows
+        if (self.left is None or k0 >= last - self.left) and (self.right is None or k0 + c - 1 <= first + self.right):
+            return None  # the whole tile lies inside the band (most tiles: no mask to build)
         pos = q0 + self.off + np.arange(r)[:, None]
         j = k0 + np.arange(c)[None, :]
         keep = np.ones((r, c), bool)
