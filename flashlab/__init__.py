@@ -11,6 +11,7 @@ from .iomodel import DEFAULT_SRAM, HBMModel, default_block_sizes, formula_traffi
 from .reference import naive_attention, naive_attention_backward, reference_attention
 from .softmax import merge_softmax_states, naive_softmax, online_softmax, online_softmax_stats, safe_softmax
 from .tiled import flash_attention_v1, flash_attention_v2, flash_attention_v2_backward
+from .varlen import flash_attention_varlen, flash_attention_varlen_backward
 
 __version__ = "0.1.0"
 
@@ -19,6 +20,7 @@ __all__ = [
     "naive_attention", "naive_attention_backward", "reference_attention",
     "naive_softmax", "safe_softmax", "online_softmax", "online_softmax_stats", "merge_softmax_states",
     "flash_attention_v1", "flash_attention_v2", "flash_attention_v2_backward",
+    "flash_attention_varlen", "flash_attention_varlen_backward",
     "fast_mode", "size", "relative_error",
 ]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 import numpy as np
 
@@ -63,11 +64,13 @@ def check_block(value, name: str):
     return int(value)
 
 
-def check_attention_inputs(q, k, v, *, causal=False, scale=None):
+def check_attention_inputs(q, k, v, *, causal=False, scale=None, gqa=False):
     """Validate (q, k, v, causal, scale) with the semantics of torch's scaled_dot_product_attention.
 
     q: (..., Nq, d), k: (..., Nk, d), v: (..., Nk, dv) with identical leading (batch, head) dims and
     one floating dtype. Returns (q, k, v, causal, scale) with scale resolved to a float.
+    gqa=True also accepts, for 4-dim (B, H, N, d) arrays, k and v with H_kv heads (dim -3) where H_kv divides
+    q's H (GQA/MQA). (3-dim arrays keep the strict check: their first dim may be a batch.)
     """
     q, k, v = as_float_array(q, "q"), as_float_array(k, "k"), as_float_array(v, "v")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -75,7 +78,13 @@ def check_attention_inputs(q, k, v, *, causal=False, scale=None):
             raise ValueError(f"{name} must have at least 2 dims (..., N, d); got shape {x.shape}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+    if gqa and q.ndim >= 4 and q.ndim == k.ndim == v.ndim and k.shape[:-2] == v.shape[:-2] \
+            and q.shape[:-3] == k.shape[:-3] and q.shape[-3] != k.shape[-3]:
+        h, h_kv = q.shape[-3], k.shape[-3]
+        if h_kv == 0 or h % h_kv:
+            raise ValueError(f"k and v have H_kv = {h_kv} heads (dim -3), which must divide q's H = {h} "
+                             f"(GQA: query head h uses KV head h // (H / H_kv)); got q {q.shape}, k {k.shape}")
+    elif not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
         raise ValueError(
             "q, k and v must have the same leading (batch, head) dims; got "
             f"q {q.shape[:-2]}, k {k.shape[:-2]}, v {v.shape[:-2]} (full shapes {q.shape}, {k.shape}, {v.shape})"
@@ -93,9 +102,11 @@ def check_attention_inputs(q, k, v, *, causal=False, scale=None):
     return q, k, v, check_causal(causal), check_scale(scale, q.shape[-1])
 
 
-def check_backward_inputs(q, k, v, o, lse, do, *, causal=False, scale=None):
-    """Validate the backward's arguments: the forward's plus o (like q but dv), lse (..., Nq), do (like o)."""
-    q, k, v, causal, scale = check_attention_inputs(q, k, v, causal=causal, scale=scale)
+def check_backward_inputs(q, k, v, o, lse, do, *, causal=False, scale=None, gqa=False, allow_empty_rows=False):
+    """Validate the backward's arguments: the forward's plus o (like q but dv), lse (..., Nq), do (like o).
+
+    allow_empty_rows: accept lse = +inf, the forward's mark of a row whose mask hides every key."""
+    q, k, v, causal, scale = check_attention_inputs(q, k, v, causal=causal, scale=scale, gqa=gqa)
     o, do = as_float_array(o, "o"), as_float_array(do, "do")
     lse = as_float_array(lse, "lse")
     want_o = q.shape[:-1] + (v.shape[-1],)
@@ -105,11 +116,91 @@ def check_backward_inputs(q, k, v, o, lse, do, *, causal=False, scale=None):
         raise ValueError(f"do must have the shape of o, {want_o}; got {do.shape}")
     if lse.shape != q.shape[:-1]:
         raise ValueError(f"lse must have shape {q.shape[:-1]} (one value per query row); got {lse.shape}")
-    if not np.all(np.isfinite(lse)):
-        raise ValueError("lse contains inf or NaN; pass the lse returned by the forward pass")
+    if np.any(np.isnan(lse) | np.isneginf(lse)) or (not allow_empty_rows and np.any(np.isinf(lse))):
+        raise ValueError("lse contains inf or NaN; pass the lse returned by the forward pass"
+                         + (" (+inf is allowed: it marks a row that sees no key)" if allow_empty_rows else ""))
     return q, k, v, o, lse, do, causal, scale
 
 
 def causal_mask(n_q: int, n_k: int, q0: int = 0, k0: int = 0) -> np.ndarray:
     """Boolean (n_q, n_k) mask, True where query q0+i may see key k0+j (top-left aligned: j <= i)."""
     return (k0 + np.arange(n_k))[None, :] <= (q0 + np.arange(n_q))[:, None]
+
+
+# ---- The FlashAttention library's options (issue 14): window, alignment, ALiBi, softcap, dropout ----
+
+ALIGNS = ("top_left", "bottom_right")
+
+
+class AttentionOptions(NamedTuple):
+    """The checked options. window: (left, right), -1 = unbounded. alibi: float64 slopes of shape (H,) or
+    q.shape[:-2], or None. softcap: 0 = off. dropout_p: 0 = off. seed: key of the dropout generator."""
+    causal: bool
+    scale: float
+    window: tuple
+    align: str
+    alibi: object
+    softcap: float
+    dropout_p: float
+    seed: int
+
+    def offset(self, nq: int, nk: int) -> int:
+        """Aligned position of query 0: query i sits at position i + offset among the keys."""
+        return nk - nq if self.align == "bottom_right" else 0
+
+    def bounds(self):
+        """(left, right) key offsets of the visible band, None where unbounded; causal caps right at 0."""
+        left, right = self.window
+        left = None if left < 0 else left
+        right = 0 if self.causal else (None if right < 0 else right)
+        return left, right
+
+    @property
+    def plain(self) -> bool:
+        """True when only causal/scale are in use (the classic path, with every row seeing a key)."""
+        return self.window == (-1, -1) and self.align == "top_left" and self.alibi is None \
+            and self.softcap == 0 and self.dropout_p == 0
+
+
+def _check_real(value, name, expected):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise (TypeError if not isinstance(value, numbers.Real) else ValueError)(
+            f"{name} must be {expected}; got {value!r} of type {type(value).__name__}")
+    return float(value)
+
+
+def check_options(q_shape, *, causal=False, scale=None, window_size=(-1, -1), align="top_left",
+                  alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0) -> AttentionOptions:
+    """Validate the FA library's options for queries of shape q_shape (..., H, Nq, d)."""
+    causal, scale = check_causal(causal), check_scale(scale, q_shape[-1])
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or not all(
+            isinstance(w, numbers.Integral) and not isinstance(w, (bool, np.bool_)) for w in window_size):
+        raise TypeError(f"window_size must be a pair of integers (left, right), -1 meaning unbounded; "
+                        f"got {window_size!r}")
+    window = tuple(int(w) for w in window_size)
+    if min(window) < -1:
+        raise ValueError(f"window_size entries must be >= 0, or -1 for unbounded; got {window_size!r}")
+    if not isinstance(align, str) or align not in ALIGNS:
+        raise ValueError(f"align must be 'top_left' or 'bottom_right'; got {align!r}")
+    alibi = None
+    if alibi_slopes is not None:
+        alibi = np.asarray(alibi_slopes)
+        if alibi.dtype.kind not in "fiu":
+            raise TypeError(f"alibi_slopes must be an array of real numbers; got dtype {alibi.dtype}")
+        heads = tuple(q_shape[-3:-2])
+        allowed = {heads, tuple(q_shape[:-2])}
+        if alibi.shape not in allowed:
+            raise ValueError(f"alibi_slopes must have shape (H,) = {heads} or (B, H) = {tuple(q_shape[:-2])} "
+                             f"for q of shape {tuple(q_shape)}; got {alibi.shape}")
+        if not np.all(np.isfinite(alibi)):
+            raise ValueError("alibi_slopes must be finite; got inf or NaN")
+        alibi = alibi.astype(np.float64)
+    softcap = _check_real(softcap, "softcap", "a finite number >= 0 (0 = off)")
+    if softcap < 0:
+        raise ValueError(f"softcap must be >= 0 (0 = off); got {softcap}")
+    dropout_p = _check_real(dropout_p, "dropout_p", "a number in [0, 1)")
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2 ** 63:
+        raise ValueError(f"seed must be an integer in [0, 2**63); got {seed!r}")
+    return AttentionOptions(causal, scale, window, align, alibi, softcap, dropout_p, int(seed))

@@ -22,8 +22,10 @@ import numbers
 
 import numpy as np
 
-from ._inputs import check_attention_inputs, compute_dtype
+from ._inputs import as_float_array, check_attention_inputs, check_options, compute_dtype
+from .iomodel import NO_IO
 from .softmax import merge_softmax_states
+from .tiled import _group, _Masking
 
 MIN_CHUNK = 64  # fewer keys per chunk than this and the merge costs more than the extra parallelism saves
 
@@ -143,3 +145,81 @@ def flash_decoding(q, k, v, *, scale=None, num_splits=None):
     q, k, v, _, scale = check_attention_inputs(q, k, v, scale=scale)
     o, lse = merge_partials(*split_kv_partials(q, k, v, scale=scale, num_splits=num_splits))
     return o.astype(q.dtype), lse
+
+
+def check_paged(q, k_cache, v_cache, block_table, cache_seqlens):
+    """Shapes of paged attention: q (B, H, Nq, d); caches (num_pages, page_size, H_kv, d); block_table
+    (B, max_pages) integers in [0, num_pages); cache_seqlens (B,) integers in [0, max_pages * page_size]."""
+    q, k_cache, v_cache = as_float_array(q, "q"), as_float_array(k_cache, "k_cache"), as_float_array(v_cache, "v_cache")
+    if q.ndim != 4:
+        raise ValueError(f"q must have shape (B, H, Nq, d); got {q.shape}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.ndim != 4:
+            raise ValueError(f"{name} must have shape (num_pages, page_size, H_kv, d); got {c.shape}")
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        raise ValueError(f"k_cache and v_cache must share (num_pages, page_size, H_kv); got {k_cache.shape}, {v_cache.shape}")
+    bt, sl = np.asarray(block_table), np.asarray(cache_seqlens)
+    num_pages, page = k_cache.shape[:2]
+    if bt.ndim != 2 or bt.shape[0] != q.shape[0] or bt.dtype.kind not in "iu":
+        raise ValueError(f"block_table must be an integer array of shape (B, max_pages) with B = {q.shape[0]}; "
+                         f"got {bt.dtype} array of shape {bt.shape}")
+    if sl.shape != (q.shape[0],) or sl.dtype.kind not in "iu":
+        raise ValueError(f"cache_seqlens must be an integer array of shape ({q.shape[0]},); got {sl.dtype} {sl.shape}")
+    if np.any(sl < 0) or np.any(sl > bt.shape[1] * page):
+        raise ValueError(f"cache_seqlens must be in [0, max_pages * page_size = {bt.shape[1] * page}]; got {sl.tolist()}")
+    for b in range(bt.shape[0]):
+        used = bt[b, :-(-int(sl[b]) // page)]
+        if np.any((used < 0) | (used >= num_pages)):
+            raise ValueError(f"block_table[{b}] has entries {used.tolist()} for its {int(sl[b])} cached keys; "
+                             f"expected page indices in [0, {num_pages})")
+    return q, k_cache, v_cache, bt.astype(np.int64), sl.astype(np.int64)
+
+
+def paged_attention(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=False, scale=None, num_splits=None,
+                    window_size=(-1, -1), alibi_slopes=None, softcap=0.0):
+    """Decoding attention over a paged KV cache (vLLM's PagedAttention layout, the FA library's block_table).
+
+    The keys of sequence b are pages block_table[b, 0], block_table[b, 1], ... of k_cache (num_pages,
+    page_size, H_kv, d), cache_seqlens[b] of them in all. q: (B, H, Nq, d), H_kv dividing H (GQA). The Nq
+    queries are the last Nq positions of the sequence (bottom-right alignment), so causal hides from query i
+    the keys after position cache_seqlens[b] - Nq + i. Split-KV as in flash_decoding: each chunk of keys is
+    read page by page (here: gathered) and gives a partial (m, l, O); the partials merge with merge_states.
+    Returns (o, lse) like flash_decoding; a row with no visible key gets o = 0 and lse = +inf.
+    """
+    q, k_cache, v_cache, bt, sl = check_paged(q, k_cache, v_cache, block_table, cache_seqlens)
+    B, H, nq, d = q.shape
+    page, dv = k_cache.shape[1], v_cache.shape[-1]
+    shell = lambda c: np.empty((B, c.shape[2], 1, c.shape[3]), c.dtype)  # noqa: E731  heads/d/dtype check only
+    _, _, _, causal, scale = check_attention_inputs(q, shell(k_cache), shell(v_cache), causal=causal, scale=scale, gqa=True)
+    opt = check_options(q.shape, causal=causal, scale=scale, window_size=window_size, align="bottom_right",
+                        alibi_slopes=alibi_slopes, softcap=softcap)
+    ct = compute_dtype(q.dtype)
+    o = np.zeros(q.shape[:-1] + (dv,), q.dtype)
+    lse = np.full(q.shape[:-1], np.inf, ct)
+    for b in range(B):
+        nk = int(sl[b])
+        if nk == 0:
+            continue
+        slopes = None if opt.alibi is None else np.broadcast_to(opt.alibi, (B, H))[b:b + 1]
+        opt_b = opt._replace(alibi=slopes)
+        q_b = q[b:b + 1].astype(ct)
+        grouped_lead = _group(q_b, shell(k_cache)[:1], shell(v_cache)[:1])[0].shape[:-2]
+        masking = _Masking(opt_b, q_b.shape[:-2], grouped_lead, nq, nk)
+        state = None
+        for a, e in chunk_bounds(nk, check_num_splits(num_splits, nk, H)):
+            keys = np.arange(a, e)
+            pages, slots = bt[b, keys // page], keys % page  # where each key of the chunk lives in the cache
+            k_c = k_cache[pages, slots].transpose(1, 0, 2)[None].astype(ct)  # (1, H_kv, n, d)
+            v_c = v_cache[pages, slots].transpose(1, 0, 2)[None].astype(ct)
+            qg, kg, vg, _ = _group(q_b, k_c, v_c)
+            S, _ = masking.scores(qg, kg, 0, a, NO_IO)
+            m = S.max(axis=-1)
+            P = np.exp(S - np.where(np.isneginf(m), 0, m)[..., None])
+            part = (m, P.sum(axis=-1), P @ vg)
+            state = part if state is None else merge_states(*state, *part)
+        m, l, O = state
+        seen = l > 0
+        l_safe = np.where(seen, l, 1)
+        o[b] = (O / l_safe[..., None]).reshape(H, nq, dv)
+        lse[b] = np.where(seen, m + np.log(l_safe), np.inf).reshape(H, nq)
+    return o, lse
