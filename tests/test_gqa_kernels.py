@@ -62,3 +62,23 @@ def test_register_backward_sums_dk_dv_over_the_group(rng):
     for name, got, want in (("dq", dq_got, dq), ("dk", dk_got, dk.reshape(1, h_kv, 2, nk, d).sum(2)),
                             ("dv", dv_got, dv.reshape(1, h_kv, 2, nk, d).sum(2))):
         assert fl.relative_error(got, want) < 1e-4, name
+
+
+def test_the_public_api_takes_gqa(rng):
+    """flash_attention and flash_attention_backward accept k and v with H_kv heads (NumPy in, the simulator)."""
+    from flashlab.kernels import flash_attention, flash_attention_backward
+
+    q, k, v = (x.astype(np.float32) for x in inputs(rng, 4, 2, 9, 11, 16))
+    do = rng.standard_normal(q.shape).astype(np.float32)
+    want_o, want_lse = reference(q, k, v, True)
+    want = fl.flash_attention_v2_backward(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), want_o,
+                                          want_lse, do.astype(np.float64), causal=True)
+    for variant in ("register", "shared"):
+        o, lse = flash_attention(q, k, v, causal=True, variant=variant, block_q=16, block_k=16)
+        assert fl.relative_error(o, want_o) < 1e-5, variant
+    got = flash_attention_backward(q, k, v, o, lse, do, causal=True, block_q=8, block_k=16, threads=32)
+    assert got[1].shape == k.shape
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert fl.relative_error(g, w) < 1e-4, name
+    with pytest.raises(ValueError, match="divide"):
+        flash_attention(q, k[:, :1].repeat(3, 1), v[:, :1].repeat(3, 1))

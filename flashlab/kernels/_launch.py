@@ -166,14 +166,15 @@ def _check_4d_dtype(arrays):
                             f"(convert with {name}.astype(np.float32))")
 
 
-def check_kernel_inputs(q, k, v, *, causal=False, scale=None, words=False):
+def check_kernel_inputs(q, k, v, *, causal=False, scale=None, words=False, gqa=False):
     """Validate device arrays q, k, v (B, H, N, d); returns (B, H, Nq, Nk, d, causal, scale).
 
     Same messages as the NumPy API (flashlab._inputs), plus: exactly 4 dims, float16/float32,
     v's d equal to q's, d in SUPPORTED_D. words=True: the arrays are the tensor kernel's uint32 pairs of
-    16-bit values (their dtype was checked already), so d is twice their last dim.
+    16-bit values (their dtype was checked already), so d is twice their last dim. gqa=True (kernels that read
+    K/V head h // (H / H_kv)): k and v may have H_kv heads, H_kv dividing H.
     """
-    key = (tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, k.dtype, v.dtype, causal, scale, words)
+    key = (tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, k.dtype, v.dtype, causal, scale, words, gqa)
     try:
         return _checked(key)
     except TypeError as exc:  # an unhashable argument: check without the cache, which names it
@@ -188,7 +189,7 @@ def _checked(key):
     return _check_kernel_inputs(*key)
 
 
-def _check_kernel_inputs(q_shape, k_shape, v_shape, q_dtype, k_dtype, v_dtype, causal, scale, words):
+def _check_kernel_inputs(q_shape, k_shape, v_shape, q_dtype, k_dtype, v_dtype, causal, scale, words, gqa=False):
     q, k, v = (np.broadcast_to(np.zeros((), np.dtype(dt)), tuple(int(x) for x in shape))
                for shape, dt in ((q_shape, q_dtype), (k_shape, k_dtype), (v_shape, v_dtype)))
     if words:
@@ -196,7 +197,7 @@ def _check_kernel_inputs(q_shape, k_shape, v_shape, q_dtype, k_dtype, v_dtype, c
         shells = [(n, np.broadcast_to(np.zeros((), np.float16), s[:-1] + (2 * s[-1],))) for n, s in shapes.items()]
     else:
         shells = [(n, shell(a, n)) for n, a in (("q", q), ("k", k), ("v", v))]
-    qs, ks, vs, causal, scale = check_attention_inputs(*(s for _, s in shells), causal=causal, scale=scale)
+    qs, ks, vs, causal, scale = check_attention_inputs(*(s for _, s in shells), causal=causal, scale=scale, gqa=gqa)
     _check_4d_dtype(shells)
     if vs.shape[-1] != qs.shape[-1]:
         raise ValueError(f"the kernels need v's last dim equal to d = {qs.shape[-1]}; got v.shape {vs.shape}")
@@ -205,14 +206,14 @@ def _check_kernel_inputs(q_shape, k_shape, v_shape, q_dtype, k_dtype, v_dtype, c
     return B, H, Nq, ks.shape[-2], d, causal, scale
 
 
-def check_kernel_backward_inputs(q, k, v, o, lse, do, *, causal=False, scale=None):
+def check_kernel_backward_inputs(q, k, v, o, lse, do, *, causal=False, scale=None, gqa=False):
     """Backward's version of check_kernel_inputs: o, do like q (same dtype); lse float32 (B, H, Nq).
 
     lse's values are not read here (that would need a copy); returns (B, H, Nq, Nk, d, causal, scale).
     """
-    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q, k, v, causal=causal, scale=scale)
+    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q, k, v, causal=causal, scale=scale, gqa=gqa)
     shells = {n: shell(a, n) for n, a in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("do", do))}
-    check_backward_inputs(*shells.values(), causal=causal, scale=scale)
+    check_backward_inputs(*shells.values(), causal=causal, scale=scale, gqa=gqa)
     for n in ("o", "do"):
         if shells[n].dtype != shells["q"].dtype:
             raise TypeError(f"{n} has dtype {shells[n].dtype}; expected q's dtype {shells['q'].dtype}")

@@ -397,7 +397,8 @@ def _setup(q, k, v, o, lse, do, causal, scale, block_q, block_k, threads):
     dev, kinds = {}, {}
     for name, x in args.items():
         dev[name], kinds[name] = to_device(x, name)
-    B, H, Nq, Nk, d, causal, scale = check_kernel_backward_inputs(*dev.values(), causal=causal, scale=scale)
+    B, H, Nq, Nk, d, causal, scale = check_kernel_backward_inputs(*dev.values(), causal=causal, scale=scale,
+                                                                  gqa=True)
     p = plan((B, H, Nq, Nk, d), causal=causal, dtype=np.dtype(dev["q"].dtype).name, direction="backward",
              block_q=block_q, block_k=block_k, threads=threads)
     return p, scale, 128 if has_gpu() else 32, dev, kinds["q"]

@@ -53,7 +53,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     kernels/_fast.py's prepared path after the first call with their shapes.
     """
     options = (causal, scale, variant, block_q, block_k, tile, precision, splits, plan)
-    if _fast.available():
+    gqa = tuple(getattr(k, "shape", ()))[1:2] != tuple(getattr(q, "shape", ()))[1:2]
+    if _fast.available() and not gqa:  # GQA: the general path (the prepared calls hold MHA builds)
         key = _fast.torch_key(q, k, v)
         if key is not None:
             key = ("forward", key, options)
@@ -106,13 +107,13 @@ def setup(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, sp
         if plan is None:
             precision = resolve_precision(dtype, precision, device_limits()["cc"])
         B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale,
-                                                             words=dtype != "float32")
+                                                             words=dtype != "float32", gqa=True)
     else:
         if precision is not None:
             raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r} with "
                              f"variant={variant!r}")
         (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k, "k"), to_device(v, "v")
-        B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale)
+        B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale, gqa=True)
         dtype = np.dtype(q_d.dtype).name
     if plan is None:
         plan = planner.plan((B, H, Nq, Nk, d), causal=causal, dtype=dtype,

@@ -520,7 +520,7 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
             raise TypeError(f"{name} has dtype {words[name][2]}; expected q's dtype {dtype}")
     lse_d, _ = to_device(lse, "lse")
     B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(words["q"][0], words["k"][0], words["v"][0], causal=causal,
-                                                         scale=scale, words=dtype != "float32")
+                                                         scale=scale, words=dtype != "float32", gqa=True)
     for name, want in (("o", (B, H, Nq)), ("do", (B, H, Nq))):
         got = tuple(words[name][0].shape)[:3]
         if got != want or words[name][0].shape[3] != words["q"][0].shape[3]:
@@ -536,8 +536,9 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
     D = alloc((B, H, Nq), np.float32)
     dq, dq_w = empty_words((B, H, Nq, d), dtype, kind, like=q)
     dq_acc = dq_w if dtype == "float32" else alloc((B, H, Nq, d), np.float32)
-    dk, dk_w = empty_words((B, H, Nk, d), dtype, kind, like=q)
-    dv, dv_w = empty_words((B, H, Nk, d), dtype, kind, like=q)
+    H_kv = words["k"][0].shape[1]
+    dk, dk_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
+    dv, dv_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
     launch(words["q"][0], words["k"][0], words["v"][0], words["o"][0], lse_d, words["do"][0], dq_w, dk_w, dv_w,
            dq_acc, D, H, scale, causal, plan.config, plan.precision)
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
