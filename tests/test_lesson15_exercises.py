@@ -247,6 +247,22 @@ def ds_returns_the_matrix_position(lane, i):
     return 0, 2 * t + i % 2 + 8 * (i // 4), g + 8 * ((i // 2) % 2)
 
 
+@mutant("ds_source", "g and t swapped")
+def ds_source_lane_g_t_swapped(lane, i):
+    """the holder of C's (row, column) taken as lane 4 * (column // 2) + row"""
+    n, L, c = SOLUTIONS["ds_source"](lane, i)
+    return n, 4 * (L % 4) + L // 4, c
+
+
+@mutant("ds_source", "your lane's (g, t) is wrong")
+def ds_source_own_g_t_swapped(lane, i):
+    """g, t = lane % 4, lane // 4 for the A fragment's lane"""
+    g, t = lane % 4, lane // 4
+    query, key = g + 8 * ((i // 2) % 2), 2 * t + i % 2 + 8 * (i // 4)
+    col = query % 8
+    return query // 8, 4 * (key % 8) + col // 2, col % 2 + 2 * (key // 8)
+
+
 def test_the_ds_checkers_map_is_the_lessons():
     from flashlab.grading.l15_tensor_cores import RIGHT_DS, ds_sources
     from flashlab.viz.tensor import ds_sources as lesson_map

@@ -142,6 +142,57 @@ def test_quad_reduction_ends_with_the_max_everywhere():
     assert last == [max(values)] * 4
 
 
+def _by_gid(ax):
+    out = {}
+    for p in ax.patches:
+        if p.get_gid():
+            out.setdefault(p.get_gid(), []).append(p)
+    return out
+
+
+@pytest.mark.parametrize("warps, block_q, query", [(4, 32, 5), (2, 16, 12), (1, 48, 47)])
+def test_backward_block_gives_each_warp_16_keys_and_a_query_crosses_them_all(warps, block_q, query):
+    ax = T.plot_backward_block(warps, block_q, query).axes[0]
+    parts = _by_gid(ax)
+    for w in range(warps):  # warp w: rows 16w..16w+15 of the key block, and the same rows of S^T and dS^T
+        for name in (f"keys {w}", f"S^T {w}", f"dS^T {w}"):
+            (band,) = parts[name]
+            assert (band.get_y(), band.get_height()) == (16 * w, 16), name
+        (st,) = parts[f"S^T {w}"]
+        assert st.get_width() == block_q
+        assert any(t.get_text().startswith(f"warp {w}\nkeys\n{16 * w}-{16 * w + 15}") for t in ax.texts)
+    assert f"keys {warps}" not in parts
+    s0, d0 = parts["S^T 0"][0].get_x(), parts["dS^T 0"][0].get_x()
+    cols = sorted(parts["query column"], key=lambda p: p.get_x())
+    assert [(p.get_x(), p.get_y(), p.get_width(), p.get_height()) for p in cols] == [
+        (s0 + query, 0, 1, 16 * warps), (d0 + query, 0, 1, 16 * warps)]  # one column of dS^T, every warp's band
+    (row,) = parts["query row"]
+    (dq,) = parts["dQ"]
+    assert (row.get_y(), row.get_height(), dq.get_height()) == (query, 1, block_q)  # dQ's rows are queries
+    assert f"block_k = {16 * warps} keys" in ax.get_title()
+
+
+def test_backward_block_names_bad_arguments():
+    for kw, word in ((dict(warps=0), "warps"), (dict(warps=2.0), "warps"), (dict(block_q=24), "block_q"),
+                     (dict(block_q=32, query=32), "query"), (dict(query=True), "query")):
+        with pytest.raises(ValueError, match=word):
+            T.plot_backward_block(**kw)
+
+
+@pytest.mark.parametrize("lane", [0, 5, 31])
+def test_ds_transpose_outlines_where_the_lanes_values_are(lane):
+    src = T.ds_sources()[lane]
+    A, C = F.fragment_map("m16n8k16", "A", "float16")[lane], F.fragment_map("m16n8k16", "C", "float16")
+    dS_T = np.arange(256.0).reshape(16, 16)  # every cell its own value: C's n-tile n holds columns 8n..8n+7
+    got = [dS_T[C[L, c][0], 8 * n + C[L, c][1]] for n, L, c in src]
+    assert got == [dS_T[key, query] for query, key in A]  # the source of A's (query, key) is dS^T[key, query]
+    left, right = T.plot_ds_transpose(lane).axes
+    outlined = {(p.get_x(), p.get_y()) for p in left.patches if not p.get_fill()}
+    assert outlined == {(8 * n + 0.3 * n + C[L, c][1], C[L, c][0]) for n, L, c in src}
+    moved = int((src[:, 1] != lane).sum())
+    assert f"lane {lane} needs {moved} of its 8" in right.get_title()
+
+
 def test_tensor_product_model_is_a_chain_of_warp_mma(rng):
     A = rng.standard_normal((16, 24)).astype(np.float32)
     B = rng.standard_normal((24, 8)).astype(np.float32)

@@ -492,24 +492,44 @@ plt.show()
 # Lesson 06's backward has five matrix products per tile. `flashlab/kernels/tensor_backward.py` runs them
 # on `mma.sync` with the forward's tricks, and one new one. Its thread block owns a block of keys, and each
 # warp owns 16 of them, so that dK and dV (one row per key) can sit in registers for the whole loop over
-# query tiles, as O does in the forward. That decides the layouts: a warp's accumulators must have *keys*
-# as rows, so it computes the transposes Sᵀ = K Qᵀ and dPᵀ = V dOᵀ instead of S and dP.
+# query tiles, as O does in the forward. The figure shows one block (4 warps, a tile of 32 queries) and
+# where each operand comes from.
+
+# %%
+tviz.plot_backward_block(warps=4, block_q=32, query=5)
+plt.show()
+
+# %% [markdown]
+# What to see:
+#
+# - A warp's accumulators must have *keys* as rows, so every warp computes its band of the transposes,
+#   Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, instead of S and dP. Its rows are the warp's 16 keys, its columns the tile's
+#   queries, and it comes out of the `mma` as C fragments (section 4's picture, turned on its side).
+# - Pᵀ and dSᵀ, computed from those C fragments, are exactly the A operands of dV += Pᵀ dO and
+#   dK += dSᵀ Q: two 8-query n-tiles of C are one 16-query k-step of A, as P was in the forward. dK and
+#   dV never leave the warp.
+# - dQ is the odd one out. Its rows are queries, and one query's row of dS (outlined) is a *column* of dSᵀ
+#   that crosses every warp's band, 16 keys in each. So dSᵀ goes through shared memory before the warps
+#   split dQ's tile between them.
+#
+# The five products, with the operands each `mma` gets (16-bit inputs; section 3 for `ldmatrix`):
 #
 # | product | A operand (16 rows) | B operand | C / D |
 # | --- | --- | --- | --- |
 # | Sᵀ = K Qᵀ | K: `ldmatrix` from shared memory | Q: `ldmatrix` (stored row-major, read as B's columns) | Sᵀ, rows = keys |
-# | dPᵀ = V dOᵀ | V: `ldmatrix`, or held in registers | dO: `ldmatrix` | dPᵀ, rows = keys |
+# | dPᵀ = V dOᵀ | V: held in registers (or `ldmatrix` when the tile keeps V in shared memory) | dO: `ldmatrix` | dPᵀ, rows = keys |
 # | dV += Pᵀ dO | Pᵀ: straight from Sᵀ's C fragments (section 4's trick) | dO: `ldmatrix.trans` (like V in the forward) | dV in registers |
 # | dK += dSᵀ Q | dSᵀ: straight from its C fragments | Q: `ldmatrix.trans` | dK in registers |
 # | dQ += dS K | dS: `ldmatrix.trans` of dSᵀ, **after a trip through shared memory** | K: `ldmatrix.trans` | added to dQ with atomics |
 #
 # Between the products, Pᵀ = exp(scale·Sᵀ − lse) and dSᵀ = Pᵀ ∘ (dPᵀ − D) are computed in fp32 on the C
 # fragments. lse and D belong to queries, so they now index *columns*. Pᵀ and dSᵀ are rounded to 16 bits
-# before their products, as in FlashAttention-2.
+# before their products, as in FlashAttention-2. In float32 (1xTF32 and 3xTF32) the kernel reads every
+# operand from shared memory with plain 32-bit loads instead of `ldmatrix`, and reuses C fragments as A
+# fragments with section 4's renumbering of the k index.
 #
-# The last row is the odd one. dQ's rows are queries, and a query's row of dS is spread over every warp of
-# the block, 16 keys each. Even within one warp the values sit in the wrong lanes: the figure colours every
-# cell by the lane that holds it, as a C fragment of dSᵀ (left) and as the A fragment dQ's `mma` needs (right).
+# Even within one warp, dS's values sit in the wrong lanes for dQ: the figure colours every cell by the
+# lane that holds it, as a C fragment of dSᵀ (left) and as the A fragment dQ's `mma` needs (right).
 
 # %%
 tviz.plot_ds_transpose(lane=5)
@@ -519,37 +539,41 @@ moved = (src[:, :, 1] != np.arange(32)[:, None]).mean()
 print(f"{moved:.1%} of the A fragment's values sit in another lane's C fragment")
 
 # %% [markdown]
-# So each warp stores its dSᵀ to shared memory (C's neighbours 2t and 2t+1 are neighbouring queries: one
-# packed 32-bit word), the block synchronises, and the warps split dQ's tile between them. `ldmatrix.trans`
-# reads dSᵀ's 8 x 8 blocks back transposed, which is exactly dS's A fragment: the same instruction that
-# turns V around in the forward. Here is that round trip in NumPy, with the same packing as the kernel:
+# So each warp stores its dSᵀ to shared memory, key-major: C's neighbours c0, c1 (columns 2t and 2t+1) are
+# neighbouring queries of one key, so they go out as one packed 32-bit word. The block synchronises, and
+# `ldmatrix.trans` reads the stored 8 x 8 blocks back transposed: query-major, which is exactly dS's A
+# fragment, the same instruction that turns V around in the forward. Here is that round trip for one
+# warp's 16 keys x 16 queries, with section 3's `load_both` kernel doing the reading (the simulator's
+# `ldmatrix`, or the real one on a GPU):
 
 # %%
-dS_T = F.from_bits16(F.to_bits16(rng.standard_normal((16, 16)), "float16"), "float16")  # keys x queries
-stored = F.pack16(F.to_bits16(dS_T[:, 0::2], "float16"), F.to_bits16(dS_T[:, 1::2], "float16"))  # 16 x 8 words
+dS_T = F.round_f16(rng.standard_normal((16, 16)))  # one warp's dSᵀ: 16 keys x 16 queries
+c_tiles = [F.to_fragments(dS_T[:, 8 * n:8 * n + 8], "m16n8k16", "C") for n in range(2)]  # n-tile n: queries 8n..
 
+# Store: lane (g, t) writes (c0, c1) to row g and (c2, c3) to row g + 8, word 4n + t (queries 8n + 2t, + 1).
+lanes = np.arange(32)
+g, t = lanes // 4, lanes % 4
+stored = np.zeros((16, 8), np.uint32)  # rows = keys, 8 words = 16 queries
+for n, c in enumerate(c_tiles):
+    bits = F.to_bits16(c, "float16")
+    stored[g, 4 * n + t] = F.pack16(bits[:, 0], bits[:, 1])
+    stored[g + 8, 4 * n + t] = F.pack16(bits[:, 2], bits[:, 3])
 
-def ldmatrix_trans(words, row0, word0):
-    """What lane L gets from one 8 x 8 block at (row0, word0): the two values of column L // 4 in rows
-    2(L % 4) and 2(L % 4) + 1, packed: the block transposed, then read as ldmatrix reads."""
-    lo, hi = F.unpack16(words[row0:row0 + 8, word0:word0 + 4])
-    block = np.stack([lo, hi], -1).reshape(8, 8).T  # 16-bit values, transposed
-    return F.pack16(block[np.arange(32) // 4, 2 * (np.arange(32) % 4)], block[np.arange(32) // 4, 2 * (np.arange(32) % 4) + 1])
-
-
-# A's registers a0..a3: (queries 0-7, keys 0-7), (queries 8-15, keys 0-7), (0-7, 8-15), (8-15, 8-15)
-regs = np.stack([ldmatrix_trans(stored, 8 * (r // 2), 4 * (r % 2)) for r in range(4)], 1)
-want = F.to_fragments(dS_T.T, "m16n8k16", "A", "float16")  # dS's A fragment, (32 lanes, 8 values)
-lo, hi = F.unpack16(regs)
-got = F.from_bits16(np.stack([lo, hi], -1).reshape(32, 8), "float16")
-print("ldmatrix.trans of the stored dSᵀ is dS's A fragment:", np.array_equal(got, want))
+# Read: ldmatrix.x4.trans, register r from the 8 x 8 block of keys 8 (r // 2).. and query words 4 (r % 2)..
+blocks = np.concatenate([stored[8 * (r // 2):8 * (r // 2) + 8, 4 * (r % 2):4 * (r % 2) + 4] for r in range(4)])
+plain, trans = np.zeros((32, 4), np.uint32), np.zeros((32, 4), np.uint32)
+load_both[1, 32](np.ascontiguousarray(blocks), plain, trans)
+want = registers16(F.to_fragments(dS_T.T, "m16n8k16", "A"))  # dS (rows = queries) as dQ's A operand
+print("ldmatrix.trans of the stored dSᵀ is dS's A fragment:", np.array_equal(trans, want))
+print("plain ldmatrix of the same words is not:", not np.array_equal(plain, want))
 
 # %% [markdown]
 # **Why atomics for dQ.** Each block holds one block of keys, so it sees only its share of a query's dQ;
 # the other key blocks hold the rest. Two ways to add the shares up:
 #
 # - a second pass that loops over the key blocks of each query block. It must recompute Sᵀ and dPᵀ, two
-#   more of the five products (+40% FLOPs), and read K and V again;
+#   more of the five products, and read K and V again. All five have the same size (Nq·Nk·d multiply-adds),
+#   so that is 2/5 = 40% more FLOPs;
 # - float32 `atomicAdd` into a dQ accumulator in global memory, then a cast to q's dtype. FlashAttention-2
 #   does this (its `dq_accum`), and so does this kernel.
 #

@@ -357,17 +357,18 @@ def check_s_tile(t, fn):
 
 
 # ------------------------------------------------------------------------------- the dS transpose
-def ds_sources(query_of, key_of, c_of):
+def ds_sources(query_of, key_of, c_of, lane_of=lambda key, col: 4 * (key % 8) + col // 2, gt=lambda L: divmod(L, 4)):
     """(32, 8, 3) (n-tile, lane, c) of every A element of dS, from formulas for the A element's query and key
     (of g, t, i) and for C's register index (of the column within the n-tile and the key): the checker's
-    statement of flashlab.viz.tensor.ds_sources (a test keeps them equal), replayable with a slip."""
+    statement of flashlab.viz.tensor.ds_sources (a test keeps them equal), replayable with a slip (lane_of: the
+    C holder's lane from its row and column in the n-tile; gt: (g, t) of the A lane)."""
     out = np.zeros((32, 8, 3), np.int64)
     for lane in range(32):
-        g, t = lane // 4, lane % 4
+        g, t = gt(lane)
         for i in range(8):
             query, key = query_of(g, t, i), key_of(g, t, i)
             col = query % 8
-            out[lane, i] = (query // 8, 4 * (key % 8) + col // 2, c_of(col, key))
+            out[lane, i] = (query // 8, lane_of(key, col), c_of(col, key))
     return out
 
 
@@ -392,6 +393,12 @@ def _ds_slips(want):
                     RIGHT_DS["c_of"]),
          "A's registers are in the wrong order: a2, a3 (register 1) are the rows 8 further down, a4..a7 the keys "
          "8 further right"),
+        (ds_sources(**dict(RIGHT_DS, lane_of=lambda key, col: 4 * (col // 2) + key % 8)),
+         "the source lane has g and t swapped: the C value at (row, column) of an n-tile is held by lane 4 g + t "
+         "with g = row (here the key % 8) and t = column // 2 (here (query % 8) // 2)"),
+        (ds_sources(**dict(RIGHT_DS, gt=lambda L: (L % 4, L // 4))),
+         "your lane's (g, t) is wrong: g = lane // 4 (the group of 4 lanes sharing a row), t = lane % 4 (its "
+         "place in the group)"),
     ]
 
 
@@ -409,7 +416,11 @@ def check_ds_source(t, fn):
                 or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in out)):
             raise t.fail(f"return three ints (n_tile, source_lane, c); for lane {lane}, element {i} you returned "
                          f"{out!r:.60}")
-        got[lane, i] = [int(x) for x in out]
+        got[lane, i] = [max(min(int(x), 2**40), -2**40) for x in out]
+    for slip, why in _ds_slips(want):  # before the range check: some slips leave the C fragments
+        if np.array_equal(got, slip):
+            raise t.fail(why)
+    for lane, i in np.ndindex(32, 8):
         n, L, c = got[lane, i]
         if not (0 <= n < 2 and 0 <= L < 32 and 0 <= c < 4):
             raise t.fail(f"lane {lane}, element {i}: ({n}, {L}, {c}) is not a place in the C fragments: n_tile is "
@@ -421,9 +432,6 @@ def check_ds_source(t, fn):
         gathered = C[want[..., 0], want[..., 1], want[..., 2]]
         assert np.array_equal(gathered, F.to_fragments(dS_T.T, "m16n8k16", "A")), "the checker's own map is wrong"
         return
-    for slip, why in _ds_slips(want):
-        if np.array_equal(got, slip):
-            raise t.fail(why)
     bad = np.argwhere((got != want).any(-1))
     L, i = bad[0]
     raise t.fail(f"{len(bad)} of the 256 places are wrong; e.g. lane {L}, element {i}: you said "

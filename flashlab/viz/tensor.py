@@ -1,6 +1,7 @@
 """Figures of lesson 15 (tensor cores from Python), each drawn from flashlab.fragments or committed data.
 
 fragments  plot_fragments, fragment_explorer, plot_p_in_registers, plot_ldmatrix, plot_quad_reduction
+backward   plot_backward_block, ds_sources, plot_ds_transpose
 formats    format_errors, plot_format_errors (fp16, bf16, 1xTF32, 3xTF32 products against float64)
 kernel     plot_double_buffer, source_between (a commented section of a function's source)
 speed      load_mma_ceiling, load_tensor_results, plot_mma_ceiling, plot_tensor_speed, ceiling_shares,
@@ -150,6 +151,73 @@ def plot_p_in_registers(layout="f16", axes=None):
         "the same lanes hold the same cells, no data moves" if same else
         "same rows, other columns: read column t as key 2t, column t+4 as key 2t+1"), fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+WARP_COLORS = plt.get_cmap("tab10").colors
+
+
+def plot_backward_block(warps=4, block_q=32, query=5, ax=None):
+    """One thread block of the tensor backward (lesson 15): a key block of 16 * warps keys, warp w owning keys
+    16w..16w+15, and one tile of block_q queries. Each warp computes its band of S^T (rows = its keys) from K
+    or V (A) and Q or dO (B), and feeds P^T and dS^T from registers into dV and dK, which stay in its
+    registers. dQ's rows are queries: `query`'s row of dS is a column of dS^T crossing every warp's band, so
+    dS^T goes through shared memory before the warps split dQ's tile."""
+    if isinstance(warps, bool) or not isinstance(warps, (int, np.integer)) or not 1 <= warps <= 8:
+        raise ValueError(f"warps must be an integer in 1..8; got {warps!r}")
+    if isinstance(block_q, bool) or not isinstance(block_q, (int, np.integer)) or block_q < 16 or block_q % 16:
+        raise ValueError(f"block_q must be a positive multiple of 16; got {block_q!r}")
+    if isinstance(query, bool) or not isinstance(query, (int, np.integer)) or not 0 <= query < block_q:
+        raise ValueError(f"query must be an integer in 0..{block_q - 1} (a query of the tile); got {query!r}")
+    BK, BQ = 16 * warps, block_q
+    fig, ax = own_axes(ax, width=13, height=max(5.5, 3 + 0.09 * BK))
+    XK, XS, XD, XQ = 0, 18, 18 + BQ + 14, 18 + 2 * BQ + 26  # key block, S^T, dS^T in shared memory, dQ_i
+    small = dict(ha="center", va="center", fontsize=7)
+    for w in range(warps):
+        color, y = WARP_COLORS[w], 16 * w
+        ax.add_patch(plt.Rectangle((XK, y), 10, 16, facecolor=color, edgecolor="white", lw=1, gid=f"keys {w}"))
+        ax.text(XK + 5, y + 8, f"warp {w}\nkeys\n{16 * w}-{16 * w + 15}", color=text_color_on(color), **small)
+        ax.add_patch(plt.Rectangle((XS, y), BQ, 16, facecolor=color, alpha=0.45, edgecolor="white", lw=1,
+                                   gid=f"S^T {w}"))
+        ax.add_patch(plt.Rectangle((XD, y), BQ, 16, facecolor=color, alpha=0.2, edgecolor="white", lw=1,
+                                   gid=f"dS^T {w}"))
+        ax.text(XS + BQ / 2, y + 8, f"warp {w}" + (": C fragments" if BQ >= 32 else ""), **small)
+    for x in range(8, BQ, 8):  # n-tiles of 8 queries
+        ax.plot([XS + x, XS + x], [0, BK], color="white", lw=0.6, ls="--")
+    ax.add_patch(plt.Rectangle((XS, -9), BQ, 5, facecolor="#dddddd", edgecolor="black", lw=0.5))
+    ax.text(XS + BQ / 2, -6.5, f"Qᵢ, dOᵢ: {BQ} queries (shared memory)", **small)
+    for x0 in (XS, XD):  # query's row of dS = one column of dS^T, 16 values in every warp's band
+        ax.add_patch(plt.Rectangle((x0 + query, 0), 1, BK, fill=False, edgecolor="black", lw=1.6,
+                                   gid="query column"))
+    ax.add_patch(plt.Rectangle((XQ, 0), 16, BQ, facecolor="#eeeeee", edgecolor="black", lw=0.5, gid="dQ"))
+    ax.add_patch(plt.Rectangle((XQ, query), 16, 1, fill=False, edgecolor="black", lw=1.6, gid="query row"))
+    ax.text(XQ + 8, (query + 1 + BQ) / 2 if query < BQ / 2 else query / 2, "dQᵢ\n(rows =\nqueries)", **small)
+    ax.text(XK + 5, -1, "Kⱼ, Vⱼ in;\ndKⱼ, dVⱼ in\nregisters", ha="center", va="bottom", fontsize=7)
+    arrow = dict(arrowstyle="->", lw=1, color="#333333")
+    ax.annotate("", (XS - 0.5, BK / 2), (XK + 10.5, BK / 2), arrowprops=arrow)
+    ax.text((XK + 10 + XS) / 2, BK / 2 - 1, "A: K, V", ha="center", va="bottom", fontsize=7)
+    ax.annotate("", (XS + BQ / 2, -0.5), (XS + BQ / 2, -3.5), arrowprops=arrow)
+    ax.text(XS + BQ / 2 + 1, -2, "B: Q, dO", ha="left", va="center", fontsize=7)
+    ax.annotate("", (XK + 5, BK + 0.5), (XS + BQ / 2, BK + 0.5),
+                arrowprops=dict(arrow, connectionstyle="arc3,rad=-0.25"))
+    ax.text((XK + XS + BQ) / 2 - 2, BK + 6.5, "dV += Pᵀ dO, dK += dSᵀ Q: A straight from the C fragments;\n"
+            "dK, dV stay in each warp's registers", ha="center", va="top", fontsize=7)
+    ax.annotate("", (XD - 0.5, BK / 2), (XS + BQ + 0.5, BK / 2), arrowprops=arrow)
+    ax.text((XS + BQ + XD) / 2, BK / 2 - 1, "store,\nsync", ha="center", va="bottom", fontsize=7)
+    ax.annotate("", (XQ - 0.5, BQ / 2), (XD + BQ + 0.5, BQ / 2), arrowprops=arrow)
+    ax.text((XD + BQ + XQ) / 2, BQ / 2 - 1, "A = dS:\nldmatrix\n.trans", ha="center", va="bottom", fontsize=7)
+    ax.text(XS + BQ / 2 - 1, -2, "Sᵀ, dPᵀ → Pᵀ, dSᵀ", ha="right", va="center", fontsize=7)
+    ax.text(XD + BQ / 2, -1, "dSᵀ in shared memory\n(16-bit pairs)", ha="center", va="bottom", fontsize=7)
+    ax.text(XQ + 8, BQ + 1, "warps split it:\n+= dS K, then\natomicAdd to\ndq_accum", ha="center", va="top",
+            fontsize=7)
+    ax.text(XQ + 8, -1, f"query {query}", ha="center", va="bottom", fontsize=7)
+    ax.set_xlim(XK - 1, XQ + 17)
+    ax.set_ylim(BK + 10, -11)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"One block of the tensor backward: block_k = {BK} keys, {warps} warps of 16 keys, a tile of "
+                 f"{BQ} queries\n(outlined: query {query}'s row of dS, a column of dSᵀ that crosses every warp)",
+                 fontsize=9)
     return fig
 
 
