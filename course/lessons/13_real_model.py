@@ -323,7 +323,7 @@ def attention_without_dq_dk(q, k, v, is_causal=False):
 
 
 small = {**gpt.BF16_SETUP, "n_layer": 2, "n_head": 1, "n_embd": 64, "block_size": 64, "batch_size": 16,
-         "steps": 150, "lr": 3e-3, "warmup": 2, "text_chars": 20_000}
+         "steps": size(150, 100), "lr": 3e-3, "warmup": 2, "text_chars": 20_000}
 cpu_run = gpt.compare_attention({"torch": F.scaled_dot_product_attention, "flashlab": flash_sdpa,
                                  "without dQ, dK": attention_without_dq_dk}, small)
 plot_bf16_run(cpu_run, speed=False)
