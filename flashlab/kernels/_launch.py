@@ -166,6 +166,11 @@ def _check_4d_dtype(arrays):
                             f"(convert with {name}.astype(np.float32))")
 
 
+def is_gqa(q, k) -> bool:
+    """k has another head count than q (GQA / MQA): such calls skip the prepared path, which holds MHA builds."""
+    return tuple(getattr(k, "shape", ()))[1:2] != tuple(getattr(q, "shape", ()))[1:2]
+
+
 def check_kernel_inputs(q, k, v, *, causal=False, scale=None, words=False, gqa=False):
     """Validate device arrays q, k, v (B, H, N, d); returns (B, H, Nq, Nk, d, causal, scale).
 

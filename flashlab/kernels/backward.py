@@ -29,7 +29,7 @@ import numpy as np
 from ..device import get_cuda, has_gpu
 from ._launch import SUPPORTED_D  # noqa: F401 (re-exported)
 from . import _fast
-from ._launch import check_kernel_backward_inputs, empty, like_input, to_device
+from ._launch import check_kernel_backward_inputs, empty, is_gqa, like_input, to_device
 
 # numba.cuda, bound on first use (importing it is what picks GPU or simulator: see device.py). A module
 # global rather than a closure variable, because the simulator swaps in its fake `cuda` through globals.
@@ -335,8 +335,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
         raise ValueError(f"variant must be 'register' or 'tensor' for the backward; got {variant!r}")
     if precision is not None:
         raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
-    gqa = tuple(getattr(k, "shape", ()))[1:2] != tuple(getattr(q, "shape", ()))[1:2]
-    if _fast.available() and not gqa:  # torch tensors: kernels/_fast.py's prepared path after the first call
+    if _fast.available() and not is_gqa(q, k):  # torch tensors: kernels/_fast.py's prepared path after the first call
         key = _fast.torch_key(q, k, v, o, lse, do)
         if key is not None:
             key = ("backward", key, causal, scale, block_q, block_k, threads)

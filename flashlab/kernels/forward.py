@@ -7,7 +7,7 @@ from .._inputs import check_block
 from ..device import device_limits
 from . import _fast
 from . import plan as planner
-from ._launch import check_kernel_inputs, empty, like_input, to_device
+from ._launch import check_kernel_inputs, empty, is_gqa, like_input, to_device
 
 VARIANTS = ("shared", "register", "tensor")
 
@@ -53,8 +53,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     kernels/_fast.py's prepared path after the first call with their shapes.
     """
     options = (causal, scale, variant, block_q, block_k, tile, precision, splits, plan)
-    gqa = tuple(getattr(k, "shape", ()))[1:2] != tuple(getattr(q, "shape", ()))[1:2]
-    if _fast.available() and not gqa:  # GQA: the general path (the prepared calls hold MHA builds)
+    if _fast.available() and not is_gqa(q, k):  # GQA: the general path (the prepared calls hold MHA builds)
         key = _fast.torch_key(q, k, v)
         if key is not None:
             key = ("forward", key, options)

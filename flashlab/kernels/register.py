@@ -206,7 +206,8 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
             q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBR
         if GQA:  # query head h reads K/V head h // (H / H_kv); a build of its own, so MHA's code is unchanged
             b, h = bh // U(n_heads), bh % U(n_heads)
-            qh, kh, vh = q[b, h], k[b, h * U(k.shape[1]) // U(n_heads)], v[b, h * U(k.shape[1]) // U(n_heads)]
+            hk = h * U(k.shape[1]) // U(n_heads)
+            qh, kh, vh = q[b, h], k[b, hk], v[b, hk]
         else:
             qh, kh, vh = q[bh // U(n_heads), bh % U(n_heads)], k[bh // U(n_heads), bh % U(n_heads)], \
                 v[bh // U(n_heads), bh % U(n_heads)]  # this head's (N, d) matrices

@@ -50,7 +50,7 @@ from numba import config, float32, uint32
 
 from ..device import get_cuda
 from . import mma
-from .tensor import FASTMATH, LOG2E, PRECISIONS, row_words, stages as async_stages  # noqa: F401
+from .tensor import FASTMATH, LOG2E, row_words, stages as async_stages
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
 
@@ -166,7 +166,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     LAG = 1 if ASYNC else 0
     CPR = W // 4  # 16-byte chunks per row
     Q_CHUNKS, K_CHUNKS = BQ * CPR, BK * CPR
-    UW, URS, UDRS, UBQ, UBK = U(W), U(RS), U(DRS), U(BQ), U(BK)
+    URS, UDRS, UBQ, UBK = U(RS), U(DRS), U(BQ), U(BK)
     CAUSAL = causal
     ALIGN = None if config.ENABLE_CUDASIM else 16
     DT = float32 if WIDE else uint32
@@ -521,10 +521,9 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
     lse_d, _ = to_device(lse, "lse")
     B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(words["q"][0], words["k"][0], words["v"][0], causal=causal,
                                                          scale=scale, words=dtype != "float32", gqa=True)
-    for name, want in (("o", (B, H, Nq)), ("do", (B, H, Nq))):
-        got = tuple(words[name][0].shape)[:3]
-        if got != want or words[name][0].shape[3] != words["q"][0].shape[3]:
-            raise ValueError(f"{name} has shape {tuple(getattr(locals()[name], 'shape', got))}; expected q's shape")
+    for name, x in (("o", o), ("do", do)):
+        if tuple(words[name][0].shape) != tuple(words["q"][0].shape):
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected q's shape {tuple(q.shape)}")
     if tuple(lse_d.shape) != (B, H, Nq) or np.dtype(lse_d.dtype) != np.float32:
         raise ValueError(f"lse must be float32 of shape {(B, H, Nq)} (as the forward returns it); got "
                          f"{np.dtype(lse_d.dtype).name} {tuple(lse_d.shape)}")
