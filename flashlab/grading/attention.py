@@ -106,10 +106,14 @@ def check_forward(t, out, Q, K, V, causal, block_q, block_k, rerun=None):
     O, lse = _as_pair(t, out, ("O", "lse"))
     O = t.array(O, o_ref.shape, Q.dtype, "O")
     lse = t.array(lse, lse_ref.shape, None, "lse", min_dtype=Q.dtype)
+    # A right kernel's scores carry rounding errors of about eps * |S|; where two keys nearly tie, P and O move
+    # by that much (huge logits in float32: ~1e-3), so O's tolerance grows with the largest score.
+    scores = np.abs(Q.astype(np.float64) @ K.astype(np.float64).T).max(initial=0.0) / math.sqrt(Q.shape[-1])
     tol = tolerance(Q.dtype)
-    o_bad, l_bad = _rows_wrong(O, o_ref, tol), _rows_wrong(lse, lse_ref, tol)
+    o_tol = max(tol, 16 * float(np.finfo(np.promote_types(Q.dtype, np.float32)).eps) * scores)  # fp32 scores at least
+    o_bad, l_bad = _rows_wrong(O, o_ref, o_tol), _rows_wrong(lse, lse_ref, tol)
     if not (o_bad.any() or l_bad.any()):
-        t.compare(O, o_ref, "O", dtype=Q.dtype)  # the rows are fine; this checks the overall error too
+        t.compare(O, o_ref, "O", dtype=Q.dtype, tol=o_tol)  # the rows are fine; this checks the overall error too
         t.compare(lse, lse_ref, "lse", min_dtype=Q.dtype)
         return
 
