@@ -82,3 +82,34 @@ def test_the_public_api_takes_gqa(rng):
         assert fl.relative_error(g, w) < 1e-4, name
     with pytest.raises(ValueError, match="divide"):
         flash_attention(q, k[:, :1].repeat(3, 1), v[:, :1].repeat(3, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gqa_every_variant_against_float64(rng, causal):
+    """On a GPU, torch tensors in: each forward variant and each backward reads K/V head h // (H / H_kv)."""
+    torch = pytest.importorskip("torch")
+    from flashlab.device import has_gpu
+
+    if not has_gpu():
+        pytest.skip("needs a CUDA GPU")
+    from flashlab.kernels import flash_attention, flash_attention_backward
+
+    H, h_kv, nq, nk, d = 8, 2, 333, 517, 64
+    q, k, v = inputs(rng, H, h_kv, nq, nk, d)
+    do = rng.standard_normal(q.shape)
+    want_o, want_lse = reference(q, k, v, causal)
+    want = fl.flash_attention_v2_backward(q, k, v, want_o, want_lse, do, causal=causal)
+    for dtype, variants, tol in ((torch.float32, ("register", "shared", "tensor"), 1e-4),
+                                 (torch.float16, ("tensor",), 5e-3)):
+        tq, tk, tv, tdo = (torch.tensor(x, device="cuda", dtype=dtype) for x in (q, k, v, do))
+        for variant in variants:
+            o, lse = flash_attention(tq, tk, tv, causal=causal, variant=variant)
+            assert fl.relative_error(o.double().cpu().numpy(), want_o) < tol, (variant, dtype)
+        bwd = ("register", "tensor") if dtype == torch.float32 else ("tensor",)
+        for variant in bwd:
+            got = flash_attention_backward(tq, tk, tv, o, lse, tdo, causal=causal, variant=variant)
+            assert got[1].shape == tk.shape
+            for name, g, w in zip(("dq", "dk", "dv"), got, want):
+                err = fl.relative_error(g.double().cpu().numpy(), w)
+                assert err < 10 * tol, f"{variant} {dtype} {name}: {err:.2e}"
