@@ -190,6 +190,10 @@ def _sdpa_grads(tq, tk, tv, tdo, causal):
     return [x.grad for x in (q, k, v)]
 
 
+def _error(got, want, scale):
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(scale), 1e-300))
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("d", [32, 64, 128])
@@ -211,8 +215,11 @@ def test_gpu_tensor_backward(rng, d, n):
             sdpa = _sdpa_grads(tq, tk, tv, tdo, causal)
             for name, g, s, w in zip(("dq", "dk", "dv"), got, sdpa, want):
                 assert g.dtype == dtype and g.shape == s.shape
-                err = fl.relative_error(g.double().cpu().numpy(), w)
-                ref = fl.relative_error(s.double().cpu().numpy(), w)
+                # With one key P = 1, so dS = P(dP - D) = 0 and dQ, dK are exactly zero: float64's own rounding
+                # would be the denominator. Measure it against dV's size, the scale of the gradients, instead.
+                scale = want[2] if (name in ("dq", "dk") and nk == 1) else w
+                err = _error(g.double().cpu().numpy(), w, scale)
+                ref = _error(s.double().cpu().numpy(), w, scale)
                 bound = 1e-5 if dtype == torch.float32 else 2 * ref + 1e-4
                 assert err <= bound, f"{dtype} {name} n={n} d={d} causal={causal}: {err:.2e} (SDPA {ref:.2e})"
 

@@ -239,7 +239,7 @@ def test_cuda_16bit_backward_runs_on_tensor_cores(rng, monkeypatch):
     import flashlab.kernels.backward as kb
     import flashlab.kernels.tensor_backward as tb
 
-    monkeypatch.setattr(kb, "TENSOR_DEFAULT", True)  # what the default will be once issue 13's GPU run passes
+    monkeypatch.setattr(kb, "TENSOR_DEFAULT", True)  # the default; set here so the test holds if it is turned off
 
     calls = []
     real = tb.launch

@@ -319,7 +319,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
 
     variant: "register" (this module, FP32 units; float32 and float16) or "tensor" (kernels/tensor_backward.py,
     tensor cores: float16, bfloat16 and float32 through 3xTF32, with `precision` as in the forward). By default
-    "register", and "tensor" for float16 / bfloat16 on a GPU once TENSOR_DEFAULT is on (see default_variant).
+    "tensor" for float16 / bfloat16 on a GPU that has their mma, else "register" (see default_variant).
     block_q / block_k override the tile; threads (register only) the threads per block; see GPU_CONFIG and
     tensor_backward.choose_tile.
     """
@@ -335,6 +335,9 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
         raise ValueError(f"variant must be 'register' or 'tensor' for the backward; got {variant!r}")
     if precision is not None:
         raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
+    if _dtype_name(q) == "bfloat16":
+        raise TypeError("q has dtype bfloat16; the register backward takes float32 or float16 "
+                        "(bfloat16 runs on variant='tensor', which needs a GPU of compute capability 8.0 or newer)")
     if _fast.available() and not is_gqa(q, k):  # torch tensors: kernels/_fast.py's prepared path after the first call
         key = _fast.torch_key(q, k, v, o, lse, do)
         if key is not None:
@@ -369,19 +372,22 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
 
 
-# The tensor backward becomes the default for 16-bit inputs once its GPU tests have passed on real hardware
-# (bash benchmarks/issue13_gpu.sh tests): so far it is checked instruction by instruction in the simulator and
-# compiled by ptxas for sm_75 and sm_90, but it has not run on a GPU. Until then, variant="tensor" asks for it.
-TENSOR_DEFAULT = False
+# The tensor backward is the default for 16-bit inputs on a GPU: its GPU tests passed on an H100
+# (bash benchmarks/issue13_gpu.sh tests, docs/gpu-runs-issue13.md). Set False to fall back to the register kernel.
+TENSOR_DEFAULT = True
+
+
+def _dtype_name(x) -> str:
+    return str(getattr(x, "dtype", "")).replace("torch.", "")
 
 
 def default_variant(q) -> str:
-    """"tensor" for float16 / bfloat16 inputs on a GPU with their mma (float16: sm_75, bfloat16: sm_80) once
+    """"tensor" for float16 / bfloat16 inputs on a GPU with their mma (float16: sm_75, bfloat16: sm_80) while
     TENSOR_DEFAULT is on, else "register" (float32 keeps its FP32-unit kernel by default; variant="tensor" runs
     it through 3xTF32)."""
     from ..device import device_limits
 
-    dtype = str(getattr(q, "dtype", "")).replace("torch.", "")
+    dtype = _dtype_name(q)
     if not TENSOR_DEFAULT or dtype not in ("float16", "bfloat16") or not has_gpu():
         return "register"
     cc = device_limits()["cc"]
