@@ -104,12 +104,13 @@ class BackwardTile:
         return self
 
 
-# Default tiles (warps, block_q, stages, v_shared), from `ptxas -v` for sm_80 and sm_90: the largest tiles that
-# compile without spilling, or with the least spill (flashlab/data/kernel_resources.csv). block_q 64 costs 64
-# registers of S^T and dP^T; at d = 128 dK, dV and V's fragments alone take 192, so V moves to shared memory.
-# Not yet timed on a GPU: `bash benchmarks/issue13_gpu.sh tiles` measures the alternatives.
+# Default tiles (warps, block_q, stages, v_shared). 16-bit d64 and d128: the fastest of
+# `bench_backward.py --tensor --tiles` on an H100 (B1 H16 N4096; benchmarks/results/logs13/tiles64.txt, tiles128.txt):
+# 32x128 beat 32x64 by 11% at d64, 16x64 beat 16x32 by 42% at d128. The others come from `ptxas -v` for sm_80 and
+# sm_90: the largest tiles that compile without spilling, or with the least (flashlab/data/kernel_resources.csv).
+# 3xTF32 d64 keeps its spill-free 16x64 (32x64 was 4% faster in one run but spills 8 bytes).
 DEFAULT_TILES = {
-    "16-bit": {16: (4, 64, 2, False), 32: (4, 64, 2, False), 64: (4, 32, 2, False), 128: (2, 16, 2, True)},
+    "16-bit": {16: (4, 64, 2, False), 32: (4, 64, 2, False), 64: (8, 32, 2, False), 128: (4, 16, 2, False)},
     "k8": {16: (4, 64, 1, False), 32: (4, 64, 1, False), 64: (4, 32, 1, False), 128: (2, 16, 1, False)},
     "float32": {16: (4, 64, 2, False), 32: (4, 32, 2, False), 64: (4, 16, 1, True), 128: (2, 16, 1, False)},
 }
