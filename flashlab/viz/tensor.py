@@ -639,3 +639,36 @@ def tensor_roofline_points(rows, N=4096, d=64, causal=0,
         points[r["impl"]] = (kernel_intensity(N, d, block_q, bytes_per_element=size, causal=bool(causal)),
                              r["tflops"] * 1e12)
     return points
+
+
+BACKWARD_JSON = DATA / "tensor_backward.json"
+
+
+def load_backward_results(path=None) -> dict | None:
+    """flashlab/data/tensor_backward.json (benchmarks/issue13_gpu.sh bench): the tensor backward against torch
+    SDPA's backward in the same dtype and run; None without the file."""
+    import json
+
+    path = Path(path or BACKWARD_JSON)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def plot_backward_speed(data: dict, n: int = 4096, ax=None):
+    """Bars: the tensor backward's speed as a share of SDPA's backward, per dtype and d, causal or not, at N=n."""
+    ax = ax or plt.subplots(figsize=(9, 3.8))[1]
+    rows = sorted((r for r in data["rows"] if r["n"] == n), key=lambda r: (r["d"], r["causal"], r["dtype"]))
+    dtypes = sorted({r["dtype"] for r in rows}, key=["float16", "bfloat16", "float32"].index)
+    groups = sorted({(r["d"], r["causal"]) for r in rows})
+    width = 0.8 / len(dtypes)
+    for i, dt in enumerate(dtypes):
+        shares = {(r["d"], r["causal"]): r["vs_sdpa"] for r in rows if r["dtype"] == dt}
+        xs = [g + i * width for g in range(len(groups))]
+        ax.bar(xs, [100 * shares.get(g, np.nan) for g in groups], width, label=dt + (" (3xTF32)" if dt == "float32"
+                                                                                   else ""))
+    ax.axhline(100, color="k", lw=0.8, ls="--")
+    ax.set_xticks([g + width * (len(dtypes) - 1) / 2 for g in range(len(groups))])
+    ax.set_xticklabels([f"d={d}" + (" causal" if c else "") for d, c in groups])
+    ax.set_ylabel("% of torch SDPA's backward")
+    ax.set_title(f"tensor-core backward, B1 H16 N{n}, {data['gpu']}")
+    ax.legend(fontsize=8)
+    return ax
