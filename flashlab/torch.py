@@ -12,6 +12,13 @@ tensor cores for float16 and bfloat16 (kernels/tensor_backward.py), on the FP32 
 forward saves q, k, v, o and the log-sum-exp lse (one number per query row) for the backward, which
 recomputes P from lse: no Nq x Nk tensor is kept between the passes.
 
+Beyond torch's signature, the FlashAttention library's options (lesson 16; semantics of
+`flashlab.reference_attention`): grouped-query attention (k, v with H_kv heads, H_kv dividing H; torch's
+`enable_gqa=True`), `window_size=(left, right)`, `align` ("top_left" as torch, or "bottom_right"),
+`alibi_slopes` (H,) or (B, H), `softcap` and `dropout_p` with a `seed` (drawn from torch's generator when not
+given, and kept for the backward, which regenerates the mask). GQA runs everywhere; the other options run on
+CPU tensors (the NumPy FA2) for now: the CUDA kernels do not have them yet and say so.
+
 This module is named `torch` inside the flashlab package. Its `import torch` lines are absolute imports
 (flashlab itself imports its own modules relatively), so they find the real PyTorch; they sit inside the
 functions so that `import flashlab` never imports torch.
@@ -35,25 +42,27 @@ def _function_class():
     class FlashAttentionFunction(torch.autograd.Function):
         """o = softmax(scale * q k^T [causal mask]) v, with flashlab's FlashAttention-2 forward and backward.
 
-        apply(q, k, v, is_causal=False, scale=None): q (B, Nq, d) or (B, H, Nq, d); k, v (..., Nk, d|dv).
+        apply(q, k, v, is_causal=False, scale=None, options=None): q (B, Nq, d) or (B, H, Nq, d); k, v
+        (..., Nk, d|dv); options: a dict of the library options (see the module's docstring, `_options`).
         Saves (q, k, v, o, lse) with lse of shape (B[, H], Nq); look at `o.grad_fn.saved_tensors`.
         """
 
         @staticmethod
-        def forward(ctx, q, k, v, is_causal=False, scale=None):
+        def forward(ctx, q, k, v, is_causal=False, scale=None, options=None):
             _check_tensors(q, k, v)
-            o, lse = _forward(q, k, v, bool(is_causal), scale)
+            options = options or {}
+            o, lse = _forward(q, k, v, bool(is_causal), scale, options)
             ctx.save_for_backward(q, k, v, o, lse)
-            ctx.is_causal, ctx.scale = bool(is_causal), scale
+            ctx.is_causal, ctx.scale, ctx.options = bool(is_causal), scale, options
             return o
 
         @staticmethod
         @once_differentiable
         def backward(ctx, do):
             q, k, v, o, lse = ctx.saved_tensors
-            dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale)
+            dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.options)
             need = ctx.needs_input_grad
-            return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None)
+            return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None, None, None)
 
     FlashAttentionFunction.__module__ = __name__
     FlashAttentionFunction.__qualname__ = "FlashAttentionFunction"
@@ -86,11 +95,54 @@ def _to_numpy(x):
     return x.detach().contiguous().numpy()
 
 
-def _forward(q, k, v, causal, scale):
+_DEFAULTS = dict(window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0)
+
+
+def _options(window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=None):
+    """The library options as a dict holding only those that differ from the defaults (alibi_slopes as a float64
+    NumPy array; a seed drawn from torch's generator when dropout is on and none is given)."""
+    import numpy as np
+    import torch
+
+    if isinstance(alibi_slopes, torch.Tensor):
+        alibi_slopes = alibi_slopes.detach().cpu().double().numpy()
+    if dropout_p and seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())  # random per call, as torch's dropout; saved for backward
+    given = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
+                 dropout_p=dropout_p, seed=0 if seed is None else seed)
+    out = {}
+    for name, value in given.items():
+        default = _DEFAULTS[name]
+        if name == "alibi_slopes":
+            if value is not None:
+                out[name] = np.asarray(value, dtype=np.float64)
+        elif name == "window_size":
+            if not (isinstance(value, (tuple, list)) and tuple(value) == default):
+                out[name] = value  # a bad value reaches the NumPy check, which names it
+        elif name == "seed":
+            if given["dropout_p"]:
+                out[name] = value
+        elif value != default:
+            out[name] = value
+    return out
+
+
+def _cuda_unsupported(options):
+    """The CUDA kernels have GQA but not yet the other options: a clear error rather than a silent fallback."""
+    if options:
+        raise NotImplementedError(
+            f"{', '.join(sorted(options))}: flashlab's CUDA kernels do not support this option yet (they support "
+            "grouped-query attention); run on CPU tensors (the NumPy FlashAttention-2 has every option) or use "
+            "torch's attention with an explicit mask")
+
+
+def _forward(q, k, v, causal, scale, options=None):
     """(o, lse) as tensors on q's device: the NumPy FA2 on the CPU, the Numba kernel on CUDA."""
     import torch
 
+    options = options or {}
     if q.is_cuda:
+        _cuda_unsupported(options)
         from .kernels import flash_attention
 
         four = q.dim() == 4
@@ -102,7 +154,7 @@ def _forward(q, k, v, causal, scale):
         return (o, lse) if four else (o.squeeze(1), lse.squeeze(1))
     from .tiled import flash_attention_v2
 
-    o, lse = flash_attention_v2(_to_numpy(q), _to_numpy(k), _to_numpy(v), causal=causal, scale=scale)
+    o, lse = flash_attention_v2(_to_numpy(q), _to_numpy(k), _to_numpy(v), causal=causal, scale=scale, **options)
     return torch.from_numpy(o), torch.from_numpy(lse)
 
 
@@ -122,10 +174,12 @@ def _cuda_variant(q) -> str:
     return "register"
 
 
-def _backward(q, k, v, o, lse, do, causal, scale):
+def _backward(q, k, v, o, lse, do, causal, scale, options=None):
     import torch
 
+    options = options or {}
     if q.is_cuda:
+        _cuda_unsupported(options)
         from .kernels import flash_attention_backward
         from .kernels.backward import default_variant
 
@@ -141,44 +195,49 @@ def _backward(q, k, v, o, lse, do, causal, scale):
         return grads if four else tuple(g.squeeze(1) for g in grads)
     from .tiled import flash_attention_v2_backward
 
-    grads = flash_attention_v2_backward(*(_to_numpy(x) for x in (q, k, v, o, lse, do)), causal=causal, scale=scale)
+    grads = flash_attention_v2_backward(*(_to_numpy(x) for x in (q, k, v, o, lse, do)), causal=causal, scale=scale,
+                                        **options)
     return tuple(torch.from_numpy(g) for g in grads)
 
 
-def flash_attention(q, k, v, *, causal=False, scale=None):
+def flash_attention(q, k, v, *, causal=False, scale=None, window_size=(-1, -1), align="top_left",
+                    alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0):
     """(o, lse) for torch tensors, without autograd: handy for looking at the log-sum-exp."""
     _check_tensors(q, k, v)
-    return _forward(q, k, v, bool(causal), scale)
+    options = _options(window_size, align, alibi_slopes, softcap, dropout_p, seed)
+    return _forward(q, k, v, bool(causal), scale, options)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
-                                 enable_gqa=False):
+                                 enable_gqa=False, window_size=(-1, -1), align="top_left", alibi_slopes=None,
+                                 softcap=0.0, seed=None):
     """A drop-in for torch.nn.functional.scaled_dot_product_attention, backed by flashlab's FA2.
 
     Supported: 3-dim (batch, N, d) or 4-dim (batch, heads, N, d) tensors of one shape family, is_causal
-    (top-left aligned, as torch), scale (default 1/sqrt(d)), Nq != Nk, a different dv. Not supported, with
-    a NotImplementedError that says so: attn_mask, dropout_p > 0, grouped-query attention (different head
-    counts for query and key/value).
+    (top-left aligned, as torch, unless align="bottom_right"), scale (default 1/sqrt(d)), Nq != Nk, a different
+    dv, grouped-query attention with enable_gqa=True (as torch), dropout_p (flashlab's counter-based mask: a
+    `seed` gives the same mask every time; without one each call draws a seed from torch's generator).
+    Beyond torch: window_size, align, alibi_slopes and softcap, as in flashlab.reference_attention (CPU tensors
+    only for now, like dropout). Not supported, with a NotImplementedError that says so: attn_mask.
     """
     if attn_mask is not None:
         raise NotImplementedError(
             f"flashlab's scaled_dot_product_attention does not take attn_mask (got a {type(attn_mask).__name__}"
             f"{' of shape ' + str(tuple(attn_mask.shape)) if hasattr(attn_mask, 'shape') else ''}); for causal "
             "masking pass is_causal=True, otherwise use torch.nn.functional.scaled_dot_product_attention")
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"flashlab's scaled_dot_product_attention has no dropout; got dropout_p={dropout_p!r}, "
-                                  "expected 0.0 (e.g. pass dropout_p=0.0 or call model.eval())")
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a number in [0, 1); got {dropout_p!r}")
     if getattr(query, "dim", lambda: 0)() == 4 and getattr(key, "dim", lambda: 0)() == 4 \
-            and query.shape[1] != key.shape[1]:
-        raise NotImplementedError(f"grouped-query attention (query with {query.shape[1]} heads, key/value with "
-                                  f"{key.shape[1]}; enable_gqa={enable_gqa}) is not supported: repeat key and "
-                                  "value along the head dim first, e.g. key.repeat_interleave(g, dim=1)")
+            and query.shape[1] != key.shape[1] and not enable_gqa:
+        raise ValueError(f"query has {query.shape[1]} heads and key/value {key.shape[1]}: pass enable_gqa=True for "
+                         "grouped-query attention (as torch's scaled_dot_product_attention asks)")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be True or False; got {is_causal!r}")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise TypeError(f"scale must be a finite number or None; got {scale!r}")
+    options = _options(window_size, align, alibi_slopes, softcap, float(dropout_p), seed)
     query, key, value = _autocast(query, key, value)
-    return _get_function().apply(query, key, value, is_causal, scale)
+    return _get_function().apply(query, key, value, is_causal, scale, options)
 
 
 def _autocast(*xs):

@@ -122,15 +122,108 @@ def test_model_with_flashlab_attention_matches_torch(rng):
         assert rel(p_ours.grad, p_ref.grad) < 1e-4, name
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda q, k, v: sdpa(q, k, v, attn_mask=torch.ones(9, 9, dtype=torch.bool)), "attn_mask"),
-    (lambda q, k, v: sdpa(q, k, v, dropout_p=0.1), "dropout"),
-    (lambda q, k, v: sdpa(q, k[:, :1], v[:, :1], enable_gqa=True), "grouped-query"),
-])
-def test_unsupported_options_raise_clearly(rng, call, match):
+def test_attn_mask_is_refused_clearly(rng):
     q, k, v = qkv(rng, (1, 2, 9, 8), 9)
-    with pytest.raises(NotImplementedError, match=match):
+    with pytest.raises(NotImplementedError, match="attn_mask"):
+        sdpa(q, k, v, attn_mask=torch.ones(9, 9, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("call,err,match", [
+    (lambda q, k, v: sdpa(q, k[:, :1], v[:, :1]), ValueError, "enable_gqa=True"),
+    (lambda q, k, v: sdpa(q, k[:, :3], v[:, :3], enable_gqa=True), ValueError, "divid"),
+    (lambda q, k, v: sdpa(q, k, v, dropout_p=1.5), ValueError, "dropout_p"),
+    (lambda q, k, v: sdpa(q, k, v, window_size=4), TypeError, "window_size"),
+    (lambda q, k, v: sdpa(q, k, v, align="middle"), ValueError, "align"),
+])
+def test_bad_options_name_the_problem(rng, call, err, match):
+    q, k, v = qkv(rng, (1, 4, 9, 8), 9)
+    with pytest.raises(err, match=match):
         call(q, k, v)
+
+
+def test_gqa_matches_torch_enable_gqa(rng):
+    q, k, v = qkv(rng, (2, 6, 19, 8), 23, dtype=torch.float64)
+    k, v = (x[:, :2].detach().requires_grad_() for x in (k, v))  # 3 query heads per K/V head
+    for causal in (False, True):
+        out = sdpa(q, k, v, is_causal=causal, enable_gqa=True)
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        do = torch.randn_like(ref)
+        ours, theirs = torch.autograd.grad(out, (q, k, v), do), torch.autograd.grad(ref, (q, k, v), do)
+        assert rel(out, ref) < 1e-10
+        for g, r in zip(ours, theirs):
+            assert g.shape == r.shape and rel(g, r) < 1e-10
+
+
+def explicit_attention(q, k, v, *, causal=False, scale=None, window_size=(-1, -1), align="top_left",
+                       alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0):
+    """float64 torch attention with every option built as a full Nq x Nk mask and bias (reference.py's
+    pieces), differentiated by torch's autograd: the gradients' ground truth."""
+    from flashlab.reference import alibi_bias, attention_mask, dropout_scale
+
+    nq, nk, g = q.shape[-2], k.shape[-2], q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = q @ k.transpose(-1, -2) * (scale or q.shape[-1] ** -0.5)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        s = s + torch.from_numpy(alibi_bias(alibi_slopes, q.shape[:-2], nq, nk, align=align))
+    mask = torch.from_numpy(attention_mask(nq, nk, causal=causal, window_size=window_size, align=align))
+    seen = mask.any(-1, keepdim=True)  # a row whose window holds no key gets o = 0 (the library's rule), not NaN
+    p = torch.softmax(s.masked_fill(~mask, float("-inf")).masked_fill(~seen, 0.0), dim=-1) * seen
+    if dropout_p:
+        p = p * torch.from_numpy(dropout_scale(seed, dropout_p, q.shape[:-2], nq, nk))
+    return p @ v
+
+
+OPTIONS = [
+    dict(window_size=(5, 2)),
+    dict(window_size=(4, 0), align="bottom_right", causal=True),
+    dict(alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625])),
+    dict(alibi_slopes=np.linspace(0.1, 0.8, 8).reshape(2, 4), causal=True, align="bottom_right"),
+    dict(softcap=2.0),
+    dict(dropout_p=0.3, seed=1234),
+    dict(softcap=5.0, window_size=(6, 6), alibi_slopes=np.full(4, 0.3), dropout_p=0.2, seed=7, causal=True),
+]
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(sorted(o)))
+@pytest.mark.parametrize("nq,nk", [(17, 17), (11, 26), (26, 11)])
+def test_library_options_forward_and_gradients(rng, opts, nq, nk):
+    """Every option through the drop-in and autograd on CPU tensors, GQA included, against float64 autograd."""
+    opts = dict(opts)
+    causal = opts.pop("causal", False)
+    q, k, v = qkv(rng, (2, 4, nq, 8), nk, dtype=torch.float64, logit_scale=3.0)
+    k, v = (x[:, :2].detach().requires_grad_() for x in (k, v))
+    out = sdpa(q, k, v, is_causal=causal, enable_gqa=True, **opts)
+    ref = explicit_attention(q, k, v, causal=causal, **opts)
+    do = torch.randn_like(ref)
+    ours = torch.autograd.grad(out, (q, k, v), do)
+    theirs = torch.autograd.grad(ref, (q, k, v), do)
+    assert rel(out, ref) < 1e-10
+    for name, g, r in zip("qkv", ours, theirs):
+        assert g.shape == r.shape and rel(g, r) < 1e-9, name
+
+
+def test_dropout_without_seed_draws_one_and_the_backward_reuses_it(rng):
+    q, k, v = qkv(rng, (1, 2, 12, 8), 12, dtype=torch.float64)
+    torch.manual_seed(0)
+    a = sdpa(q, k, v, dropout_p=0.5)
+    b = sdpa(q, k, v, dropout_p=0.5)
+    assert not torch.equal(a, b)  # a fresh mask per call, as torch's dropout
+    seed = a.grad_fn.options["seed"] if hasattr(a.grad_fn, "options") else None
+    assert seed is not None
+    ref = explicit_attention(q, k, v, dropout_p=0.5, seed=seed)
+    do = torch.randn_like(ref)
+    for g, r in zip(torch.autograd.grad(a, (q, k, v), do), torch.autograd.grad(ref, (q, k, v), do)):
+        assert rel(g, r) < 1e-9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_options_the_kernels_lack_are_refused_clearly(rng):
+    q, k, v = qkv(rng, (1, 2, 9, 16), 9, device="cuda")
+    with pytest.raises(NotImplementedError, match="softcap: flashlab's CUDA kernels"):
+        sdpa(q, k, v, softcap=3.0)
 
 
 @pytest.mark.parametrize("make,err,match", [
