@@ -187,9 +187,14 @@ def build_merge(d: int, normalised: bool = False):
             w = math.exp2(m_part[b, h, c, qi] * LOG2E - m)
             l += w if UNIT_L else l_part[b, h, c, qi] * w
             acc += o_part[b, h, c, qi, x] * w
-        o[b, h, qi, x] = acc / l
-        if x == 0:
-            lse[b, h, qi] = (m + math.log2(l)) * LN2
+        if l > 0:
+            o[b, h, qi, x] = acc / l
+            if x == 0:
+                lse[b, h, qi] = (m + math.log2(l)) * LN2
+        else:  # no chunk saw a key for this row (paged decoding, causal or empty): o = 0, lse = +inf
+            o[b, h, qi, x] = 0.0
+            if x == 0:
+                lse[b, h, qi] = math.inf
 
     return merge
 

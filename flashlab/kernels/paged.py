@@ -1,0 +1,211 @@
+"""Split-KV decoding over a paged KV cache, as a Numba-CUDA kernel (lessons 14 and 16).
+
+The NumPy version, with the semantics, is `flashlab.decoding.paged_attention`: the keys of sequence b are
+pages block_table[b, 0], block_table[b, 1], ... of k_cache (num_pages, page_size, H_kv, d), cache_seqlens[b]
+keys in all, and the Nq queries are the sequence's last Nq positions (bottom-right alignment).
+
+The `split` kernel follows kernels/decoding.py's (a K tile in shared memory, one score per thread, tree
+reductions, O in registers), with two changes:
+- every key is found through the block table: key j of sequence b lives in page block_table[b, j // page_size],
+  slot j % page_size;
+- grid (n_splits, H_kv, B): under grouped-query attention one block serves all H / H_kv query heads of its K/V
+  head, packed as rows (head g, query i) -> row g * Nq + i, so each K/V page is read once per K/V head, not once
+  per query head. That is what makes GQA decoding cost about as much as decoding with H_kv heads.
+Chunks past a sequence's end, and rows that see no key of a chunk (causal), leave an empty partial state
+(m = -inf, l = 0); decoding.py's merge kernel folds the chunks, and gives o = 0, lse = +inf to a row that saw
+no key at all (the FA library's convention).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .._inputs import check_block, check_options
+from ..decoding import check_num_splits, check_paged, chunk_bounds, default_num_splits
+from ..device import device_limits, get_cuda
+from ._launch import empty, like_input, to_device
+from .decoding import LN2, LOG2E, NEG, build_merge, default_threads, key_tile
+
+cuda = None  # numba.cuda, bound when the kernel is first built (see device.py)
+
+MAX_ROWS = 64  # (query heads per K/V head) x Nq rows per block
+
+
+@functools.lru_cache(maxsize=None)
+def build(d: int, group: int, n_q: int, threads: int):
+    """The split kernel for head dim d, `group` query heads per K/V head, n_q queries, `threads` per block."""
+    global cuda
+    cuda = get_cuda()
+    from numba import float32
+
+    D, G, NQ, T = d, group, n_q, threads
+    R = G * NQ  # rows: (query head g of the group, query i)
+    DP = d + 1
+    BK = key_tile(d, R, threads)
+    NS = R * BK
+    K_LOADS = (BK * D + T - 1) // T
+    O_PER = (R * D + T - 1) // T
+
+    @cuda.jit(fastmath={"contract", "afn", "arcp"})
+    def split(q, k_cache, v_cache, block_table, seqlens, m_part, l_part, o_part, chunk, scale_log2, causal):
+        Qs = cuda.shared.array((R, D), float32)
+        Ks = cuda.shared.array((BK, DP), float32)
+        Ps = cuda.shared.array((R, BK), float32)
+        red = cuda.shared.array(NS, float32)
+        Ms = cuda.shared.array(R, float32)
+        Ls = cuda.shared.array(R, float32)
+        As = cuda.shared.array(R, float32)
+        t = cuda.threadIdx.x
+        c, hkv, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+        page = k_cache.shape[1]
+        n_k = seqlens[b]
+        k_begin = c * chunk
+        k_stop = min(k_begin + chunk, n_k)
+        r_s = t // BK  # this thread's score: row r_s, key j_s of the tile
+        j_s = t % BK
+        last = n_k - NQ + r_s % NQ  # causal: the last key row r_s may see (bottom-right alignment)
+
+        for e in range(t, R * D, T):
+            r = e // D
+            Qs[r, e % D] = float32(q[b, hkv * G + r // NQ, r % NQ, e % D]) * scale_log2
+        if t < R:
+            Ms[t] = NEG
+            Ls[t] = 0.0
+        acc = cuda.local.array(O_PER, float32)
+        for i in range(O_PER):
+            acc[i] = 0.0
+
+        for k0 in range(k_begin, k_stop, BK):
+            cuda.syncthreads()
+            for i in range(K_LOADS):
+                e = i * T + t
+                if e < BK * D:
+                    r = e // D
+                    x = e % D
+                    Ks[r, x] = 0.0
+                    if k0 + r < k_stop:
+                        Ks[r, x] = float32(k_cache[block_table[b, (k0 + r) // page], (k0 + r) % page, hkv, x])
+            cuda.syncthreads()
+            s = float32(NEG)
+            if t < NS and k0 + j_s < k_stop and (not causal or k0 + j_s <= last):
+                s = 0.0
+                for x in range(D):
+                    s += Qs[r_s, x] * Ks[j_s, x]
+            if t < NS:
+                Ps[r_s, j_s] = s
+                red[t] = s
+            cuda.syncthreads()
+            w = BK // 2
+            while w > 0:
+                if t < NS and j_s < w:
+                    red[t] = max(red[t], red[t + w])
+                cuda.syncthreads()
+                w //= 2
+            m_old = float32(0.0)
+            m_new = float32(0.0)
+            if t < NS:
+                m_old = Ms[r_s]
+                m_new = max(m_old, red[r_s * BK])
+            cuda.syncthreads()
+            if t < NS:
+                s = Ps[r_s, j_s]
+                # a masked key gives 0 even when the whole tile is masked for this row (m_new still NEG)
+                p = math.exp2(s - m_new) if s > 0.5 * NEG else float32(0.0)
+                Ps[r_s, j_s] = p
+                red[t] = p
+            cuda.syncthreads()
+            w = BK // 2
+            while w > 0:
+                if t < NS and j_s < w:
+                    red[t] += red[t + w]
+                cuda.syncthreads()
+                w //= 2
+            if t < NS and j_s == 0:
+                alpha = math.exp2(m_old - m_new)
+                As[r_s] = alpha
+                Ls[r_s] = Ls[r_s] * alpha + red[t]
+                Ms[r_s] = m_new
+            cuda.syncthreads()
+            n_keys = min(BK, k_stop - k0)
+            for i in range(O_PER):
+                e = i * T + t
+                if e < R * D:
+                    r = e // D
+                    x = e % D
+                    o_acc = acc[i] * As[r]
+                    for j in range(n_keys):
+                        kj = k0 + j
+                        o_acc += Ps[r, j] * float32(v_cache[block_table[b, kj // page], kj % page, hkv, x])
+                    acc[i] = o_acc
+
+        for i in range(O_PER):
+            e = i * T + t
+            if e < R * D:
+                r = e // D
+                o_part[b, hkv * G + r // NQ, c, r % NQ, e % D] = acc[i]
+        if t < R:
+            m_part[b, hkv * G + t // NQ, c, t % NQ] = Ms[t] * LN2
+            l_part[b, hkv * G + t // NQ, c, t % NQ] = Ls[t]
+
+    return split
+
+
+def _host(x):
+    """A NumPy copy of a small integer array given as NumPy, a torch tensor or a numba device array."""
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    if hasattr(x, "copy_to_host"):
+        return x.copy_to_host()
+    return np.asarray(x)
+
+
+def paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=False, scale=None, num_splits=None,
+                   threads=None):
+    """`flashlab.decoding.paged_attention` on the GPU (or the simulator). Returns (o, lse).
+
+    q: (B, H, Nq, d); k_cache, v_cache: (num_pages, page_size, H_kv, d) with H_kv dividing H; float32 or
+    float16, d in (16, 32, 64, 128); block_table (B, max_pages) and cache_seqlens (B,) integers. NumPy arrays,
+    numba device arrays or torch CUDA tensors. (H / H_kv) * Nq must be at most MAX_ROWS. num_splits: key chunks
+    per (batch, K/V head), by default enough to fill the GPU for the longest sequence. The NumPy version's
+    window_size, alibi_slopes and softcap are not in this kernel yet.
+    """
+    shells = [np.empty(tuple(x.shape), np.dtype(str(x.dtype).replace("torch.", ""))) for x in (q, k_cache, v_cache)]
+    bt_host, sl_host = _host(block_table), _host(cache_seqlens)
+    qs, ks, _, bt_host, sl_host = check_paged(*shells, bt_host, sl_host)
+    B, H, Nq, d = qs.shape
+    H_kv = ks.shape[2]
+    if H % H_kv:
+        raise ValueError(f"q has H = {H} heads and the caches H_kv = {H_kv}: H_kv must divide H")
+    if v_cache.shape[-1] != d or d not in (16, 32, 64, 128):
+        raise ValueError(f"the paged kernel needs d in (16, 32, 64, 128) for q and both caches; got q d = {d}, "
+                         f"v_cache d = {v_cache.shape[-1]}")
+    G = H // H_kv
+    if G * Nq > MAX_ROWS:
+        raise ValueError(f"(H / H_kv) * Nq = {G} * {Nq} = {G * Nq} rows; the paged kernel takes at most {MAX_ROWS}")
+    opt = check_options(qs.shape, causal=causal, scale=scale)
+    threads = check_block(threads, "threads") or default_threads()
+    rows_pow2 = 1 << (G * Nq - 1).bit_length()
+    if not rows_pow2 <= threads <= 1024:
+        raise ValueError(f"threads must be between {rows_pow2} ((H / H_kv) * Nq rounded up to a power of two) "
+                         f"and 1024; got {threads}")
+    longest = max(int(sl_host.max()), 1)
+    if num_splits is None:
+        num_splits = default_num_splits(B * H_kv, longest, n_sm=device_limits()["sms"])
+    bounds = chunk_bounds(longest, check_num_splits(num_splits, longest))
+    n_splits, chunk = len(bounds), bounds[0][1] - bounds[0][0]
+
+    (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k_cache, "k_cache"), to_device(v_cache, "v_cache")
+    cuda_ = get_cuda()
+    bt_d = cuda_.to_device(np.ascontiguousarray(bt_host, dtype=np.int32))
+    sl_d = cuda_.to_device(np.ascontiguousarray(sl_host, dtype=np.int32))
+    new = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
+    m_part, l_part = new((B, H, n_splits, Nq), np.float32), new((B, H, n_splits, Nq), np.float32)
+    o_part = new((B, H, n_splits, Nq, d), np.float32)
+    o, lse = new((B, H, Nq, d), q_d.dtype), new((B, H, Nq), np.float32)
+    split = build(d, G, Nq, threads)
+    split[(n_splits, H_kv, B), threads](q_d, k_d, v_d, bt_d, sl_d, m_part, l_part, o_part, chunk,
+                                         np.float32(opt.scale * LOG2E), bool(opt.causal))
+    build_merge(d)[(Nq, H, B), d](m_part, l_part, o_part, o, lse, n_splits)
+    return like_input(o, kind), like_input(lse, kind)

@@ -1,0 +1,76 @@
+"""The paged-decoding kernel (flashlab/kernels/paged.py) against decoding.paged_attention (NumPy, float64) and the
+float64 reference: in the simulator on small shapes, on a GPU at decoding sizes."""
+import numpy as np
+import pytest
+
+import flashlab as fl
+from flashlab.decoding import paged_attention
+
+paged = pytest.importorskip("flashlab.kernels.paged")
+
+
+def paged_case(rng, B, H, H_kv, nq, d, page, lens, dtype=np.float32, spare=3):
+    """Caches with pages in random order (and unused pages), a block table, and q."""
+    max_pages = -(-max(max(lens), 1) // page)
+    n_pages = B * max_pages + spare
+    kc, vc = (rng.standard_normal((n_pages, page, H_kv, d)).astype(dtype) for _ in range(2))
+    table = rng.permutation(n_pages)[:B * max_pages].reshape(B, max_pages).astype(np.int32)
+    q = (2 * rng.standard_normal((B, H, nq, d))).astype(dtype)
+    return q, kc, vc, table, np.array(lens, np.int32)
+
+
+def check(q, kc, vc, table, lens, causal, num_splits, threads=32):
+    o, lse = paged.paged_decoding(q, kc, vc, table, lens, causal=causal, num_splits=num_splits, threads=threads)
+    f64 = [x.astype(np.float64) for x in (q, kc, vc)]
+    want_o, want_lse = paged_attention(*f64[:1], *f64[1:], table, lens, causal=causal)
+    tol = 2e-3 if q.dtype == np.float16 else 2e-5
+    assert o.dtype == q.dtype and lse.dtype == np.float32 and o.shape == want_o.shape
+    assert np.array_equal(np.isinf(lse), np.isinf(want_lse)), (lse, want_lse)
+    assert np.all(o[np.isinf(want_lse)] == 0)
+    fin = np.isfinite(want_lse)
+    assert fl.relative_error(o[fin], want_o[fin]) < tol
+    assert np.max(np.abs(lse[fin] - want_lse[fin])) < 1e-4
+
+
+@pytest.mark.parametrize("B,H,H_kv,nq,page,lens,causal,splits", [
+    (2, 4, 2, 1, 8, [19, 5], False, 2),        # GQA 2:1, ragged lengths, pages of 8
+    (1, 4, 1, 2, 4, [13], True, 3),            # MQA, two queries, causal: the first query sees one key less
+    (3, 2, 2, 1, 16, [0, 40, 1], False, 2),    # an empty sequence (o = 0, lse = inf) and one with a single key
+    (1, 2, 1, 3, 8, [2], True, 1),             # causal with Nq > cache length: the first query sees no key
+])
+def test_paged_kernel_matches_numpy(rng, B, H, H_kv, nq, page, lens, causal, splits):
+    check(*paged_case(rng, B, H, H_kv, nq, 16, page, lens), causal, splits)
+
+
+def test_paged_kernel_float16(rng):
+    check(*paged_case(rng, 1, 2, 1, 1, 16, 8, [21], dtype=np.float16), False, 2)
+
+
+@pytest.mark.parametrize("change,err,match", [
+    (dict(lens=[99]), ValueError, "cache_seqlens must be in"),
+    (dict(table_value=50), ValueError, "block_table\\[0\\] has entries"),
+    (dict(H=3), ValueError, "H = 3 heads and the caches H_kv = 2"),
+    (dict(nq=40), ValueError, "at most 64"),
+    (dict(d=20), ValueError, "d in \\(16, 32, 64, 128\\)"),
+])
+def test_paged_kernel_bad_inputs(rng, change, err, match):
+    d = change.get("d", 16)
+    q, kc, vc, table, lens = paged_case(rng, 1, change.get("H", 4), 2, change.get("nq", 1), d, 8, [10])
+    if "lens" in change:
+        lens = np.array(change["lens"], np.int32)
+    if "table_value" in change:
+        table[0, 0] = change["table_value"]
+    with pytest.raises(err, match=match):
+        paged.paged_decoding(q, kc, vc, table, lens)
+
+
+gpu = pytest.mark.skipif(not fl.device.has_gpu(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("H,H_kv", [(32, 4), (8, 8), (8, 1)])
+def test_paged_kernel_on_gpu(rng, H, H_kv):
+    for causal, nq, dtype in ((False, 1, np.float16), (True, 4, np.float32)):
+        case = paged_case(rng, 3, H, H_kv, nq, 64, 16, [3000, 1, 777], dtype=dtype)
+        check(*case, causal, None, threads=None)
