@@ -2,7 +2,7 @@
 # Issue 14 (the library's options) on a GPU, in parts that each fit in 10 minutes on an H100:
 #   bash benchmarks/issue14_gpu.sh tests     # GPU tests: paged decoding, GQA kernels, flashlab.torch options
 #   bash benchmarks/issue14_gpu.sh sanitize  # compute-sanitizer memcheck and racecheck on the paged kernel
-#   bash benchmarks/issue14_gpu.sh bench     # GQA decoding bar -> benchmarks/results/paged_decoding.json
+#   bash benchmarks/issue14_gpu.sh bench     # GQA-decoding and sliding-window bars -> benchmarks/results/*.json
 # Set OUT to a folder to keep the logs (default: benchmarks/results/logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,13 +13,14 @@ mkdir -p "$OUT"
 case "${1:-}" in
   tests)
     timeout "${2:-500}" $PY -m pytest -q -m gpu -p no:cacheprovider -W ignore -rf tests/test_paged_kernel.py \
-      tests/test_gqa_kernels.py tests/test_torch_integration.py 2>&1 | tee "$OUT/tests14.txt" | tail -15 ;;
+      tests/test_register_options.py tests/test_gqa_kernels.py tests/test_torch_integration.py 2>&1 | tee "$OUT/tests14.txt" | tail -15 ;;
   sanitize)
     for tool in memcheck racecheck; do
       api=(); [ "$tool" = memcheck ] && api=(--report-api-errors no)
       timeout "${2:-250}" compute-sanitizer --tool $tool "${api[@]}" --print-limit 5 $PY -m pytest -q -p no:cacheprovider \
         -W ignore tests/test_paged_kernel.py -k "numpy or float16" 2>&1 | tee "$OUT/sanitizer14_$tool.txt" | tail -3
     done ;;
-  bench) $PY benchmarks/bench_paged.py --json benchmarks/results/paged_decoding.json 2>&1 | tee "$OUT/bench14.txt" | tail -12 ;;
+  bench) $PY benchmarks/bench_paged.py --json benchmarks/results/paged_decoding.json 2>&1 | tee "$OUT/bench14.txt" | tail -12
+    $PY benchmarks/bench_window.py --json benchmarks/results/window.json 2>&1 | tee -a "$OUT/bench14.txt" | tail -6 ;;
   *) sed -n 2,6p "$0"; exit 2 ;;
 esac

@@ -187,7 +187,7 @@ def build_merge(d: int, normalised: bool = False):
             w = math.exp2(m_part[b, h, c, qi] * LOG2E - m)
             l += w if UNIT_L else l_part[b, h, c, qi] * w
             acc += o_part[b, h, c, qi, x] * w
-        if l > 0:
+        if l > 0 and m > 0.5 * NEG:  # some chunk saw a key (an empty chunk's m is NEG)
             o[b, h, qi, x] = acc / l
             if x == 0:
                 lse[b, h, qi] = (m + math.log2(l)) * LN2

@@ -36,7 +36,8 @@ def resolve_config(variant: str, d: int, block_q=None, block_k=None, precision=N
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", block_q=None, block_k=None,
-                    tile=None, precision=None, splits=None, plan=None):
+                    tile=None, precision=None, splits=None, plan=None, window_size=(-1, -1), align="top_left",
+                    alibi_slopes=None, softcap=0.0):
     """FlashAttention forward on the GPU (or the CUDA simulator). Returns (o, lse).
 
     q: (B, H, Nq, d), k and v: (B, H, Nk, d), float32 or float16, d in (16, 32, 64, 128); NumPy arrays,
@@ -51,8 +52,17 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     layout as well (used by the tile sweep), splits=n forces n key chunks (1: no split), and plan= launches a
     plan made beforehand with flashlab.kernels.plan.plan (then no overrides). Torch tensors on a GPU take
     kernels/_fast.py's prepared path after the first call with their shapes.
+
+    window_size, align, alibi_slopes, softcap: the FlashAttention library's options, as in
+    flashlab.reference_attention (lesson 16); the register variant compiles them in (register.Extras), and key
+    tiles outside a block's causal/window band are skipped. A row that sees no key gets o = 0, lse = +inf.
     """
     options = (causal, scale, variant, block_q, block_k, tile, precision, splits, plan)
+    library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap)
+    plain = alibi_slopes is None and align == "top_left" and not softcap and tuple(window_size) == (-1, -1) \
+        if isinstance(window_size, (tuple, list)) else False
+    if not plain:
+        return _with_extras(q, k, v, options, library)
     if _fast.available() and not is_gqa(q, k):  # GQA: the general path (the prepared calls hold MHA builds)
         key = _fast.torch_key(q, k, v)
         if key is not None:
@@ -79,6 +89,24 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
         from .shared import launch
 
         launch(q_d, k_d, v_d, o, lse, H, scale, causal, *plan.config)
+    return like_input(o, kind), like_input(lse, kind)
+
+
+def _with_extras(q, k, v, options, library):
+    """flash_attention with window / align / ALiBi / softcap: the register kernel with those compiled in."""
+    from .._inputs import check_options
+    from .register import Extras, launch
+
+    plan, scale, (q_d, k_d, v_d, kind, o, lse, _) = setup(q, k, v, *options)
+    B, H, Nq, d = plan.problem.B, plan.problem.H, plan.problem.Nq, plan.problem.d
+    opt = check_options((B, H, Nq, d), causal=plan.problem.causal, scale=scale, **library)
+    extras = Extras.from_options(opt, B, H)
+    if plan.variant != "register":
+        raise NotImplementedError(f"window_size, align, alibi_slopes and softcap run on variant='register' so far; "
+                                  f"got variant={plan.variant!r}")
+    alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
+    launch(q_d, k_d, v_d, o, lse, H, scale, plan.problem.causal, plan.config, splits=plan.splits,
+           heavy_first=plan.heavy_first, section=plan.section, alloc=alloc, extras=extras)
     return like_input(o, kind), like_input(lse, kind)
 
 

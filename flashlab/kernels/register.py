@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 from numba import config, float32
@@ -48,6 +49,7 @@ from ..device import get_cuda
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
 
 U = np.uint64
+I = np.int64  # positions under alignment and windows can be negative
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG = -1.0e30  # a finite "-inf" for masked scores: fastmath lets the compiler assume there are no infinities
@@ -140,7 +142,7 @@ def _vec(n: int) -> int:
 
 @lru_cache(maxsize=None)
 def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int | None = None,
-          split: bool = False, heavy_first: bool = False, gqa: bool = False):
+          split: bool = False, heavy_first: bool = False, gqa: bool = False, extras: Extras | None = None):
     """Compile-time specialised kernel for (d, tile, causal). Numba compiles it on first launch,
     once per input dtype (float32 or float16).
 
@@ -150,7 +152,8 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
 
     unroll: steps of the two product loops per loop iteration (4 measured best; deeper unrolling adds
     registers, benchmarks/register_experiments.py); max_registers: a cap for the compiler (None: its own
-    choice; a low cap spills)."""
+    choice; a low cap spills). extras: the FlashAttention library's window, alignment, ALiBi and softcap
+    (`Extras`), compiled in as constants; None builds the plain kernel, unchanged."""
     if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
         raise ValueError(f"unroll must be a positive integer (steps per loop iteration); got {unroll!r}")
     if max_registers is not None and (isinstance(max_registers, bool) or not isinstance(max_registers, int)
@@ -187,6 +190,17 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     options = {"max_registers": max_registers} if max_registers is not None and not config.ENABLE_CUDASIM else {}
 
     GQA = bool(gqa)
+    EXTRA = extras is not None
+    ex = extras or Extras()
+    WL, WR, BRA = I(ex.left), I(ex.right), bool(ex.bottom_right)
+    CAPL = float32(ex.softcap * LOG2E)  # softcap in log2 units: S is kept scaled by log2(e)
+    SOFTCAP, ALIBI, PER_B = ex.softcap > 0, ex.slopes is not None, bool(ex.per_batch)
+    SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))
+    # the furthest key to the right a row may see, relative to its position: causal 0, window right, or none
+    RIGHT = I(min(ex.right, 0) if causal and ex.right >= 0 else 0 if causal else ex.right)
+    GUARD = GUARD or EXTRA  # windows (and bottom-right causal with Nq > Nk) leave rows with no key
+    INF = float32(math.inf)
+
     @cuda.jit(fastmath=FASTMATH, **options)
     def flash_fwd_register(q, k, v, o, lse, n_q, n_k, n_heads, scale_log2):
         sh = cuda.shared.array(SH, float32, alignment=ALIGN)
@@ -241,8 +255,27 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
             chunk = ((nk + n_parts - U(1)) // n_parts + UBC - U(1)) // UBC * UBC
             k_begin = part * chunk
             k_end = min(nk, k_begin + chunk)
-        if CAUSAL:
+        if CAUSAL and not EXTRA:
             k_end = min(k_end, q0 + UBR)  # key tiles after the block's last query are skipped
+        off = I(0)
+        slope = float32(0.0)
+        if EXTRA:  # skip the key tiles entirely outside the band of this block's rows (signed positions)
+            if BRA:
+                off = I(nk) - I(nq)  # query i sits at position i + Nk - Nq
+            if WL >= I(0):
+                lo = I(q0) + off - WL
+                if lo > I(k_begin):
+                    k_begin = U(lo) // UBC * UBC  # chunks start on tile boundaries, so this stays in the chunk
+            if RIGHT >= I(0):
+                hi = I(q0) + I(UBR) + off + RIGHT  # one past the last key the block's last row may see
+                if hi < I(k_end):
+                    k_end = U(max(hi, I(0)))
+            if ALIBI:
+                if GQA:
+                    bb, hh = b, h
+                else:
+                    bb, hh = bh // U(n_heads), bh % U(n_heads)
+                slope = float32(SLOPES[bb * U(n_heads) + hh if PER_B else hh])
         kreg = cuda.local.array(KV_REGS, float32)  # prefetched K/V values (PREFETCH only)
         vreg = cuda.local.array(KV_REGS, float32)
         if PREFETCH:
@@ -299,7 +332,19 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
                         for j in range(URN):
                             s[i, j] += a[i] * bk[j]
 
-            if k0 + UBC > nk or (CAUSAL and k0 + UBC > q0 + U(1)):  # only edge tiles need masking
+            if EXTRA:  # softcap, ALiBi, then the aligned causal/window mask, on every tile
+                for i in range(URM):
+                    pos = I(q0 + ((i // UVM) * UTR + ty) * UVM + i % UVM) + off
+                    for j in range(URN):
+                        col = I(k0 + ((j // UVN) * UTC + tx) * UVN + j % UVN)
+                        val = s[i, j]
+                        if SOFTCAP:
+                            val = CAPL * math.tanh(val / CAPL)
+                        if ALIBI:
+                            val -= slope * float32(abs(pos - col))
+                        dead = col >= I(nk) or (WL >= I(0) and col < pos - WL) or (RIGHT >= I(0) and col > pos + RIGHT)
+                        s[i, j] = NEG if dead else val
+            elif k0 + UBC > nk or (CAUSAL and k0 + UBC > q0 + U(1)):  # only edge tiles need masking
                 for i in range(URM):
                     row = q0 + ((i // UVM) * UTR + ty) * UVM + i % UVM
                     for j in range(URN):
@@ -365,6 +410,8 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
             if q0 + rl < nq:
                 inv = float32(0.0)  # GUARD: the row sees no key of this chunk (total = 0)
                 row_lse = float32(NEG)
+                if EXTRA and not SPLIT:
+                    row_lse = INF  # no key at all: the FA library's o = 0, lse = +inf
                 if not GUARD or total > float32(0.0):
                     inv = float32(1.0) / total
                     row_lse = (m[i] + math.log2(total)) * LN2
@@ -374,6 +421,30 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
                     lh[q0 + rl] = row_lse
 
     return flash_fwd_register
+
+
+class Extras(NamedTuple):
+    """The library options the register forward compiles in (checked by flashlab._inputs.check_options):
+    window (left, right) with -1 unbounded, bottom-right alignment, softcap (0 = off), ALiBi slopes as a
+    tuple of floats, one per head (per_batch: one per (batch, head), batch-major)."""
+    left: int = -1
+    right: int = -1
+    bottom_right: bool = False
+    softcap: float = 0.0
+    slopes: tuple | None = None
+    per_batch: bool = False
+
+    @classmethod
+    def from_options(cls, opt, B: int, H: int):
+        """Extras for checked AttentionOptions, or None when they ask for nothing beyond causal."""
+        slopes = per_batch = None
+        if opt.alibi is not None:
+            a = np.asarray(opt.alibi, np.float64)
+            per_batch = a.ndim == 2
+            slopes = tuple(float(x) for x in (np.broadcast_to(a, (B, H)) if per_batch else a).ravel())
+        extras = cls(int(opt.window[0]), int(opt.window[1]), opt.align == "bottom_right", float(opt.softcap), slopes,
+                     bool(per_batch))
+        return None if extras == cls() else extras
 
 
 def split_chunk(nk: int, splits: int, block_k: int) -> tuple:
@@ -398,7 +469,7 @@ def grid(B: int, H: int, Nq: int, block_q: int, splits: int = 1, heavy_first: bo
 
 
 def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile, *, splits: int = 1, heavy_first: bool = False,
-           section=None, alloc=None, **options):
+           section=None, alloc=None, extras=None, **options):
     """Launch on device arrays (B, H, N, d); o and lse are written. options: build's unroll, max_registers.
 
     splits > 1: split-KV (the float32 partial outputs come from alloc(shape, dtype), default a numba device
@@ -406,7 +477,8 @@ def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile, *, splits: int =
     B, H, Nq, d = q.shape
     splits = split_chunk(k.shape[2], splits, tile.block_k)[1]
     split = splits > 1
-    kernel = build(d, tile, causal, split=split, heavy_first=heavy_first, gqa=k.shape[1] != H, **options)
+    kernel = build(d, tile, causal, split=split, heavy_first=heavy_first, gqa=k.shape[1] != H, extras=extras,
+                   **options)
     g = grid(B, H, Nq, tile.block_q, splits, heavy_first, section)
     scale_log2 = np.float32(scale * LOG2E)
     if not split:
