@@ -16,8 +16,9 @@ Beyond torch's signature, the FlashAttention library's options (lesson 16; seman
 `flashlab.reference_attention`): grouped-query attention (k, v with H_kv heads, H_kv dividing H; torch's
 `enable_gqa=True`), `window_size=(left, right)`, `align` ("top_left" as torch, or "bottom_right"),
 `alibi_slopes` (H,) or (B, H), `softcap` and `dropout_p` with a `seed` (drawn from torch's generator when not
-given, and kept for the backward, which regenerates the mask). GQA runs everywhere; the other options run on
-CPU tensors (the NumPy FA2) for now: the CUDA kernels do not have them yet and say so.
+given, and kept for the backward, which regenerates the mask). GQA runs everywhere; window, align, ALiBi and
+softcap run on CUDA through the register kernels (float32, float16); dropout (and the options with bfloat16)
+on CPU tensors only for now: the CUDA path says so.
 
 This module is named `torch` inside the flashlab package. Its `import torch` lines are absolute imports
 (flashlab itself imports its own modules relatively), so they find the real PyTorch; they sit inside the
@@ -127,13 +128,16 @@ def _options(window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=
     return out
 
 
-def _cuda_unsupported(options):
-    """The CUDA kernels have GQA but not yet the other options: a clear error rather than a silent fallback."""
-    if options:
+def _cuda_options(q, options):
+    """The options for the CUDA kernels: window, align, ALiBi and softcap run on the register kernels (float32,
+    float16); dropout not yet. A clear error rather than a silent fallback."""
+    if "dropout_p" in options or (options and str(q.dtype) == "torch.bfloat16"):
+        what = "dropout_p" if "dropout_p" in options else f"{', '.join(sorted(options))} with bfloat16"
         raise NotImplementedError(
-            f"{', '.join(sorted(options))}: flashlab's CUDA kernels do not support this option yet (they support "
-            "grouped-query attention); run on CPU tensors (the NumPy FlashAttention-2 has every option) or use "
-            "torch's attention with an explicit mask")
+            f"{what}: flashlab's CUDA kernels do not support this yet (window_size, align, alibi_slopes and softcap "
+            "run on the register kernels in float32 and float16); run on CPU tensors (the NumPy "
+            "FlashAttention-2 has every option) or use torch's attention with an explicit mask")
+    return {name: value for name, value in options.items() if name != "seed"}
 
 
 def _forward(q, k, v, causal, scale, options=None):
@@ -142,15 +146,16 @@ def _forward(q, k, v, causal, scale, options=None):
 
     options = options or {}
     if q.is_cuda:
-        _cuda_unsupported(options)
+        options = _cuda_options(q, options)
         from .kernels import flash_attention
 
         four = q.dim() == 4
         q4, k4, v4 = (x if four else x.unsqueeze(1) for x in (q, k, v))
-        variant = _cuda_variant(q)
+        variant = "register" if options else _cuda_variant(q)
         if variant == "tensor":  # the tensor kernel reads 16-byte chunks of rows: the last dim must be contiguous
             q4, k4, v4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4))
-        o, lse = flash_attention(q4.detach(), k4.detach(), v4.detach(), causal=causal, scale=scale, variant=variant)
+        o, lse = flash_attention(q4.detach(), k4.detach(), v4.detach(), causal=causal, scale=scale, variant=variant,
+                                 **options)
         return (o, lse) if four else (o.squeeze(1), lse.squeeze(1))
     from .tiled import flash_attention_v2
 
@@ -179,18 +184,19 @@ def _backward(q, k, v, o, lse, do, causal, scale, options=None):
 
     options = options or {}
     if q.is_cuda:
-        _cuda_unsupported(options)
+        options = _cuda_options(q, options)
         from .kernels import flash_attention_backward
         from .kernels.backward import default_variant
 
         four = q.dim() == 4
         args = [x if four else x.unsqueeze(1) for x in (q, k, v, o, lse, do)]
-        variant = default_variant(q) if q.shape[-1] in _TENSOR_D else "register"
+        variant = default_variant(q) if q.shape[-1] in _TENSOR_D and not options else "register"
         if variant == "tensor":  # 16-byte copies of rows: the last dim must be contiguous (do may be a broadcast)
             args = [x if x.stride(-1) == 1 else x.contiguous() for x in args]
         elif q.dtype == torch.bfloat16:  # the register kernel computes in fp32 from float16/float32 inputs
             args = [x.float() for x in args]
-        grads = flash_attention_backward(*(x.detach() for x in args), causal=causal, scale=scale, variant=variant)
+        grads = flash_attention_backward(*(x.detach() for x in args), causal=causal, scale=scale, variant=variant,
+                                         **options)
         grads = tuple(g.to(q.dtype) for g in grads)
         return grads if four else tuple(g.squeeze(1) for g in grads)
     from .tiled import flash_attention_v2_backward

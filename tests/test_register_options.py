@@ -65,3 +65,38 @@ gpu = pytest.mark.skipif(not fl.device.has_gpu(), reason="needs a CUDA GPU")
 def test_register_kernel_options_on_gpu(rng, d):
     for B, H, H_kv, nq, nk, splits, opts in CASES:
         check(rng, B, H, H_kv, 8 * nq, 8 * nk, d=d, splits=splits, **opts)
+
+
+BACKWARD_CASES = [  # (B, H, H_kv, nq, nk, options)
+    (1, 2, 2, 37, 37, dict(window_size=(5, 3))),
+    (1, 4, 2, 19, 45, dict(window_size=(6, 0), causal=True, align="bottom_right")),
+    (1, 2, 2, 45, 19, dict(causal=True, align="bottom_right")),
+    (2, 2, 1, 21, 30, dict(alibi_slopes=np.array([[0.5, 0.25], [0.125, 1.0]]), causal=True)),
+    (1, 2, 2, 25, 25, dict(softcap=1.5, alibi_slopes=np.array([0.3, 0.7]))),
+]
+
+
+@pytest.mark.parametrize("B,H,H_kv,nq,nk,opts", BACKWARD_CASES)
+def test_register_backward_options_match_float64(rng, B, H, H_kv, nq, nk, opts):
+    from flashlab.kernels import flash_attention_backward
+
+    d = 16
+    q = (2 * rng.standard_normal((B, H, nq, d))).astype(np.float32)
+    k, v = (rng.standard_normal((B, H_kv, nk, d)).astype(np.float32) for _ in range(2))
+    do = rng.standard_normal((B, H, nq, d)).astype(np.float32)
+    o, lse = flash_attention(q, k, v, variant="register", **opts)
+    got = flash_attention_backward(q, k, v, o, lse, do, variant="register", **opts)
+    f64 = [x.astype(np.float64) for x in (q, k, v, do)]
+    o64, lse64 = fl.reference_attention(*f64[:3], **opts)
+    want = fl.flash_attention_v2_backward(*f64[:3], o64, lse64, f64[3], **opts)  # tested against autograd
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.shape == w.shape and fl.relative_error(g, w) < 1e-4, (name, opts)
+
+
+def test_register_backward_options_need_the_register_variant(rng):
+    from flashlab.kernels import flash_attention_backward
+
+    q = rng.standard_normal((1, 1, 16, 16)).astype(np.float32)
+    lse = np.zeros((1, 1, 16), np.float32)
+    with pytest.raises(NotImplementedError, match="variant='register'"):
+        flash_attention_backward(q, q, q, q, lse, q, variant="tensor", softcap=2.0)

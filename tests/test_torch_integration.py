@@ -222,8 +222,30 @@ def test_dropout_without_seed_draws_one_and_the_backward_reuses_it(rng):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_options_the_kernels_lack_are_refused_clearly(rng):
     q, k, v = qkv(rng, (1, 2, 9, 16), 9, device="cuda")
-    with pytest.raises(NotImplementedError, match="softcap: flashlab's CUDA kernels"):
-        sdpa(q, k, v, softcap=3.0)
+    with pytest.raises(NotImplementedError, match="dropout_p: flashlab's CUDA kernels"):
+        sdpa(q, k, v, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="softcap with bfloat16"):
+        sdpa(q.bfloat16(), k.bfloat16(), v.bfloat16(), softcap=3.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("opts", [o for o in OPTIONS if "dropout_p" not in o], ids=lambda o: "-".join(sorted(o)))
+def test_cuda_library_options_forward_and_gradients(rng, opts):
+    """The register kernels with window / align / ALiBi / softcap through autograd, against float64 autograd."""
+    opts = dict(opts)
+    causal = opts.pop("causal", False)
+    q, k, v = qkv(rng, (2, 4, 150, 64), 170, logit_scale=3.0)
+    f64 = [x.detach().double().requires_grad_() for x in (q, k[:, :2], v[:, :2])]
+    gpu_in = [x.detach().float().cuda().requires_grad_() for x in f64]
+    out = sdpa(*gpu_in, is_causal=causal, enable_gqa=True, **opts)
+    ref = explicit_attention(*f64, causal=causal, **opts)
+    do = torch.randn_like(ref)
+    ours = torch.autograd.grad(out, gpu_in, do.float().cuda())
+    theirs = torch.autograd.grad(ref, f64, do)
+    assert rel(out, ref) < 1e-4
+    for name, g, r in zip("qkv", ours, theirs):
+        assert g.shape == r.shape and rel(g, r) < 1e-3, name
 
 
 @pytest.mark.parametrize("make,err,match", [

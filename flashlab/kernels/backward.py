@@ -86,8 +86,12 @@ def check_config(d: int, block_q: int, block_k: int, threads: int):
 
 
 @functools.lru_cache(maxsize=None)
-def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: bool = False, gqa: bool = False):
+def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: bool = False, gqa: bool = False,
+                 extras=None):
     """(preprocess, dkdv, cast) kernels specialised for one head dim and tile shape.
+
+    extras: the library's window, alignment, ALiBi and softcap (kernels/register.py's Extras), compiled in;
+    None builds the plain kernels, unchanged.
 
     heavy_first: dkdv's grid is (g, key blocks, B*H/g sections) instead of (key blocks, H, B): heads in
     sections of g, and under causal masking (where key block j has the most query blocks to visit when j is
@@ -118,6 +122,16 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
     Q_TR, Q_TD, Q_NR, Q_ND = u(q_tr), u(q_td), u(q_nr), u(q_nd)
     K_ELEMS, Q_ELEMS = u(block_k * d), u(block_q * d)
     HEAVY, GQA = bool(heavy_first), bool(gqa)
+    from .register import Extras
+
+    EXTRA = extras is not None
+    ex = extras or Extras()
+    I = np.int64
+    WL, BRA, CAP = I(ex.left), bool(ex.bottom_right), float32(ex.softcap)
+    SOFTCAP, ALIBI, PER_B = ex.softcap > 0, ex.slopes is not None, bool(ex.per_batch)
+    SLOPES = tuple(float(x) for x in (ex.slopes or (0.0,)))
+    RIGHT_FREE = I(ex.right)  # without causal; with causal the kernel uses min(right, 0)
+    n_t = n_s if SOFTCAP else 1  # tanh of each capped score, for dS's factor 1 - tanh^2
 
     @cuda.jit
     def preprocess(o, do, D, dq):
@@ -186,14 +200,35 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
         dQ = cuda.local.array(n_q, float32)
         sa = cuda.local.array(q_tr, float32)
 
+        Th = cuda.local.array(n_t, float32)
+        off = I(0)
+        right = RIGHT_FREE
+        q_end = nq
+        if EXTRA:
+            if BRA:
+                off = I(nk) - I(nq)  # query i sits at position i + Nk - Nq
+            if causal:
+                right = min(right, I(0)) if right >= I(0) else I(0)
+            if WL >= I(0):  # rows past k0 + Bc - 1 - off + left see none of this block's keys
+                last = I(k0) + I(Bc) - I(1) - off + WL
+                q_end = uint64(min(max(last + I(1), I(0)), I(nq)))
         for gi in range(n_group):
             if GQA:
                 head = hk * n_group + gi
             else:
                 head = hk
+            slope = float32(0)
+            if ALIBI:
+                slope = float32(SLOPES[uint64(batch) * uint64(q.shape[1]) + uint64(head) if PER_B else uint64(head)])
             # Causal: query block i sees key block j only if its last row reaches k0.
             q0 = (k0 // Br) * Br if causal else ZERO
-            while q0 < nq:
+            if EXTRA:  # the first row whose band reaches k0: k0 - off - right (aligned, windowed)
+                q0 = ZERO
+                if right >= I(0):
+                    first = I(k0) - off - right
+                    if first > I(0):
+                        q0 = uint64(first) // Br * Br
+            while q0 < q_end:
                 cuda.syncthreads()  # everyone is done with the previous Q_i, dO_i, P_ij
                 idx = tid
                 while idx < Q_ELEMS:
@@ -230,7 +265,20 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
                     for b in range(S_TC):
                         c = sx + S_NC * b
                         p = float32(0)
-                        if q0 + r < nq and k0 + c < nk and (not causal or k0 + c <= q0 + r):
+                        if EXTRA:
+                            pos, col = I(q0 + r) + off, I(k0 + c)
+                            sc = S[a * S_TC + b] * scale
+                            if SOFTCAP:
+                                th = math.tanh(sc / CAP)
+                                Th[a * S_TC + b] = th
+                                sc = CAP * th
+                            if ALIBI:
+                                sc -= slope * float32(abs(pos - col))
+                            seen = q0 + r < nq and k0 + c < nk and (WL < I(0) or col >= pos - WL) and (
+                                right < I(0) or col <= pos + right)
+                            if seen:
+                                p = math.exp(sc - Ls[r])
+                        elif q0 + r < nq and k0 + c < nk and (not causal or k0 + c <= q0 + r):
                             p = math.exp(S[a * S_TC + b] * scale - Ls[r])
                         S[a * S_TC + b] = p
                         Ps[r, c] = p
@@ -252,7 +300,11 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
                 for a in range(S_TR):
                     r = sy + S_NR * a
                     for b in range(S_TC):
-                        Ps[r, sx + S_NC * b] = S[a * S_TC + b] * (dP[a * S_TC + b] - Ds[r]) * scale
+                        ds = S[a * S_TC + b] * (dP[a * S_TC + b] - Ds[r]) * scale
+                        if SOFTCAP:  # d(cap tanh(s / cap)) / ds = 1 - tanh^2
+                            th = Th[a * S_TC + b]
+                            ds *= float32(1) - th * th
+                        Ps[r, sx + S_NC * b] = ds
                 cuda.syncthreads()
 
                 # dK_j += scale * dS_ij^T Q_i
@@ -310,7 +362,8 @@ def default_config(d: int, simulator: bool = False):
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, variant=None, precision=None,
-                             block_q=None, block_k=None, threads=None):
+                             block_q=None, block_k=None, threads=None, window_size=(-1, -1), align="top_left",
+                             alibi_slopes=None, softcap=0.0):
     """Gradients (dq, dk, dv) of attention, from the forward's o and lse and the output gradient do.
 
     q, o, do: (B, H, Nq, d); k, v: (B, H, Nk, d); lse: (B, H, Nq) float32, as returned by
@@ -321,8 +374,17 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     tensor cores: float16, bfloat16 and float32 through 3xTF32, with `precision` as in the forward). By default
     "tensor" for float16 / bfloat16 on a GPU that has their mma, else "register" (see default_variant).
     block_q / block_k override the tile; threads (register only) the threads per block; see GPU_CONFIG and
-    tensor_backward.choose_tile.
+    tensor_backward.choose_tile. window_size, align, alibi_slopes, softcap: as in the forward (pass the same
+    values); the register backward compiles them in and skips the query tiles outside each key block's band.
     """
+    library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap)
+    plain = alibi_slopes is None and align == "top_left" and not softcap and tuple(window_size) == (-1, -1) \
+        if isinstance(window_size, (tuple, list)) else False
+    if not plain:
+        if variant not in (None, "register"):
+            raise NotImplementedError(f"window_size, align, alibi_slopes and softcap run on variant='register' so "
+                                      f"far; got variant={variant!r}")
+        variant = "register"
     variant = default_variant(q) if variant is None else variant
     if variant == "tensor":
         if threads is not None:
@@ -338,7 +400,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     if _dtype_name(q) == "bfloat16":
         raise TypeError("q has dtype bfloat16; the register backward takes float32 or float16 "
                         "(bfloat16 runs on variant='tensor', which needs a GPU of compute capability 8.0 or newer)")
-    if _fast.available() and not is_gqa(q, k):  # torch tensors: kernels/_fast.py's prepared path after the first call
+    if _fast.available() and not is_gqa(q, k) and plain:  # torch tensors: kernels/_fast.py's prepared path
         key = _fast.torch_key(q, k, v, o, lse, do)
         if key is not None:
             key = ("backward", key, causal, scale, block_q, block_k, threads)
@@ -351,8 +413,16 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     B, H, Nq, Nk, d = p.problem.B, p.problem.H, p.problem.Nq, p.problem.Nk, p.problem.d
     H_kv = dev["k"].shape[1]
     block_q, block_k, threads = p.config
-    heavy = p.heavy_first and H_kv == H  # GQA: one block per (key block, K/V head), in per-head order
-    preprocess, dkdv, cast = make_kernels(d, block_q, block_k, threads, heavy_first=heavy, gqa=H_kv != H)
+    extras = None
+    if not plain:
+        from .._inputs import check_options
+        from .register import Extras
+
+        extras = Extras.from_options(check_options((B, H, Nq, d), causal=p.problem.causal, scale=scale, **library),
+                                     B, H)
+    heavy = p.heavy_first and H_kv == H and extras is None  # GQA, options: the (key block, head) grid, in order
+    preprocess, dkdv, cast = make_kernels(d, block_q, block_k, threads, heavy_first=heavy, gqa=H_kv != H,
+                                          extras=extras)
 
     dtype = np.dtype(dev["q"].dtype)
     new = lambda shape, dt: empty(shape, dt, kind, like=q)
@@ -361,7 +431,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     dk, dv = new((B, H_kv, Nk, d), dtype), new((B, H_kv, Nk, d), dtype)
 
     preprocess[((Nq + rows - 1) // rows, H, B), rows](dev["o"], dev["do"], D, dq)
-    grid = p.grid if H_kv == H else (-(-Nk // block_k), H_kv, B)
+    grid = p.grid if H_kv == H and extras is None else (-(-Nk // block_k), H_kv, B)
     dkdv[grid, threads](dev["q"], dev["k"], dev["v"], dev["do"], dev["lse"], D, dq, dk, dv, np.float32(scale),
                         p.problem.causal)
     if dtype != np.float32:
