@@ -296,3 +296,28 @@ def test_the_visited_blocks_are_those_flash_attention_v2_visits():
             seen.setdefault(q0 // bq, []).append(k0 // bk)
         for i in range(math.ceil(nq / bq)):
             assert sorted(seen.get(i, [])) == _visited(i, bq, bk, nq, nk, window, align), (nq, nk, window, align, i)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("bad", [lambda *a: 1 / 0, lambda *a: None, lambda *a: "blocks"], ids=["raises", "None", "str"])
+def test_a_raising_or_wrong_typed_function_gets_a_verdict(name, bad):
+    result = check(name, bad, seed=1, quiet=True)
+    assert result.status == "failed" and result.message
+    assert "could not check" not in result.message  # the checker itself names the problem
+
+
+def test_the_lesson_figures_render():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from flashlab.viz import real_api as R
+    from flashlab.viz import to_png
+
+    figs = [R.plot_tile_grid(20, 40, 4, 8, causal=True, align="bottom_right"), R.plot_gqa_map(8, 2),
+            R.plot_alibi(0.25, 12, 24, (4, 8, 4, 8), align="bottom_right"), R.plot_softcap(5.0),
+            R.plot_dropout_tiles(3, 0.3, 16, 24, 4, 8), R.plot_varlen_mask([0, 5, 12], [0, 6, 13], causal=True),
+            R.plot_block_table(np.array([[5, 1], [2, 0]]), [6, 3], 4, 8)]
+    assert all(len(to_png(f)) > 1000 for f in figs)
+    assert "identical" in figs[4].axes[1].get_title()
+    cls = R.tile_classes(20, 40, 4, 8, window_size=(6, 0), align="bottom_right")
+    assert cls.shape == (5, 5) and set(np.unique(cls)) <= {R.SKIPPED, R.PARTIAL, R.FULL}

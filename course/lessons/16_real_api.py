@@ -249,31 +249,30 @@ print(f"dropout backward: <dq, dir> = {(g1[0] * dq_dir).sum():.8f}, central diff
 # ## 6. Variable-length batches: packing without padding
 
 # %%
-lengths_q = np.array([5, 7, 8])
-cu_q = np.concatenate([[0], np.cumsum(lengths_q)])
-fig.plot_varlen_mask(cu_q, cu_q, causal=True)
+lengths_q, lengths_k = np.array([5, 7, 8]), np.array([6, 7, 11])
+cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]) for n in (lengths_q, lengths_k))
+opts = dict(causal=True, align="bottom_right", window_size=(4, 0))
+fig.plot_varlen_mask(cu_q, cu_k, **opts)
 plt.show()
 
 # %% [markdown]
 # A padded batch of sequences of lengths 5, 7, 8 is a (3, 8) array with rows of padding that the kernel
 # still multiplies. `flash_attn_varlen_func` instead packs them one after another into (total, H, d) and
-# passes the boundaries as cumulative lengths, `cu_seqlens = [0, 5, 12, 20]`: sequence b holds rows
-# cu_seqlens[b] … cu_seqlens[b+1] − 1. Each sequence attends only to its own keys, a block-diagonal mask
-# over the packed rows:
+# passes the boundaries as cumulative lengths, `cu_seqlens_q = [0, 5, 12, 20]`: sequence b holds rows
+# cu_seqlens_q[b] … cu_seqlens_q[b+1] − 1, and likewise its keys with `cu_seqlens_k` (here 6, 7 and 11
+# keys: some already cached). Each sequence attends only to its own keys, a block-diagonal mask over the
+# packed rows, with each block masked by the options (here causal, bottom-right, a window of 4):
 #
 # $$O_{[c_b, c_{b+1})} = \mathrm{attention}\!\left(Q_{[c_b, c_{b+1})},\, K_{[c'_b, c'_{b+1})},\, V_{[c'_b, c'_{b+1})}\right).$$
 #
 # A kernel never visits the white area: each thread block finds its sequence from cu_seqlens and loops
-# over that sequence's keys only. The check: the packed call against the reference run on each sequence
-# alone (here with GQA, causal and a window, and keys of other lengths than the queries).
+# over that sequence's keys only. The check: the packed call (with GQA too) against the reference run on
+# each sequence alone.
 
 # %%
-lengths_k = np.array([6, 7, 11])
-cu_k = np.concatenate([[0], np.cumsum(lengths_k)])
 H, H_kv, d = 4, 2, 8
 q = rng.standard_normal((cu_q[-1], H, d))
 k, v = rng.standard_normal((cu_k[-1], H_kv, d)), rng.standard_normal((cu_k[-1], H_kv, d))
-opts = dict(causal=True, align="bottom_right", window_size=(4, 0))
 o, lse = varlen.flash_attention_varlen(q, k, v, cu_q, cu_k, block_q=4, block_k=4, **opts)
 worst = 0.0
 for b in range(len(lengths_q)):

@@ -119,21 +119,23 @@ def plot_dropout_tiles(seed, p, nq, nk, block_q, block_k, *, batch=0, head=0):
     return fig
 
 
-def plot_varlen_mask(cu_seqlens_q, cu_seqlens_k, *, causal=False, ax=None):
-    """Which packed key each packed query may see: one block per sequence on the diagonal."""
+def plot_varlen_mask(cu_seqlens_q, cu_seqlens_k, *, ax=None, **mask_options):
+    """Which packed key each packed query may see: one block per sequence on the diagonal, masked within by
+    mask_options (causal, window_size, align, as for reference.attention_mask)."""
     fig, ax = own_axes(ax)
     cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
     seen = np.full((cq[-1], ck[-1]), np.nan)
     for b in range(len(cq) - 1):
         nq, nk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
-        seen[cq[b]:cq[b + 1], ck[b]:ck[b + 1]] = np.where(attention_mask(nq, nk, causal=causal), b, np.nan)
+        seen[cq[b]:cq[b + 1], ck[b]:ck[b + 1]] = np.where(attention_mask(nq, nk, **mask_options), b, np.nan)
     ax.imshow(seen, cmap="tab10", vmin=0, vmax=9, extent=(0, ck[-1], cq[-1], 0), aspect="auto", interpolation="none")
     for c in cq[1:-1]:
         ax.axhline(c, color="gray", lw=0.5)
     for c in ck[1:-1]:
         ax.axvline(c, color="gray", lw=0.5)
     ax.set(xlabel="packed key row", ylabel="packed query row",
-           title=f"varlen: cu_seqlens_q = {list(cq)}\n(white: never computed)")
+           title=f"cu_seqlens_q = {[int(c) for c in cq]}, cu_seqlens_k = {[int(c) for c in ck]}\n"
+                 f"{mask_options or 'no mask'} (white: never computed)")
     ax.title.set_fontsize(9)
     return fig
 
