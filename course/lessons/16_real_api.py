@@ -302,8 +302,9 @@ plt.show()
 #
 # $$\text{k\_cache}\big[\text{block\_table}[b, \lfloor \text{pos} / \text{page\_size}\rfloor],\ \text{pos} \bmod \text{page\_size}\big], \qquad 0 \le \text{pos} < \text{cache\_seqlens}[b].$$
 #
-# Only the last page of a sequence is partly empty, and pages can be shared (the unused entries of row 1
-# above point at page 0, which is never read past cache_seqlens). The kernel reads a page at a time
+# Only the last page of a sequence is partly empty. The unused entries of a row (row 1 above: 3 keys, one
+# page) hold a placeholder, here 0, that is never read: only positions below cache_seqlens[b] are. (vLLM
+# also lets sequences with a common prefix point at the same pages.) The kernel reads a page at a time
 # through the table instead of a contiguous K; the attention itself is split-KV decoding (lesson 14) with
 # causal bottom-right alignment. The check: `paged_attention` against the reference on each sequence's keys
 # gathered into a contiguous array.
@@ -330,9 +331,9 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 #   GPU kernels support GQA (forward, backward, paged decoding); the register forward kernel also has the
 #   window, the alignment, ALiBi and softcap; the other options (dropout, the options in the backward,
 #   varlen) run in the NumPy implementations for now. The README's feature table is kept up to date.
-# - **ALiBi's constant.** The library's causal kernels add +m·j instead of −m·|i − j|: under a causal mask
-#   the two differ by m·i, a constant per row, which cancels in the softmax. The output is the same, the lse
-#   is not. flashlab uses −m·|pos_i − j| everywhere (`reference.alibi_bias`).
+# - **ALiBi's constant.** The library's causal kernels add +m·j instead of −m·|pos_i − j|: under a causal
+#   mask (j ≤ pos_i) the two differ by m·pos_i, a constant per row, which cancels in the softmax. The output
+#   is the same, the lse is not. flashlab uses −m·|pos_i − j| everywhere (`reference.alibi_bias`).
 # - **Dropout's generator.** The library uses Philox with the key as counter; flashlab hashes the same kind
 #   of key, (seed, batch, head, row, col), with a smaller integer hash (`flashlab.dropout`). Same property,
 #   different masks: a mask from one cannot be checked against the other.
