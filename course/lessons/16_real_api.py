@@ -27,7 +27,6 @@ import numpy as np
 
 import flashlab
 from flashlab import decoding, dropout, varlen
-from flashlab.reference import attention_mask
 from flashlab.viz import real_api as fig
 
 rng = np.random.default_rng(0)
