@@ -58,9 +58,9 @@ def qkv(B, H, H_kv, nq, nk, d=16):
 # | paged KV | `decoding.paged_attention(q, k_cache, v_cache, block_table, cache_seqlens)` | where the keys are stored |
 #
 # What runs where today: flashlab's GPU kernels support GQA (forward, backward, paged decoding). The register
-# forward kernel also takes the window, the alignment, ALiBi and softcap; the kernels' backward, dropout on
-# the GPU and a varlen kernel do not exist yet, and those run in the NumPy implementations for now. Everything
-# below runs in NumPy, on the CPU.
+# kernels, forward and backward, also take the window, the alignment, ALiBi and softcap, and
+# `kernels.paged_decoding` reads a paged cache. Dropout on the GPU and a one-launch varlen kernel do not exist
+# yet: those run in the NumPy implementations for now. Everything below runs in NumPy, on the CPU.
 #
 # ## 1. GQA and MQA: fewer K/V heads than query heads
 
@@ -327,9 +327,10 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 # ## 8. Where flashlab differs from the FlashAttention library
 #
 # - **Kernels.** The library implements every option in its CUDA kernels, forward and backward. flashlab's
-#   GPU kernels support GQA (forward, backward, paged decoding); the register forward kernel also has the
-#   window, the alignment, ALiBi and softcap; the other options (dropout, the options in the backward,
-#   varlen) run in the NumPy implementations for now. The README's feature table is kept up to date.
+#   GPU kernels support GQA (forward, backward, paged decoding); the register kernels, forward and backward,
+#   also have the window, the alignment, ALiBi and softcap; dropout and one-launch varlen run in the NumPy
+#   implementations for now, and the tensor-core kernels take none of the options yet. The README's feature
+#   table is kept up to date.
 # - **ALiBi's constant.** The library's causal kernels add +m·j instead of −m·|pos_i − j|: under a causal
 #   mask (j ≤ pos_i) the two differ by m·pos_i, a constant per row, which cancels in the softmax. The output
 #   is the same, the lse is not. flashlab uses −m·|pos_i − j| everywhere (`reference.alibi_bias`).
