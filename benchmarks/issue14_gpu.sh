@@ -18,9 +18,9 @@ case "${1:-}" in
     for tool in memcheck racecheck; do
       api=(); [ "$tool" = memcheck ] && api=(--report-api-errors no)
       timeout "${2:-250}" compute-sanitizer --tool $tool "${api[@]}" --print-limit 5 $PY -m pytest -q -p no:cacheprovider \
-        -W ignore tests/test_paged_kernel.py -k "numpy or float16" 2>&1 | tee "$OUT/sanitizer14_$tool.txt" | tail -3
+        -W ignore tests/test_paged_kernel.py -k "(numpy or float16 or tensor) and not gpu" 2>&1 | tee "$OUT/sanitizer14_$tool.txt" | tail -3
     done ;;
-  bench) $PY benchmarks/bench_paged.py --json benchmarks/results/paged_decoding.json 2>&1 | tee "$OUT/bench14.txt" | tail -12
+  bench) $PY benchmarks/bench_paged.py --sweep 16 66 132 --json benchmarks/results/paged_decoding.json 2>&1 | tee "$OUT/bench14.txt" | tail -24
     $PY benchmarks/bench_window.py --json benchmarks/results/window.json 2>&1 | tee -a "$OUT/bench14.txt" | tail -6 ;;
   *) sed -n 2,6p "$0"; exit 2 ;;
 esac

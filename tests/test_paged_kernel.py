@@ -19,8 +19,9 @@ def paged_case(rng, B, H, H_kv, nq, d, page, lens, dtype=np.float32, spare=3):
     return q, kc, vc, table, np.array(lens, np.int32)
 
 
-def check(q, kc, vc, table, lens, causal, num_splits, threads=32):
-    o, lse = paged.paged_decoding(q, kc, vc, table, lens, causal=causal, num_splits=num_splits, threads=threads)
+def check(q, kc, vc, table, lens, causal, num_splits, threads=32, variant="register"):
+    o, lse = paged.paged_decoding(q, kc, vc, table, lens, causal=causal, num_splits=num_splits, threads=threads,
+                                  variant=variant)
     f64 = [x.astype(np.float64) for x in (q, kc, vc)]
     want_o, want_lse = paged_attention(*f64[:1], *f64[1:], table, lens, causal=causal)
     tol = 2e-3 if q.dtype == np.float16 else 2e-5
@@ -44,6 +45,39 @@ def test_paged_kernel_matches_numpy(rng, B, H, H_kv, nq, page, lens, causal, spl
 
 def test_paged_kernel_float16(rng):
     check(*paged_case(rng, 1, 2, 1, 1, 16, 8, [21], dtype=np.float16), False, 2)
+
+
+@pytest.mark.parametrize("B,H,H_kv,nq,page,lens,causal,splits", [
+    (2, 4, 2, 1, 8, [19, 40], True, 2),        # GQA 2:1: the group's 2 heads are 2 rows of one mma tile
+    (3, 4, 1, 1, 16, [0, 33, 1], False, 2),    # MQA; an empty sequence, a chunk past a sequence's end
+    (1, 2, 2, 3, 4, [13], False, 1),           # three queries without causal, pages of 4 keys
+])
+def test_paged_tensor_variant_matches_numpy(rng, B, H, H_kv, nq, page, lens, causal, splits):
+    """The tensor-core paged build (kernels/tensor.py, page > 0), with q's group packed as rows."""
+    check(*paged_case(rng, B, H, H_kv, nq, 16, page, lens, dtype=np.float16), causal, splits, threads=None,
+          variant="tensor")
+
+
+def test_paged_prepare_runs_again(rng):
+    """prepare() (what the benchmark times): each run() recomputes o and lse in place, as a call would."""
+    q, kc, vc, table, lens = paged_case(rng, 2, 4, 2, 1, 16, 8, [19, 5], dtype=np.float16)
+    want_o, want_lse = paged.paged_decoding(q, kc, vc, table, lens, num_splits=2, variant="tensor")
+    run, o, lse = paged.prepare(q, kc, vc, table, lens, num_splits=2)
+    for _ in range(2):
+        run()
+        assert np.array_equal(o.copy_to_host(), want_o) and np.array_equal(lse.copy_to_host(), want_lse)
+        o.copy_to_device(np.zeros(o.shape, o.dtype))
+
+
+def test_paged_tensor_variant_refuses_what_it_cannot_do(rng):
+    q, kc, vc, table, lens = paged_case(rng, 1, 2, 1, 2, 16, 8, [10], dtype=np.float16)
+    with pytest.raises(ValueError, match="Nq = 1 or causal=False"):
+        paged.paged_decoding(q, kc, vc, table, lens, causal=True, variant="tensor")
+    with pytest.raises(ValueError, match="Nq = 1 or causal=False; got float32"):
+        paged.paged_decoding(q.astype(np.float32), kc.astype(np.float32), vc.astype(np.float32), table, lens,
+                             variant="tensor")
+    with pytest.raises(ValueError, match="variant must be"):
+        paged.paged_decoding(q, kc, vc, table, lens, variant="shared")
 
 
 @pytest.mark.parametrize("change,err,match", [
@@ -71,6 +105,7 @@ gpu = pytest.mark.skipif(not fl.device.has_gpu(), reason="needs a CUDA GPU")
 @gpu
 @pytest.mark.parametrize("H,H_kv", [(32, 4), (8, 8), (8, 1)])
 def test_paged_kernel_on_gpu(rng, H, H_kv):
-    for causal, nq, dtype in ((False, 1, np.float16), (True, 4, np.float32)):
-        case = paged_case(rng, 3, H, H_kv, nq, 64, 16, [3000, 1, 777], dtype=dtype)
-        check(*case, causal, None, threads=None)
+    for causal, nq, dtype, d, variant in ((False, 1, np.float16, 64, None), (True, 1, np.float16, 128, "tensor"),
+                                         (False, 1, np.float16, 128, "register"), (True, 4, np.float32, 64, None)):
+        case = paged_case(rng, 3, H, H_kv, nq, d, 16, [3000, 1, 777], dtype=dtype)
+        check(*case, causal, None, threads=None, variant=variant)

@@ -79,8 +79,11 @@ plt.show()
 #
 # Nothing changes inside a tile; only the K/V head a thread block loads. What it buys is a KV cache H / H_kv
 # times smaller, and for decoding (lesson 14) that many times fewer bytes to read per token, provided the
-# kernel packs the G query heads of a group into one block so the group reads its K/V head once. The check:
-# GQA must equal MHA with each K/V head repeated G times.
+# kernel packs the G query heads of a group into one block so the group reads its K/V head once. With one
+# query per sequence, packing is a reshape: q of shape (B, H, 1, d) is q of shape (B, H_kv, G, d), G rows of one
+# (batch, K/V head). On tensor cores those G ≤ 16 rows fill a 16-row mma tile that one query would have padded
+# anyway, so the group costs what one head costs: `kernels.paged_decoding`'s tensor variant decodes this way
+# (benchmarks/bench_paged.py measures it). The check: GQA must equal MHA with each K/V head repeated G times.
 
 # %%
 q, k, v = qkv(2, 8, 2, 9, 13)

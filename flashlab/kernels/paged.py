@@ -14,6 +14,12 @@ reductions, O in registers), with two changes:
 Chunks past a sequence's end, and rows that see no key of a chunk (causal), leave an empty partial state
 (m = -inf, l = 0); decoding.py's merge kernel folds the chunks, and gives o = 0, lse = +inf to a row that saw
 no key at all (the FA library's convention).
+
+variant="tensor" (float16, the default on a GPU) runs the tensor-core forward kernel (kernels/tensor.py) in its
+paged build instead. Under GQA the G query heads of a K/V head are G rows of one (batch, K/V head): a pure
+reshape of q (B, H, Nq, d) -> (B, H_kv, G * Nq, d), so one 16-row mma tile holds the whole group, and the
+tensor cores make the G rows cost what one row costs. This is how the FA library decodes under GQA. It runs
+without causal masking, so it takes Nq = 1 (where causal changes nothing) or causal=False.
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ import numpy as np
 
 from .._inputs import check_block, check_options
 from ..decoding import check_num_splits, check_paged, chunk_bounds, default_num_splits
-from ..device import device_limits, get_cuda
+from ..device import device_limits, get_cuda, has_gpu
 from ._launch import empty, like_input, to_device
 from .decoding import LN2, LOG2E, NEG, build_merge, default_threads, key_tile
 
@@ -161,19 +167,67 @@ def _host(x):
     return np.asarray(x)
 
 
-def paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=False, scale=None, num_splits=None,
-                   threads=None):
-    """`flashlab.decoding.paged_attention` on the GPU (or the simulator). Returns (o, lse).
+def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
+    """The tensor-core paged build (kernels/tensor.py) on q viewed as (B, H_kv, G * Nq, d): one block per
+    (16 * warps rows, batch, K/V head, key chunk); the merge kernel always runs (empty rows: o = 0, lse = inf).
+    Returns (run, o, lse, kind): run() launches both kernels on the prepared arrays, again when called again
+    (benchmarks time it apart from the checks and copies of a call, as tensor.prepare does)."""
+    from . import tensor
+    from ._launch import to_device_words
+    from .register import grid
 
-    q: (B, H, Nq, d); k_cache, v_cache: (num_pages, page_size, H_kv, d) with H_kv dividing H; float32 or
-    float16, d in (16, 32, 64, 128); block_table (B, max_pages) and cache_seqlens (B,) integers. NumPy arrays,
-    numba device arrays or torch CUDA tensors. (H / H_kv) * Nq must be at most MAX_ROWS. num_splits: key chunks
-    per (batch, K/V head), by default enough to fill the GPU for the longest sequence. The NumPy version's
-    window_size, alibi_slopes and softcap are not in this kernel yet.
-    """
-    shells = [np.empty(tuple(x.shape), np.dtype(str(x.dtype).replace("torch.", ""))) for x in (q, k_cache, v_cache)]
-    bt_host, sl_host = _host(block_table), _host(cache_seqlens)
-    qs, ks, _, bt_host, sl_host = check_paged(*shells, bt_host, sl_host)
+    (q_w, kind, _), (k_w, _, _), (v_w, _, _) = (to_device_words(x, n) for x, n in
+                                                ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")))
+    B, H, Nq, W = q_w.shape
+    pages, page, H_kv, _ = k_w.shape
+    rows = H // H_kv * Nq
+    precision = tensor.resolve_precision("float16", None, device_limits()["cc"])
+    # 16 keys a tile on sm_75 ("k8"), which copies through registers: 32 would spill
+    tile = tensor.TensorTile(warps=-(-rows // 16), block_k=16 if precision == "k8" else 32).check(2 * W, precision)
+    longest = max(int(sl_host.max()), 1)
+    if num_splits is None:  # one warp per block: about 4 blocks per SM keep enough bytes in flight (H100 sweep)
+        num_splits = max(1, min(-(-4 * device_limits()["sms"] // (B * H_kv)), longest // 256))
+    splits = check_num_splits(num_splits, longest)
+    meta = np.zeros((B, 1 + bt_host.shape[1]), np.int32)  # the kernel's n_k: seqlens, then the block table
+    meta[:, 0], meta[:, 1:] = sl_host, bt_host
+    kernel = tensor.build(2 * W, tile, False, precision, split=True, page=page)
+    q2 = q_w.reshape(B, H_kv, rows, W)
+    k2, v2 = k_w.reshape(pages * page, H_kv, W), v_w.reshape(pages * page, H_kv, W)
+    new = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
+    o, lse = new((B, H, Nq, 2 * W), np.float16), new((B, H, Nq), np.float32)
+    meta_d, g = get_cuda().to_device(meta), grid(B, H_kv, rows, tile.block_q, splits)
+    o2, lse2, scale_log2 = o.reshape(B, H_kv, rows, 2 * W), lse.reshape(B, H_kv, rows), np.float32(scale * LOG2E)
+    # each chunk's normalised output and lse (decoding.merge_split's layout), allocated once for every run()
+    o_part, lse_part = new((B, H_kv, splits, rows, 2 * W), np.float32), new((B, H_kv, splits, rows), np.float32)
+    o_view, lse_view = o_part.reshape(B, H_kv * splits, rows, 2 * W), lse_part.reshape(B, H_kv * splits, rows)
+    merge = build_merge(2 * W, normalised=True)
+
+    def run():
+        kernel[g, tile.threads](q2, k2, v2, o_view, lse_view, rows, meta_d, H_kv, scale_log2)
+        merge[(rows, H_kv, B), 2 * W](lse_part, lse_part, o_part, o2, lse2, splits)
+
+    return run, o, lse, kind
+
+
+def prepare(q, k_cache, v_cache, block_table, cache_seqlens, *, scale=None, num_splits=None):
+    """Everything paged_decoding(..., variant="tensor") does before its launches: checks, copies, buffers.
+    Returns (run, o, lse): run() launches the kernels and fills o and lse (device arrays; torch tensors for
+    torch inputs). For benchmarks: timing run() leaves out the host work of a call."""
+    _, _, bt_host, sl_host, opt, _ = _check(q, k_cache, v_cache, block_table, cache_seqlens, False, scale, "tensor")
+    run, o, lse, kind = _tensor(q, k_cache, v_cache, bt_host, sl_host, opt.scale, num_splits)
+    return run, *((like_input(x, kind) if kind == "torch" else x) for x in (o, lse))
+
+
+def _shell(x):
+    """An empty NumPy array of x's shape and dtype, for the shape checks (nothing is copied)."""
+    return np.empty(tuple(x.shape), np.dtype(str(x.dtype).replace("torch.", "")))
+
+
+def _check(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, variant):
+    """The checks of paged_decoding: (q's shape, G, block_table and cache_seqlens on the host, options,
+    the variant that will run)."""
+    shells = [_shell(x) for x in (q, k_cache, v_cache)]
+    qs, ks, _, bt_host, sl_host = check_paged(*shells, _host(block_table), _host(cache_seqlens))
     B, H, Nq, d = qs.shape
     H_kv = ks.shape[2]
     if H % H_kv:
@@ -182,9 +236,40 @@ def paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=Fa
         raise ValueError(f"the paged kernel needs d in (16, 32, 64, 128) for q and both caches; got q d = {d}, "
                          f"v_cache d = {v_cache.shape[-1]}")
     G = H // H_kv
+    if variant not in (None, "register", "tensor"):
+        raise ValueError(f"variant must be None, 'register' or 'tensor'; got {variant!r}")
+    tensor_ok = str(qs.dtype) == "float16" and (Nq == 1 or not causal)
+    if variant == "tensor" and not tensor_ok:
+        raise ValueError(f"variant='tensor' takes float16 inputs with Nq = 1 or causal=False; got {qs.dtype}, "
+                         f"Nq = {Nq}, causal={causal}")
     if G * Nq > MAX_ROWS:
         raise ValueError(f"(H / H_kv) * Nq = {G} * {Nq} = {G * Nq} rows; the paged kernel takes at most {MAX_ROWS}")
     opt = check_options(qs.shape, causal=causal, scale=scale)
+    variant = variant or ("tensor" if tensor_ok and has_gpu() else "register")
+    return qs.shape, G, bt_host, sl_host, opt, variant
+
+
+def paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=False, scale=None, num_splits=None,
+                   threads=None, variant=None):
+    """`flashlab.decoding.paged_attention` on the GPU (or the simulator). Returns (o, lse).
+
+    q: (B, H, Nq, d); k_cache, v_cache: (num_pages, page_size, H_kv, d) with H_kv dividing H; float32 or
+    float16, d in (16, 32, 64, 128); block_table (B, max_pages) and cache_seqlens (B,) integers. NumPy arrays,
+    numba device arrays or torch CUDA tensors. (H / H_kv) * Nq must be at most MAX_ROWS. num_splits: key chunks
+    per (batch, K/V head), by default enough to fill the GPU for the longest sequence. threads: the register
+    kernel's block size. variant: "register" (the split kernel above), "tensor" (float16 only; Nq = 1 or
+    causal=False) or None: "tensor" where it applies on a GPU, else "register". The NumPy version's
+    window_size, alibi_slopes and softcap are not in these kernels yet.
+    """
+    (B, H, Nq, d), G, bt_host, sl_host, opt, variant = _check(q, k_cache, v_cache, block_table, cache_seqlens,
+                                                              causal, scale, variant)
+    H_kv = H // G
+    if variant == "tensor":
+        if threads is not None:
+            raise ValueError("threads sets the register kernel's block; the tensor variant chooses its own")
+        run, o, lse, kind = _tensor(q, k_cache, v_cache, bt_host, sl_host, opt.scale, num_splits)
+        run()
+        return like_input(o, kind), like_input(lse, kind)
     threads = check_block(threads, "threads") or default_threads()
     rows_pow2 = 1 << (G * Nq - 1).bit_length()
     if not rows_pow2 <= threads <= 1024:

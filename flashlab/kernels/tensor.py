@@ -116,10 +116,13 @@ def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> TensorTil
 
 @lru_cache(maxsize=None)
 def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = False, heavy_first: bool = False,
-          gqa: bool = False):
+          gqa: bool = False, page: int = 0):
     """Compile-time specialised forward kernel for (d, tile, causal, precision). 16-bit precisions take Q,
     K, V and O as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d).
-    split: o and lse are float32 partial outputs viewed as (B, H * splits, Nq, d) and (B, H * splits, Nq)."""
+    split: o and lse are float32 partial outputs viewed as (B, H * splits, Nq, d) and (B, H * splits, Nq).
+    page > 0: a paged KV cache of `page` keys per page (kernels/paged.py): k and v are the caches as
+    (num_pages * page, H, d or d/2), and n_k is an int32 array (B, 1 + max_pages) holding cache_seqlens[b]
+    then block_table[b]; key j of sequence b is row block_table[b, j // page] * page + j % page."""
     WIDE = precision in ("3xtf32", "tf32")
     SPLIT = precision == "3xtf32"
     BF16 = precision == "bf16"
@@ -146,7 +149,8 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     UW, URS, UBK, UBQ = U(W), U(RS), U(BK), U(BQ)  # unsigned: no negative-index checks
     CAUSAL = causal
     SPLIT_KV, HEAVY, GQA = bool(split), bool(heavy_first), bool(gqa)
-    GUARD = SPLIT_KV and CAUSAL  # a row can see no key of its chunk: keep its p = 0 and its output finite
+    PAGED, UPAGE = page > 0, U(max(page, 1))
+    GUARD = SPLIT_KV and (CAUSAL or PAGED)  # a row can see no key of its chunk: keep its p = 0 and its output finite
     HALF_NEG = float32(0.5 * NEG)
     ALIGN = None if config.ENABLE_CUDASIM else 16
     DT = float32 if WIDE else uint32
@@ -160,7 +164,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)  # quad (row group) and lane within the quad
-        nq, nk = U(n_q), U(n_k)
+        nq = U(n_q)
         if HEAVY:  # grid (g, query blocks, sections x splits): in each section of g heads, the heaviest blocks first
             q0 = U(cuda.gridDim.y - 1 - cuda.blockIdx.y) * UBQ
             section, kpart, n_parts = U(cuda.blockIdx.z), U(0), U(1)
@@ -176,7 +180,12 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         hk = h
         if GQA:  # query head h reads K/V head h // (H / H_kv); a build of its own, so MHA's code is unchanged
             hk = h * U(k.shape[1]) // U(n_heads)
-        qh, kh, vh = q[b, h], k[b, hk], v[b, hk]
+        if PAGED:  # sequence b's own length; its keys are rows of the cache found through the block table
+            nk = U(n_k[b, 0])
+            qh, kh, vh = q[b, h], k[:, h], v[:, h]
+        else:
+            nk = U(n_k)
+            qh, kh, vh = q[b, h], k[b, hk], v[b, hk]
 
         # Q fragments, kept in registers: rows w0+g and w0+g+8 (zeros past Nq).
         qf = cuda.local.array(QREGS, DT)
@@ -224,6 +233,8 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                             row, col = e // U(CPR), (e % U(CPR)) * U(4)
                             ok = kc + row < nk
                             src = kc + row if ok else U(0)
+                            if PAGED and ok:  # key src lives in page block_table[b, src // page]
+                                src = U(n_k[b, U(1) + src // UPAGE]) * UPAGE + src % UPAGE
                             nbytes = 16 if ok else 0
                             mma.cp_async16(sh, st + row * URS + col, kh, src, col, nbytes)
                             mma.cp_async16(sh, st + U(VO) + row * URS + col, vh, src, col, nbytes)
@@ -231,6 +242,8 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                     for it in range(LOADS):
                         e = min(U(it * NT) + tid, U(BK * W - 1))
                         src = min(kc + e // UW, nk - U(1))
+                        if PAGED:
+                            src = U(n_k[b, U(1) + src // UPAGE]) * UPAGE + src % UPAGE
                         kbuf[it], vbuf[it] = kh[src, e % UW], vh[src, e % UW]
                     for it in range(LOADS):
                         e = U(it * NT) + tid
