@@ -8,7 +8,8 @@ from the library's but have the same property.)
 The hash chains MurmurHash3's 32-bit finaliser ("fmix32", a bijection on 32-bit words) over the key's
 fields. It needs only 32-bit multiply, xor and shift, computed in 64-bit integers and masked to 32 bits, so
 the scalar `dropout_bits` runs unchanged in Python, in a Numba CPU or CUDA kernel (int64 products wrap,
-their low 32 bits are exact), and `dropout_bits_array` is the same arithmetic on NumPy uint64 arrays.
+their low 32 bits are exact), and `dropout_bits_array` is the same arithmetic on NumPy uint64 arrays. The
+register kernels use `device_functions`: the same chain in uint64, hashing each key prefix once.
 
 An element is kept when its 32-bit hash u satisfies u >= keep_threshold(p) = floor(p * 2**32): with
 probability 1 - p. Kept values are scaled by 1 / (1 - p), so the mask leaves the expected output unchanged.

@@ -155,3 +155,29 @@ def test_register_kernels_dropout_on_gpu(rng, d, dtype):
 def test_kernels_drop_the_elements_numpy_drops_on_gpu(rng):
     test_kernels_drop_the_elements_numpy_drops(rng)
     test_seeds_draw_different_masks_with_one_build(rng)
+
+
+def test_compile_signatures_have_the_seed():
+    """On a GPU, the planner (plan.kernel_and_signature) and kernel_info compile kernels from explicit signatures:
+    each must have one type per kernel parameter, the register builds' last one the int64 seed."""
+    import inspect
+
+    from numba import int64
+
+    from flashlab.kernels import backward, info, plan
+    from flashlab.kernels.forward import resolve_config
+
+    def n_params(kernel):
+        return len(inspect.signature(kernel.py_func).parameters)
+
+    for variant, direction, precision in [("register", "forward", None), ("register", "backward", None),
+                                          ("shared", "forward", None), ("tensor", "forward", "3xtf32")]:
+        config = backward.default_config(16, simulator=True) if direction == "backward" else \
+            resolve_config(variant, 16, precision=precision)
+        kernel, sig = plan.kernel_and_signature(variant, direction, 16, "float32", precision, config, True, False,
+                                                False)
+        assert len(sig) == n_params(kernel), (variant, direction)
+        assert (sig[-1] == int64) == (variant == "register"), (variant, direction)
+    assert len(info._signature(np.float32, seed=True)) == n_params(kernels.register.build(16, resolve_config(
+        "register", 16), False))
+    assert len(info._signature(np.float32)) == n_params(kernels.shared.build(16, 16, 16, False))
