@@ -8,12 +8,15 @@ from the library's but have the same property.)
 The hash chains MurmurHash3's 32-bit finaliser ("fmix32", a bijection on 32-bit words) over the key's
 fields. It needs only 32-bit multiply, xor and shift, computed in 64-bit integers and masked to 32 bits, so
 the scalar `dropout_bits` runs unchanged in Python, in a Numba CPU or CUDA kernel (int64 products wrap,
-their low 32 bits are exact), and `dropout_bits_array` is the same arithmetic on NumPy uint64 arrays.
+their low 32 bits are exact), and `dropout_bits_array` is the same arithmetic on NumPy uint64 arrays. The
+register kernels use `device_functions`: the same chain in uint64, hashing each key prefix once.
 
 An element is kept when its 32-bit hash u satisfies u >= keep_threshold(p) = floor(p * 2**32): with
 probability 1 - p. Kept values are scaled by 1 / (1 - p), so the mask leaves the expected output unchanged.
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 
@@ -70,6 +73,49 @@ def keep_scale(seed, p, batch, head, row, col):
     """The dropout multiplier Z / (1 - p) (0 or 1/(1-p)) at broadcast index arrays, as float64."""
     keep = dropout_bits_array(seed, batch, head, row, col) >= np.uint64(keep_threshold(p))
     return keep / (1.0 - p)
+
+
+@lru_cache(maxsize=None)
+def device_functions(p: float):
+    """CUDA device functions (start, mix, keep) for the register kernels with dropout p.
+
+    The hash is a chain over the key's fields, so a kernel hashes (seed, batch, head) once per block with
+    start(seed, b, h), each of its rows once with mix(state, i), and then keep(row_state, j) gives the
+    multiplier Z / (1 - p) (float32) at column j: one fmix32 per element of S. The arithmetic is uint64, in
+    which a product of two 32-bit words never overflows, so the bits are `dropout_bits`' exactly, on a GPU,
+    in the simulator and in Python, for any seed in [0, 2**63)."""
+    from numba import float32
+
+    from .device import get_cuda
+
+    cuda = get_cuda()
+    U = np.uint64
+    MASK, GOLD, C1, C2 = U(M32), U(GOLDEN), U(0x85EBCA6B), U(0xC2B2AE35)
+    THRESH, SCALE, ZERO = U(keep_threshold(p)), float32(1.0 / (1.0 - p)), float32(0.0)
+
+    @cuda.jit(device=True, inline=True)
+    def mix(state, x):
+        """The state after one more field x: fmix32(((state ^ x) + GOLDEN) mod 2**32)."""
+        h = ((state ^ (np.uint64(x) & MASK)) + GOLD) & MASK
+        h ^= h >> np.uint64(16)
+        h = (h * C1) & MASK
+        h ^= h >> np.uint64(13)
+        h = (h * C2) & MASK
+        h ^= h >> np.uint64(16)
+        return h
+
+    @cuda.jit(device=True, inline=True)
+    def start(seed, b, h):
+        """The state after (seed's low and high 32 bits, batch b, query head h)."""
+        s = np.uint64(seed)
+        return mix(mix(mix(mix(np.uint64(0), s & MASK), s >> np.uint64(32)), b), h)
+
+    @cuda.jit(device=True, inline=True)
+    def keep(row_state, j):
+        """Z / (1 - p) at column j of the row whose state is row_state: 1/(1-p) where kept, else 0."""
+        return SCALE if mix(row_state, j) >= THRESH else ZERO
+
+    return start, mix, keep
 
 
 def batch_head_index(lead_shape):

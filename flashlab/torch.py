@@ -16,9 +16,10 @@ Beyond torch's signature, the FlashAttention library's options (lesson 16; seman
 `flashlab.reference_attention`): grouped-query attention (k, v with H_kv heads, H_kv dividing H; torch's
 `enable_gqa=True`), `window_size=(left, right)`, `align` ("top_left" as torch, or "bottom_right"),
 `alibi_slopes` (H,) or (B, H), `softcap` and `dropout_p` with a `seed` (drawn from torch's generator when not
-given, and kept for the backward, which regenerates the mask). GQA runs everywhere; window, align, ALiBi and
-softcap run on CUDA through the register kernels (float32, float16); dropout (and the options with bfloat16)
-on CPU tensors only for now: the CUDA path says so.
+given, and kept for the backward, which regenerates the mask). GQA runs everywhere; window, align, ALiBi,
+softcap and dropout run on CUDA through the register kernels (float32, float16; the seed is a kernel argument,
+so a new seed per step compiles nothing), drawing the same dropout mask as on the CPU for the same seed; the
+options with bfloat16 on CPU tensors only for now: the CUDA path says so.
 
 This module is named `torch` inside the flashlab package. Its `import torch` lines are absolute imports
 (flashlab itself imports its own modules relatively), so they find the real PyTorch; they sit inside the
@@ -129,15 +130,15 @@ def _options(window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=
 
 
 def _cuda_options(q, options):
-    """The options for the CUDA kernels: window, align, ALiBi and softcap run on the register kernels (float32,
-    float16); dropout not yet. A clear error rather than a silent fallback."""
-    if "dropout_p" in options or (options and str(q.dtype) == "torch.bfloat16"):
-        what = "dropout_p" if "dropout_p" in options else f"{', '.join(sorted(options))} with bfloat16"
+    """The options for the CUDA kernels: window, align, ALiBi, softcap and dropout (with its seed) run on the
+    register kernels (float32, float16). bfloat16 with options: a clear error rather than a silent fallback."""
+    if options and str(q.dtype) == "torch.bfloat16":
         raise NotImplementedError(
-            f"{what}: flashlab's CUDA kernels do not support this yet (window_size, align, alibi_slopes and softcap "
-            "run on the register kernels in float32 and float16); run on CPU tensors (the NumPy "
-            "FlashAttention-2 has every option) or use torch's attention with an explicit mask")
-    return {name: value for name, value in options.items() if name != "seed"}
+            f"{', '.join(sorted(o for o in options if o != 'seed'))} with bfloat16: flashlab's CUDA kernels do not "
+            "support this yet (window_size, align, alibi_slopes, softcap and dropout_p run on the register kernels "
+            "in float32 and float16); run on CPU tensors (the NumPy FlashAttention-2 has every option) or use "
+            "torch's attention with an explicit mask")
+    return dict(options)
 
 
 def _forward(q, k, v, causal, scale, options=None):
@@ -150,13 +151,15 @@ def _forward(q, k, v, causal, scale, options=None):
         from .kernels import flash_attention
 
         four = q.dim() == 4
-        q4, k4, v4 = (x if four else x.unsqueeze(1) for x in (q, k, v))
+        # (B, N, d) as (1, B, N, d): the NumPy code reads the leading dim as heads of batch 0 (the dropout key's
+        # head, ALiBi's (H,) slopes), so CUDA draws the CPU's mask
+        q4, k4, v4 = (x if four else x.unsqueeze(0) for x in (q, k, v))
         variant = "register" if options else _cuda_variant(q)
         if variant == "tensor":  # the tensor kernel reads 16-byte chunks of rows: the last dim must be contiguous
             q4, k4, v4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4))
         o, lse = flash_attention(q4.detach(), k4.detach(), v4.detach(), causal=causal, scale=scale, variant=variant,
                                  **options)
-        return (o, lse) if four else (o.squeeze(1), lse.squeeze(1))
+        return (o, lse) if four else (o.squeeze(0), lse.squeeze(0))
     from .tiled import flash_attention_v2
 
     o, lse = flash_attention_v2(_to_numpy(q), _to_numpy(k), _to_numpy(v), causal=causal, scale=scale, **options)
@@ -189,7 +192,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, options=None):
         from .kernels.backward import default_variant
 
         four = q.dim() == 4
-        args = [x if four else x.unsqueeze(1) for x in (q, k, v, o, lse, do)]
+        args = [x if four else x.unsqueeze(0) for x in (q, k, v, o, lse, do)]
         variant = default_variant(q) if q.shape[-1] in _TENSOR_D and not options else "register"
         if variant == "tensor":  # 16-byte copies of rows: the last dim must be contiguous (do may be a broadcast)
             args = [x if x.stride(-1) == 1 else x.contiguous() for x in args]
@@ -198,7 +201,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, options=None):
         grads = flash_attention_backward(*(x.detach() for x in args), causal=causal, scale=scale, variant=variant,
                                          **options)
         grads = tuple(g.to(q.dtype) for g in grads)
-        return grads if four else tuple(g.squeeze(1) for g in grads)
+        return grads if four else tuple(g.squeeze(0) for g in grads)
     from .tiled import flash_attention_v2_backward
 
     grads = flash_attention_v2_backward(*(_to_numpy(x) for x in (q, k, v, o, lse, do)), causal=causal, scale=scale,
@@ -223,8 +226,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (top-left aligned, as torch, unless align="bottom_right"), scale (default 1/sqrt(d)), Nq != Nk, a different
     dv, grouped-query attention with enable_gqa=True (as torch), dropout_p (flashlab's counter-based mask: a
     `seed` gives the same mask every time; without one each call draws a seed from torch's generator).
-    Beyond torch: window_size, align, alibi_slopes and softcap, as in flashlab.reference_attention (CPU tensors
-    only for now, like dropout). Not supported, with a NotImplementedError that says so: attn_mask.
+    Beyond torch: window_size, align, alibi_slopes and softcap, as in flashlab.reference_attention (CUDA tensors:
+    float32 and float16, on the register kernels, like dropout). Not supported, with a NotImplementedError that
+    says so: attn_mask.
     """
     if attn_mask is not None:
         raise NotImplementedError(

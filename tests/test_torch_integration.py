@@ -218,21 +218,49 @@ def test_dropout_without_seed_draws_one_and_the_backward_reuses_it(rng):
         assert rel(g, r) < 1e-9
 
 
+def test_cuda_options_keep_dropout_and_its_seed():
+    """The CUDA path hands dropout_p and the seed (drawn once, kept for the backward) to the register kernels,
+    and refuses the options with bfloat16 (checked on CPU tensors: only the dtype is read)."""
+    from flashlab.torch import _cuda_options, _options
+
+    opts = _options(dropout_p=0.2, seed=2 ** 40 + 1, softcap=3.0)
+    assert _cuda_options(torch.zeros(1), opts) == dict(dropout_p=0.2, seed=2 ** 40 + 1, softcap=3.0)
+    with pytest.raises(NotImplementedError, match="dropout_p, softcap with bfloat16"):
+        _cuda_options(torch.zeros(1, dtype=torch.bfloat16), opts)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_options_the_kernels_lack_are_refused_clearly(rng):
     q, k, v = qkv(rng, (1, 2, 9, 16), 9, device="cuda")
-    with pytest.raises(NotImplementedError, match="dropout_p: flashlab's CUDA kernels"):
-        sdpa(q, k, v, dropout_p=0.1)
     with pytest.raises(NotImplementedError, match="softcap with bfloat16"):
         sdpa(q.bfloat16(), k.bfloat16(), v.bfloat16(), softcap=3.0)
+    with pytest.raises(NotImplementedError, match="dropout_p with bfloat16"):
+        sdpa(q.bfloat16(), k.bfloat16(), v.bfloat16(), dropout_p=0.1)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("opts", [o for o in OPTIONS if "dropout_p" not in o], ids=lambda o: "-".join(sorted(o)))
+@pytest.mark.parametrize("q_shape", [(2, 3, 40, 32), (3, 40, 32)], ids=["4dim", "3dim"])
+def test_cuda_dropout_draws_the_cpu_mask(rng, q_shape):
+    """Dropout on CUDA (the register kernels) and on the CPU (the NumPy FA2) with one seed: the same outputs and
+    gradients, 3-dim tensors included (their leading dim is the dropout key's head on both)."""
+    q, k, v = qkv(rng, q_shape, 50, dtype=torch.float64)
+    gpu_in = [x.detach().float().cuda().requires_grad_() for x in (q, k, v)]
+    out = sdpa(*gpu_in, dropout_p=0.3, seed=2 ** 40 + 3, is_causal=True)
+    ref = sdpa(q, k, v, dropout_p=0.3, seed=2 ** 40 + 3, is_causal=True)
+    do = torch.randn_like(ref)
+    assert rel(out, ref) < 1e-4
+    for g, r in zip(torch.autograd.grad(out, gpu_in, do.float().cuda()), torch.autograd.grad(ref, (q, k, v), do)):
+        assert rel(g, r) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(sorted(o)))
 def test_cuda_library_options_forward_and_gradients(rng, opts):
-    """The register kernels with window / align / ALiBi / softcap through autograd, against float64 autograd."""
+    """The register kernels with window / align / ALiBi / softcap / dropout through autograd, against float64
+    autograd."""
     opts = dict(opts)
     causal = opts.pop("causal", False)
     q, k, v = qkv(rng, (2, 4, 150, 64), 170, logit_scale=3.0)

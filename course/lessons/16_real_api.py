@@ -58,9 +58,10 @@ def qkv(B, H, H_kv, nq, nk, d=16):
 # | paged KV | `decoding.paged_attention(q, k_cache, v_cache, block_table, cache_seqlens)` | where the keys are stored |
 #
 # What runs where today: flashlab's GPU kernels support GQA (forward, backward, paged decoding). The register
-# kernels, forward and backward, also take the window, the alignment, ALiBi and softcap, and
-# `kernels.paged_decoding` reads a paged cache. Dropout on the GPU and a one-launch varlen kernel do not exist
-# yet: those run in the NumPy implementations for now. Everything below runs in NumPy, on the CPU.
+# kernels, forward and backward, also take the window, the alignment, ALiBi, softcap and dropout (the seed is a
+# kernel argument, so a new seed per training step compiles nothing, and the mask is the NumPy code's, bit for
+# bit), and `kernels.paged_decoding` reads a paged cache. A one-launch varlen kernel does not exist yet: varlen
+# runs in the NumPy implementation for now. Everything below runs in NumPy, on the CPU.
 #
 # ## 1. GQA and MQA: fewer K/V heads than query heads
 
@@ -331,8 +332,8 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 #
 # - **Kernels.** The library implements every option in its CUDA kernels, forward and backward. flashlab's
 #   GPU kernels support GQA (forward, backward, paged decoding); the register kernels, forward and backward,
-#   also have the window, the alignment, ALiBi and softcap; dropout and one-launch varlen run in the NumPy
-#   implementations for now, and the tensor-core kernels take none of the options yet. The README's feature
+#   also have the window, the alignment, ALiBi, softcap and dropout; one-launch varlen runs in the NumPy
+#   implementation for now, and the tensor-core kernels take none of the options yet. The README's feature
 #   table is kept up to date.
 # - **ALiBi's constant.** The library's causal kernels add +m·j instead of −m·|pos_i − j|: under a causal
 #   mask (j ≤ pos_i) the two differ by m·pos_i, a constant per row, which cancels in the softmax. The output

@@ -284,6 +284,8 @@ class PreparedForward:
         if self.words:
             ins, o = [s.words() for s in ins], o.words()
         scalars = (p.Nq, p.Nk, p.H, np.float32(scale * LOG2E))
+        if plan.variant == "register":
+            scalars += (0,)  # the dropout seed: prepared calls have no dropout
         kernel = self._kernel()
         threads = plan.threads
         if plan.splits == 1:
@@ -354,7 +356,7 @@ class PreparedBackward:
                                        [specs["o"], specs["do"], D, dq]),
                         PreparedKernel(dkdv, plan.grid, threads,
                                        [specs["q"], specs["k"], specs["v"], specs["do"], specs["lse"], D, dq, dk, dk,
-                                        np.float32(scale), bool(p.causal)])]
+                                        np.float32(scale), bool(p.causal), 0])]  # 0: the (unused) dropout seed
         if self.half:
             n = int(np.prod(self.q_shape))
             self.kernels.append(PreparedKernel(cast, ((n + 255) // 256,), 256, [Spec.contiguous((n,), np.float32),

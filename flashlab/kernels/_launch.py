@@ -13,6 +13,7 @@ the same as the NumPy API's and no device memory is read.
 """
 from __future__ import annotations
 
+import numbers
 from functools import lru_cache
 
 import numpy as np
@@ -169,6 +170,14 @@ def _check_4d_dtype(arrays):
 def is_gqa(q, k) -> bool:
     """k has another head count than q (GQA / MQA): such calls skip the prepared path, which holds MHA builds."""
     return tuple(getattr(k, "shape", ()))[1:2] != tuple(getattr(q, "shape", ()))[1:2]
+
+
+def check_dropout_variant(dropout_p, variant):
+    """A ValueError when dropout is asked of kernels without it (only the register kernels draw the mask),
+    rather than a silent no-dropout result. dropout_p's own checks come later (flashlab._inputs.check_options)."""
+    if variant not in (None, "register") and isinstance(dropout_p, numbers.Real) and dropout_p != 0:
+        raise ValueError(f"dropout_p={dropout_p!r} needs variant='register' (the only kernels with a dropout mask); "
+                         f"got variant={variant!r}")
 
 
 def check_kernel_inputs(q, k, v, *, causal=False, scale=None, words=False, gqa=False):

@@ -29,7 +29,7 @@ import numpy as np
 from ..device import get_cuda, has_gpu
 from ._launch import SUPPORTED_D  # noqa: F401 (re-exported)
 from . import _fast
-from ._launch import check_kernel_backward_inputs, empty, is_gqa, like_input, to_device
+from ._launch import check_dropout_variant, check_kernel_backward_inputs, empty, is_gqa, like_input, to_device
 
 # numba.cuda, bound on first use (importing it is what picks GPU or simulator: see device.py). A module
 # global rather than a closure variable, because the simulator swaps in its fake `cuda` through globals.
@@ -90,8 +90,9 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
                  extras=None):
     """(preprocess, dkdv, cast) kernels specialised for one head dim and tile shape.
 
-    extras: the library's window, alignment, ALiBi and softcap (kernels/register.py's Extras), compiled in;
-    None builds the plain kernels, unchanged.
+    extras: the library's window, alignment, ALiBi, softcap and dropout probability (kernels/register.py's
+    Extras), compiled in; None builds the plain kernels, unchanged. dkdv takes the dropout seed as its last
+    argument (int64, ignored without dropout): the mask is regenerated from it, never stored.
 
     heavy_first: dkdv's grid is (g, key blocks, B*H/g sections) instead of (key blocks, H, B): heads in
     sections of g, and under causal masking (where key block j has the most query blocks to visit when j is
@@ -132,6 +133,11 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
     SLOPES = tuple(float(x) for x in (ex.slopes or (0.0,)))
     RIGHT_FREE = I(ex.right)  # without causal; with causal the kernel uses min(right, 0)
     n_t = n_s if SOFTCAP else 1  # tanh of each capped score, for dS's factor 1 - tanh^2
+    DROP = ex.dropout_p > 0
+    from ..dropout import device_functions
+
+    d_start, d_mix, d_keep = device_functions(ex.dropout_p)
+    n_z = s_tr if DROP else 1
 
     @cuda.jit
     def preprocess(o, do, D, dq):
@@ -146,7 +152,7 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
             D[batch, head, i] = acc
 
     @cuda.jit
-    def dkdv(q, k, v, do, lse, D, dq, dk, dv, scale, causal):
+    def dkdv(q, k, v, do, lse, D, dq, dk, dv, scale, causal, seed):
         # gqa (a build of its own, so that MHA's code is unchanged): one block per (key block, K/V head)
         # walks the query blocks of every query head of its group, so dK_j and dV_j add up in registers.
         if GQA:  # grid (key blocks, H_kv, B)
@@ -201,6 +207,8 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
         sa = cuda.local.array(q_tr, float32)
 
         Th = cuda.local.array(n_t, float32)
+        zrow = cuda.local.array(n_z, uint64)  # dropout: the hash state of each of this thread's rows of S_ij
+        zh = uint64(0)
         off = I(0)
         right = RIGHT_FREE
         q_end = nq
@@ -217,6 +225,8 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
                 head = hk * n_group + gi
             else:
                 head = hk
+            if DROP:  # the forward's mask, regenerated: keyed by (seed, batch, query head, row, col)
+                zh = d_start(seed, batch, head)
             slope = float32(0)
             if ALIBI:
                 slope = float32(SLOPES[uint64(batch) * uint64(q.shape[1]) + uint64(head) if PER_B else uint64(head)])
@@ -262,6 +272,8 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
                 # P_ij = exp(scale * S_ij - lse_i), zero past Nq, past Nk and (causal) right of the diagonal.
                 for a in range(S_TR):
                     r = sy + S_NR * a
+                    if DROP:
+                        zrow[a] = d_mix(zh, q0 + r)
                     for b in range(S_TC):
                         c = sx + S_NC * b
                         p = float32(0)
@@ -280,7 +292,11 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
                                 p = math.exp(sc - Ls[r])
                         elif q0 + r < nq and k0 + c < nk and (not causal or k0 + c <= q0 + r):
                             p = math.exp(S[a * S_TC + b] * scale - Ls[r])
-                        S[a * S_TC + b] = p
+                        S[a * S_TC + b] = p  # dS uses the undropped P
+                        if DROP:  # dV takes P * Z / (1-p), and dP reaches P only through the kept entries
+                            z = d_keep(zrow[a], k0 + c)
+                            p *= z
+                            dP[a * S_TC + b] *= z
                         Ps[r, c] = p
                 cuda.syncthreads()
 
@@ -363,7 +379,7 @@ def default_config(d: int, simulator: bool = False):
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, variant=None, precision=None,
                              block_q=None, block_k=None, threads=None, window_size=(-1, -1), align="top_left",
-                             alibi_slopes=None, softcap=0.0):
+                             alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0):
     """Gradients (dq, dk, dv) of attention, from the forward's o and lse and the output gradient do.
 
     q, o, do: (B, H, Nq, d); k, v: (B, H, Nk, d); lse: (B, H, Nq) float32, as returned by
@@ -374,12 +390,15 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     tensor cores: float16, bfloat16 and float32 through 3xTF32, with `precision` as in the forward). By default
     "tensor" for float16 / bfloat16 on a GPU that has their mma, else "register" (see default_variant).
     block_q / block_k override the tile; threads (register only) the threads per block; see GPU_CONFIG and
-    tensor_backward.choose_tile. window_size, align, alibi_slopes, softcap: as in the forward (pass the same
-    values); the register backward compiles them in and skips the query tiles outside each key block's band.
+    tensor_backward.choose_tile. window_size, align, alibi_slopes, softcap, dropout_p, seed: as in the forward
+    (pass the same values); the register backward compiles them in (the seed is a kernel argument), skips the
+    query tiles outside each key block's band and regenerates the forward's dropout mask.
     """
-    library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap)
-    plain = alibi_slopes is None and align == "top_left" and not softcap and tuple(window_size) == (-1, -1) \
-        if isinstance(window_size, (tuple, list)) else False
+    library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
+                   dropout_p=dropout_p, seed=seed)
+    plain = alibi_slopes is None and align == "top_left" and not softcap and not dropout_p \
+        and tuple(window_size) == (-1, -1) if isinstance(window_size, (tuple, list)) else False
+    check_dropout_variant(dropout_p, variant)
     if not plain:
         if variant not in (None, "register"):
             raise NotImplementedError(f"window_size, align, alibi_slopes and softcap run on variant='register' so "
@@ -413,13 +432,13 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     B, H, Nq, Nk, d = p.problem.B, p.problem.H, p.problem.Nq, p.problem.Nk, p.problem.d
     H_kv = dev["k"].shape[1]
     block_q, block_k, threads = p.config
-    extras = None
+    extras, seed = None, 0  # without dropout the seed is not used
     if not plain:
         from .._inputs import check_options
         from .register import Extras
 
-        extras = Extras.from_options(check_options((B, H, Nq, d), causal=p.problem.causal, scale=scale, **library),
-                                     B, H)
+        opt = check_options((B, H, Nq, d), causal=p.problem.causal, scale=scale, **library)
+        extras, seed = Extras.from_options(opt, B, H), opt.seed
     heavy = p.heavy_first and H_kv == H and extras is None  # GQA, options: the (key block, head) grid, in order
     preprocess, dkdv, cast = make_kernels(d, block_q, block_k, threads, heavy_first=heavy, gqa=H_kv != H,
                                           extras=extras)
@@ -433,7 +452,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     preprocess[((Nq + rows - 1) // rows, H, B), rows](dev["o"], dev["do"], D, dq)
     grid = p.grid if H_kv == H and extras is None else (-(-Nk // block_k), H_kv, B)
     dkdv[grid, threads](dev["q"], dev["k"], dev["v"], dev["do"], dev["lse"], D, dq, dk, dv, np.float32(scale),
-                        p.problem.causal)
+                        p.problem.causal, np.int64(seed))
     if dtype != np.float32:
         dq16 = new((B, H, Nq, d), dtype)
         n = B * H * Nq * d

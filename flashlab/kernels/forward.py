@@ -7,7 +7,7 @@ from .._inputs import check_block
 from ..device import device_limits
 from . import _fast
 from . import plan as planner
-from ._launch import check_kernel_inputs, empty, is_gqa, like_input, to_device
+from ._launch import check_dropout_variant, check_kernel_inputs, empty, is_gqa, like_input, to_device
 
 VARIANTS = ("shared", "register", "tensor")
 
@@ -37,7 +37,7 @@ def resolve_config(variant: str, d: int, block_q=None, block_k=None, precision=N
 
 def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", block_q=None, block_k=None,
                     tile=None, precision=None, splits=None, plan=None, window_size=(-1, -1), align="top_left",
-                    alibi_slopes=None, softcap=0.0):
+                    alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0):
     """FlashAttention forward on the GPU (or the CUDA simulator). Returns (o, lse).
 
     q: (B, H, Nq, d), k and v: (B, H, Nk, d), float32 or float16, d in (16, 32, 64, 128); NumPy arrays,
@@ -53,14 +53,17 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     plan made beforehand with flashlab.kernels.plan.plan (then no overrides). Torch tensors on a GPU take
     kernels/_fast.py's prepared path after the first call with their shapes.
 
-    window_size, align, alibi_slopes, softcap: the FlashAttention library's options, as in
-    flashlab.reference_attention (lesson 16); the register variant compiles them in (register.Extras), and key
-    tiles outside a block's causal/window band are skipped. A row that sees no key gets o = 0, lse = +inf.
+    window_size, align, alibi_slopes, softcap, dropout_p, seed: the FlashAttention library's options, as in
+    flashlab.reference_attention (lesson 16); the register variant compiles them in (register.Extras; the dropout
+    seed is a kernel argument, so a new seed needs no new compile), and key tiles outside a block's causal/window
+    band are skipped. A row that sees no key gets o = 0, lse = +inf. lse is dropout-free, as in the library.
     """
     options = (causal, scale, variant, block_q, block_k, tile, precision, splits, plan)
-    library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap)
-    plain = alibi_slopes is None and align == "top_left" and not softcap and tuple(window_size) == (-1, -1) \
-        if isinstance(window_size, (tuple, list)) else False
+    library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
+                   dropout_p=dropout_p, seed=seed)
+    plain = alibi_slopes is None and align == "top_left" and not softcap and not dropout_p \
+        and tuple(window_size) == (-1, -1) if isinstance(window_size, (tuple, list)) else False
+    check_dropout_variant(dropout_p, plan.variant if isinstance(plan, planner.Plan) else variant)
     if not plain:
         return _with_extras(q, k, v, options, library)
     if _fast.available() and not is_gqa(q, k):  # GQA: the general path (the prepared calls hold MHA builds)
@@ -93,7 +96,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
 
 
 def _with_extras(q, k, v, options, library):
-    """flash_attention with window / align / ALiBi / softcap: the register kernel with those compiled in."""
+    """flash_attention with window / align / ALiBi / softcap / dropout: the register kernel with those compiled in."""
     from .._inputs import check_options
     from .register import Extras, launch
 
@@ -106,7 +109,7 @@ def _with_extras(q, k, v, options, library):
                                   f"got variant={plan.variant!r}")
     alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
     launch(q_d, k_d, v_d, o, lse, H, scale, plan.problem.causal, plan.config, splits=plan.splits,
-           heavy_first=plan.heavy_first, section=plan.section, alloc=alloc, extras=extras)
+           heavy_first=plan.heavy_first, section=plan.section, alloc=alloc, extras=extras, seed=opt.seed)
     return like_input(o, kind), like_input(lse, kind)
 
 

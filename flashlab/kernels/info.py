@@ -18,12 +18,12 @@ from ._launch import check_d
 from .forward import resolve_config
 
 
-def _signature(dtype, words=False):
+def _signature(dtype, words=False, seed=False):
     from numba import float32, int64, types
 
     nb = {np.dtype(np.float32): float32, np.dtype(np.float16): types.float16}[np.dtype(dtype)]
     arr = types.Array(types.uint32 if words else nb, 4, "C")  # the tensor kernel reads 16-bit pairs as words
-    return (arr, arr, arr, arr, types.Array(float32, 3, "C"), int64, int64, int64, float32)
+    return (arr, arr, arr, arr, types.Array(float32, 3, "C"), int64, int64, int64, float32) + ((int64,) if seed else ())
 
 
 def occupancy(threads: int, regs: int | None, shared_bytes: int, limits: dict) -> dict:
@@ -89,7 +89,8 @@ def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k
     limits = device_limits()
     if has_gpu():
         sig = _signature(np.float32 if precision in ("3xtf32", "tf32") else dtype,
-                         words=variant == "tensor" and precision not in ("3xtf32", "tf32"))
+                         words=variant == "tensor" and precision not in ("3xtf32", "tf32"),
+                         seed=variant == "register")  # the register kernel's dropout seed
         kernel.compile(sig)
         compiled = kernel.overloads[sig]  # the compiled kernel for this signature on this device
         info["registers_per_thread"] = int(compiled.regs_per_thread)

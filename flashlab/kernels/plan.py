@@ -306,7 +306,7 @@ def kernel_and_signature(variant, direction, d, dtype, precision, config, causal
         kernel = backward.make_kernels(d, *config, heavy_first=heavy_first)[1]
         dt = {"float32": float32, "float16": types.float16}[dtype]
         a4, f3, f4 = types.Array(dt, 4, "C"), types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
-        return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, float32, types.boolean)
+        return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, float32, types.boolean, int64)  # int64: dropout seed
     if variant == "register":
         from . import register
 
@@ -323,7 +323,8 @@ def kernel_and_signature(variant, direction, d, dtype, precision, config, causal
     dt = {"float32": float32, "float16": types.float16}[dtype] if wide else types.uint32
     a_in = types.Array(dt, 4, "C")
     a_out = types.Array(float32, 4, "C") if split else a_in
-    return kernel, (a_in, a_in, a_in, a_out, types.Array(float32, 3, "C"), int64, int64, int64, float32)
+    seed = (int64,) if variant == "register" else ()  # the register kernel's dropout seed
+    return kernel, (a_in, a_in, a_in, a_out, types.Array(float32, 3, "C"), int64, int64, int64, float32) + seed
 
 
 def _compiled_resources(p: Problem, variant, config, precision, split, heavy):

@@ -42,7 +42,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
-from numba import config, float32
+from numba import config, float32, uint64
 
 from ..device import get_cuda
 
@@ -152,8 +152,10 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
 
     unroll: steps of the two product loops per loop iteration (4 measured best; deeper unrolling adds
     registers, benchmarks/register_experiments.py); max_registers: a cap for the compiler (None: its own
-    choice; a low cap spills). extras: the FlashAttention library's window, alignment, ALiBi and softcap
-    (`Extras`), compiled in as constants; None builds the plain kernel, unchanged."""
+    choice; a low cap spills). extras: the FlashAttention library's window, alignment, ALiBi, softcap and dropout
+    probability (`Extras`), compiled in as constants; None builds the plain kernel, unchanged. Every build takes
+    the dropout seed as its last argument (a runtime int64, so a new seed per step needs no new compile); builds
+    without dropout ignore it."""
     if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
         raise ValueError(f"unroll must be a positive integer (steps per loop iteration); got {unroll!r}")
     if max_registers is not None and (isinstance(max_registers, bool) or not isinstance(max_registers, int)
@@ -200,9 +202,14 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     RIGHT = I(min(ex.right, 0) if causal and ex.right >= 0 else 0 if causal else ex.right)
     GUARD = GUARD or EXTRA  # windows (and bottom-right causal with Nq > Nk) leave rows with no key
     INF = float32(math.inf)
+    DROP = ex.dropout_p > 0
+    from ..dropout import device_functions
+
+    d_start, d_mix, d_keep = device_functions(ex.dropout_p)
+    ZR = RM if DROP else 1
 
     @cuda.jit(fastmath=FASTMATH, **options)
-    def flash_fwd_register(q, k, v, o, lse, n_q, n_k, n_heads, scale_log2):
+    def flash_fwd_register(q, k, v, o, lse, n_q, n_k, n_heads, scale_log2, seed):
         sh = cuda.shared.array(SH, float32, alignment=ALIGN)
         t = U(cuda.threadIdx.x)
         ty = t // UTC
@@ -249,6 +256,11 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
             l[i] = 0.0
             for j in range(URD):
                 acc[i, j] = 0.0
+        zrow = cuda.local.array(ZR, uint64)  # dropout: the hash state of each of this thread's rows
+        if DROP:  # keyed by (seed, batch, query head, row, col) as flashlab.dropout: (seed, b, h) once per block
+            zh = d_start(seed, bh // U(n_heads), bh % U(n_heads))
+            for i in range(URM):
+                zrow[i] = d_mix(zh, q0 + ((i // UVM) * UTR + ty) * UVM + i % UVM)
 
         k_begin, k_end = U(0), nk
         if SPLIT:  # this block's chunk of keys: a multiple of Bc keys (plan.split_chunk computes the same)
@@ -375,6 +387,8 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
                         p *= live
                     row_sum += p
                     cl = ((j // UVN) * UTC + tx) * UVN + j % UVN
+                    if DROP:  # after the row sum: l and lse are dropout-free, only P V sees the mask
+                        p *= d_keep(zrow[i], k0 + cl)
                     sh[KP + cl * PS + rl] = p  # Pt overwrites Kt: every thread is past its S loop
                 l[i] = l[i] * alpha + row_sum
                 for j in range(URD):
@@ -424,15 +438,17 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
 
 
 class Extras(NamedTuple):
-    """The library options the register forward compiles in (checked by flashlab._inputs.check_options):
+    """The library options the register kernels compile in (checked by flashlab._inputs.check_options):
     window (left, right) with -1 unbounded, bottom-right alignment, softcap (0 = off), ALiBi slopes as a
-    tuple of floats, one per head (per_batch: one per (batch, head), batch-major)."""
+    tuple of floats, one per head (per_batch: one per (batch, head), batch-major), dropout_p (0 = off; the
+    seed is a kernel argument)."""
     left: int = -1
     right: int = -1
     bottom_right: bool = False
     softcap: float = 0.0
     slopes: tuple | None = None
     per_batch: bool = False
+    dropout_p: float = 0.0
 
     @classmethod
     def from_options(cls, opt, B: int, H: int):
@@ -443,7 +459,7 @@ class Extras(NamedTuple):
             per_batch = a.ndim == 2
             slopes = tuple(float(x) for x in (np.broadcast_to(a, (B, H)) if per_batch else a).ravel())
         extras = cls(int(opt.window[0]), int(opt.window[1]), opt.align == "bottom_right", float(opt.softcap), slopes,
-                     bool(per_batch))
+                     bool(per_batch), float(opt.dropout_p))
         return None if extras == cls() else extras
 
 
@@ -469,8 +485,9 @@ def grid(B: int, H: int, Nq: int, block_q: int, splits: int = 1, heavy_first: bo
 
 
 def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile, *, splits: int = 1, heavy_first: bool = False,
-           section=None, alloc=None, extras=None, **options):
+           section=None, alloc=None, extras=None, seed=0, **options):
     """Launch on device arrays (B, H, N, d); o and lse are written. options: build's unroll, max_registers.
+    seed: the dropout seed (used when extras has dropout_p > 0).
 
     splits > 1: split-KV (the float32 partial outputs come from alloc(shape, dtype), default a numba device
     array, and the merge kernel writes o and lse); heavy_first: see `grid`."""
@@ -480,12 +497,12 @@ def launch(q, k, v, o, lse, n_heads, scale, causal, tile: Tile, *, splits: int =
     kernel = build(d, tile, causal, split=split, heavy_first=heavy_first, gqa=k.shape[1] != H, extras=extras,
                    **options)
     g = grid(B, H, Nq, tile.block_q, splits, heavy_first, section)
-    scale_log2 = np.float32(scale * LOG2E)
+    scale_log2, seed = np.float32(scale * LOG2E), np.int64(seed)
     if not split:
-        kernel[g, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, scale_log2)
+        kernel[g, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, scale_log2, seed)
         return kernel
     from .decoding import merge_split
 
     merge_split(lambda o_part, lse_part: kernel[g, tile.threads](q, k, v, o_part, lse_part, Nq, k.shape[2], n_heads,
-                                                                 scale_log2), o, lse, splits, alloc)
+                                                                 scale_log2, seed), o, lse, splits, alloc)
     return kernel

@@ -1,0 +1,183 @@
+"""Dropout in the register kernels (issue 14): the forward drops P V's P, the backward regenerates the mask.
+
+In the simulator on small shapes, against flashlab's NumPy FA2 (same dropout_p and seed) and the float64
+reference: the kernels must drop exactly the elements the NumPy code drops, keyed by (seed, batch, query head,
+row, col), with l and lse dropout-free. GPU-sized versions carry the gpu marker."""
+import numpy as np
+import pytest
+
+import flashlab as fl
+from flashlab import dropout as fd
+from flashlab.reference import dropout_scale
+
+kernels = pytest.importorskip("flashlab.kernels")
+from flashlab.kernels import flash_attention, flash_attention_backward  # noqa: E402
+
+BIG = 2 ** 40 + 11  # a seed whose high 32 bits are not 0: the 64-bit path
+
+
+def inputs(rng, B, H, H_kv, nq, nk, d, dtype=np.float32):
+    q = (2 * rng.standard_normal((B, H, nq, d))).astype(dtype)
+    k, v = (rng.standard_normal((B, H_kv, nk, d)).astype(dtype) for _ in range(2))
+    do = rng.standard_normal((B, H, nq, d)).astype(dtype)
+    return q, k, v, do
+
+
+def test_device_hash_gives_dropout_bits():
+    """flashlab.dropout's device functions, run in a kernel, against the scalar hash, up to seed 2**63 - 1."""
+    from flashlab.device import get_cuda
+
+    global cuda  # a module global: the simulator swaps in its fake `cuda` through the kernel's globals
+    cuda = get_cuda()
+    start, mix, keep = fd.device_functions(0.3)
+
+    @cuda.jit
+    def bits(seed, b, h, i, out, z):
+        j = cuda.threadIdx.x
+        row = mix(start(seed, b, h), i)
+        out[j] = mix(row, j)
+        z[j] = keep(row, j)
+
+    for seed, b, h, i in [(0, 0, 0, 0), (12345, 1, 3, 7), (BIG, 2, 0, 40), (2 ** 63 - 1, 5, 7, 2 ** 31)]:
+        out, z = np.zeros(32, np.uint64), np.zeros(32, np.float32)
+        bits[1, 32](seed, b, h, i, out, z)
+        assert out.tolist() == [fd.dropout_bits(seed, b, h, i, j) for j in range(32)], seed
+        assert np.array_equal(z, fd.keep_scale(seed, 0.3, b, h, i, np.arange(32)).astype(np.float32)), seed
+
+
+def test_kernels_drop_the_elements_numpy_drops(rng):
+    """With V = I the output is P * Z / l, so o == 0 exactly where the mask drops (P > 0 everywhere: no mask);
+    with dO = I, dV = (P * Z)^T dO holds the backward's mask. Both must equal flashlab.dropout's mask."""
+    B, H, nq, nk, d, p = 2, 3, 20, 32, 32, 0.3
+    q = rng.standard_normal((B, H, nq, d)).astype(np.float32)
+    k = rng.standard_normal((B, H, nk, d)).astype(np.float32)
+    v = np.broadcast_to(np.eye(nk, d, dtype=np.float32), (B, H, nk, d)).copy()
+    drop = dropout_scale(BIG, p, (B, H), nq, nk) == 0
+    assert 0.15 < drop.mean() < 0.45  # the mask has dropped entries and kept ones
+    o, lse = flash_attention(q, k, v, dropout_p=p, seed=BIG)
+    assert np.array_equal(o == 0, drop)
+    do = np.broadcast_to(np.eye(nq, d, dtype=np.float32), (B, H, nq, d)).copy()
+    dv = flash_attention_backward(q, k, v, o, lse, do, dropout_p=p, seed=BIG)[2]
+    assert np.array_equal(dv[..., :nq] == 0, np.swapaxes(drop, -1, -2))
+
+
+CASES = [  # (B, H, H_kv, nq, nk, splits, options)
+    (1, 2, 2, 37, 37, None, dict(dropout_p=0.3, seed=7)),
+    (1, 2, 2, 19, 45, None, dict(dropout_p=0.3, seed=BIG, causal=True)),
+    (2, 4, 2, 30, 21, None, dict(dropout_p=0.3, seed=12345, causal=True, align="bottom_right")),  # GQA, empty rows
+    (1, 2, 1, 25, 25, None, dict(dropout_p=0.3, seed=99, window_size=(6, 2))),  # MQA with a window
+    (1, 2, 2, 23, 30, None, dict(dropout_p=0.3, seed=2 ** 62 + 1, softcap=1.5)),
+    (1, 1, 1, 17, 70, 2, dict(dropout_p=0.3, seed=5)),  # split-KV forward: each chunk keys the mask by its columns
+]
+
+
+def check(rng, B, H, H_kv, nq, nk, splits, opts, d=16, dtype=np.float32, tol=(2e-5, 1e-4, 1e-4)):
+    """Forward (o, lse) against the NumPy FA2 (same dtype) and the float64 reference; backward against float64."""
+    q, k, v, do = inputs(rng, B, H, H_kv, nq, nk, d, dtype)
+    o, lse = flash_attention(q, k, v, variant="register", splits=splits, **opts)
+    f64 = [x.astype(np.float64) for x in (q, k, v, do)]
+    o64, lse64 = fl.reference_attention(*f64[:3], **opts)
+    fa2_o, fa2_lse = fl.flash_attention_v2(q, k, v, **opts)
+    plain_o, plain_lse = fl.reference_attention(*f64[:3], **{**opts, "dropout_p": 0.0})
+    empty = np.isinf(lse64)
+    assert np.array_equal(np.isinf(lse), empty) and np.all(o[empty] == 0)
+    assert np.array_equal(lse64, plain_lse)  # the reference's lse is dropout-free, so the kernel's must be too
+    assert np.max(np.abs(lse[~empty] - lse64[~empty])) < tol[1], opts
+    assert fl.relative_error(o, o64) < tol[0] and fl.relative_error(o, fa2_o) < tol[0], opts
+    assert fl.relative_error(o64, plain_o) > 0.1  # dropout changed the output: the comparison is not vacuous
+    got = flash_attention_backward(q, k, v, o, lse, do, variant="register", **opts)
+    want = fl.flash_attention_v2_backward(*f64[:3], o64, lse64, f64[3], **opts)  # tested against autograd
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.shape == w.shape and fl.relative_error(g, w) < tol[2], (name, opts)
+
+
+@pytest.mark.parametrize("B,H,H_kv,nq,nk,splits,opts", CASES)
+def test_register_kernels_dropout_match_numpy(rng, B, H, H_kv, nq, nk, splits, opts):
+    check(rng, B, H, H_kv, nq, nk, splits, opts)
+
+
+def test_p_zero_is_the_kernel_without_dropout(rng):
+    q, k, v, do = inputs(rng, 1, 2, 2, 21, 27, 16)
+    for opts in (dict(causal=True), dict(window_size=(5, 1))):
+        o, lse = flash_attention(q, k, v, **opts)
+        o0, lse0 = flash_attention(q, k, v, dropout_p=0.0, seed=BIG, **opts)
+        assert np.array_equal(o, o0) and np.array_equal(lse, lse0), opts
+        g = flash_attention_backward(q, k, v, o, lse, do, **opts)
+        g0 = flash_attention_backward(q, k, v, o, lse, do, dropout_p=0.0, seed=BIG, **opts)
+        assert all(np.array_equal(a, b) for a, b in zip(g, g0)), opts
+
+
+def test_seeds_draw_different_masks_with_one_build(rng):
+    """seed, seed + 1 and seed + 2**40 (differing only in the high 32 bits) give three different outputs, each the
+    NumPy one, from one compiled kernel: the seed is an argument, not a constant."""
+    from flashlab.kernels import register
+
+    q, k, v, _ = inputs(rng, 1, 2, 2, 16, 24, 16)
+    outs = []
+    before = register.build.cache_info().currsize
+    for seed in (3, 4, 3 + 2 ** 40):
+        o, _ = flash_attention(q, k, v, dropout_p=0.3, seed=seed)
+        assert fl.relative_error(o, fl.flash_attention_v2(q, k, v, dropout_p=0.3, seed=seed)[0]) < 2e-5, seed
+        outs.append(o)
+    assert register.build.cache_info().currsize <= before + 1
+    assert fl.relative_error(outs[0], outs[1]) > 0.1 and fl.relative_error(outs[0], outs[2]) > 0.1
+
+
+def test_dropout_needs_the_register_variant(rng):
+    q = rng.standard_normal((1, 1, 16, 16)).astype(np.float32)
+    lse = np.zeros((1, 1, 16), np.float32)
+    for variant in ("shared", "tensor"):
+        with pytest.raises(ValueError, match=r"dropout_p=0\.1 needs variant='register'.*got variant='" + variant):
+            flash_attention(q, q, q, variant=variant, dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"dropout_p=0\.1 needs variant='register'.*got variant='tensor'"):
+        flash_attention_backward(q, q, q, q, lse, q, variant="tensor", dropout_p=0.1, seed=1)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        flash_attention(q, q, q, dropout_p=1.0)
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*63\)"):
+        flash_attention_backward(q, q, q, q, lse, q, dropout_p=0.1, seed=-1)
+
+
+gpu = pytest.mark.skipif(not fl.device.has_gpu(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_register_kernels_dropout_on_gpu(rng, d, dtype):
+    tol = (2e-5, 1e-4, 1e-4) if dtype == np.float32 else (1e-2, 1e-2, 2e-2)
+    for B, H, H_kv, nq, nk, splits, opts in CASES:
+        check(rng, B, H, H_kv, 8 * nq, 8 * nk, splits, opts, d=d, dtype=dtype, tol=tol)
+
+
+@pytest.mark.gpu
+@gpu
+def test_kernels_drop_the_elements_numpy_drops_on_gpu(rng):
+    test_kernels_drop_the_elements_numpy_drops(rng)
+    test_seeds_draw_different_masks_with_one_build(rng)
+
+
+def test_compile_signatures_have_the_seed():
+    """On a GPU, the planner (plan.kernel_and_signature) and kernel_info compile kernels from explicit signatures:
+    each must have one type per kernel parameter, the register builds' last one the int64 seed."""
+    import inspect
+
+    from numba import int64
+
+    from flashlab.kernels import backward, info, plan
+    from flashlab.kernels.forward import resolve_config
+
+    def n_params(kernel):
+        return len(inspect.signature(kernel.py_func).parameters)
+
+    for variant, direction, precision in [("register", "forward", None), ("register", "backward", None),
+                                          ("shared", "forward", None), ("tensor", "forward", "3xtf32")]:
+        config = backward.default_config(16, simulator=True) if direction == "backward" else \
+            resolve_config(variant, 16, precision=precision)
+        kernel, sig = plan.kernel_and_signature(variant, direction, 16, "float32", precision, config, True, False,
+                                                False)
+        assert len(sig) == n_params(kernel), (variant, direction)
+        assert (sig[-1] == int64) == (variant == "register"), (variant, direction)
+    assert len(info._signature(np.float32, seed=True)) == n_params(kernels.register.build(16, resolve_config(
+        "register", 16), False))
+    assert len(info._signature(np.float32)) == n_params(kernels.shared.build(16, 16, 16, False))
