@@ -60,8 +60,8 @@ def qkv(B, H, H_kv, nq, nk, d=16):
 # What runs where today: flashlab's GPU kernels support GQA (forward, backward, paged decoding). The register
 # kernels, forward and backward, also take the window, the alignment, ALiBi, softcap and dropout (the seed is a
 # kernel argument, so a new seed per training step compiles nothing, and the mask is the NumPy code's, bit for
-# bit), and `kernels.paged_decoding` reads a paged cache. A one-launch varlen kernel does not exist yet: varlen
-# runs in the NumPy implementation for now. Everything below runs in NumPy, on the CPU.
+# bit), `kernels.paged_decoding` reads a paged cache, and `kernels.flash_attention_varlen` runs a packed batch
+# forward in one launch (its backward still loops in NumPy). Everything below runs in NumPy, on the CPU.
 #
 # ## 1. GQA and MQA: fewer K/V heads than query heads
 
@@ -269,7 +269,9 @@ plt.show()
 # $$O_{[c_b, c_{b+1})} = \mathrm{attention}\!\left(Q_{[c_b, c_{b+1})},\, K_{[c'_b, c'_{b+1})},\, V_{[c'_b, c'_{b+1})}\right).$$
 #
 # A kernel never visits the white area: each thread block finds its sequence from cu_seqlens and loops
-# over that sequence's keys only. The check: the packed call (with GQA too) against the reference run on
+# over that sequence's keys only. (`kernels.flash_attention_varlen` does it with a table, made on the host, of
+# every query block of every sequence as (sequence, first row), heaviest first, and one thread block per entry
+# and head.) The check: the packed call (with GQA too) against the reference run on
 # each sequence alone.
 
 # %%
@@ -332,9 +334,9 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 #
 # - **Kernels.** The library implements every option in its CUDA kernels, forward and backward. flashlab's
 #   GPU kernels support GQA (forward, backward, paged decoding); the register kernels, forward and backward,
-#   also have the window, the alignment, ALiBi, softcap and dropout; one-launch varlen runs in the NumPy
-#   implementation for now, and the tensor-core kernels take none of the options yet. The README's feature
-#   table is kept up to date.
+#   also have the window, the alignment, ALiBi, softcap and dropout; varlen runs its forward in one launch
+#   of the register kernel and its backward in NumPy for now, and the tensor-core kernels take none of the
+#   options yet. The README's feature table is kept up to date.
 # - **ALiBi's constant.** The library's causal kernels add +m·j instead of −m·|pos_i − j|: under a causal
 #   mask (j ≤ pos_i) the two differ by m·pos_i, a constant per row, which cancels in the softmax. The output
 #   is the same, the lse is not. flashlab uses −m·|pos_i − j| everywhere (`reference.alibi_bias`).

@@ -4,6 +4,7 @@
     dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do)
     o = flash_decoding(q, k, v)                # split-KV attention for a few queries (lesson 14)
     o, lse = paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens)   # the same over a paged KV cache
+    o, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)       # a packed batch, one launch
     kernel_info(q.shape, variant="register")   # registers, spills, shared memory, occupancy, PTX/SASS
     print(plan.plan((B, H, N, d), causal=True).explain())   # how a call is launched (kernels/plan.py)
 
@@ -18,6 +19,7 @@ from .decoding import flash_decoding
 from .forward import VARIANTS, flash_attention
 from .info import kernel_info
 from .paged import paged_decoding
+from .varlen import flash_attention_varlen
 
-__all__ = ["flash_attention", "flash_attention_backward", "flash_decoding", "paged_decoding", "kernel_info", "VARIANTS",
-           "SUPPORTED_D"]
+__all__ = ["flash_attention", "flash_attention_backward", "flash_decoding", "paged_decoding", "flash_attention_varlen",
+           "kernel_info", "VARIANTS", "SUPPORTED_D"]

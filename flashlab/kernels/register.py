@@ -31,6 +31,11 @@ Two launch options, both chosen by kernels/plan.py (lesson 10):
   (query blocks, B*H, splits) and the heaviest-first order holds within each head. Both orders take the
   query block from one grid index (no division in the kernel: a division's result would hold registers).
 
+varlen (flash_attention_varlen, kernels/varlen.py): one launch over sequences packed along one axis, q of shape
+(total_q, H, d) and k, v (total_k, H_kv, d). The grid is (query blocks of all sequences, H); each block reads
+its (sequence, first row) from a host-made table, ordered heaviest first, finds its rows and keys from
+cu_seqlens and works on views of them, so the tile loop is the same code.
+
 Index arithmetic is unsigned (U = uint64): Numba adds a negative-index check to every signed index, which
 in the inner loops costs more instructions than the multiply-adds themselves.
 """
@@ -142,7 +147,8 @@ def _vec(n: int) -> int:
 
 @lru_cache(maxsize=None)
 def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int | None = None,
-          split: bool = False, heavy_first: bool = False, gqa: bool = False, extras: Extras | None = None):
+          split: bool = False, heavy_first: bool = False, gqa: bool = False, extras: Extras | None = None,
+          varlen: bool = False):
     """Compile-time specialised kernel for (d, tile, causal). Numba compiles it on first launch,
     once per input dtype (float32 or float16).
 
@@ -155,7 +161,9 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     choice; a low cap spills). extras: the FlashAttention library's window, alignment, ALiBi, softcap and dropout
     probability (`Extras`), compiled in as constants; None builds the plain kernel, unchanged. Every build takes
     the dropout seed as its last argument (a runtime int64, so a new seed per step needs no new compile); builds
-    without dropout ignore it."""
+    without dropout ignore it. varlen: the packed build (see the module docstring): its n_q argument is the
+    int32 block table (n_blocks, 2) of (sequence, first row) and n_k the int32 (2, batch + 1) array of
+    cu_seqlens_q and cu_seqlens_k; q, o are (total_q, H, d), k, v (total_k, H_kv, d), lse (H, total_q)."""
     if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
         raise ValueError(f"unroll must be a positive integer (steps per loop iteration); got {unroll!r}")
     if max_registers is not None and (isinstance(max_registers, bool) or not isinstance(max_registers, int)
@@ -200,7 +208,11 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))
     # the furthest key to the right a row may see, relative to its position: causal 0, window right, or none
     RIGHT = I(min(ex.right, 0) if causal and ex.right >= 0 else 0 if causal else ex.right)
-    GUARD = GUARD or EXTRA  # windows (and bottom-right causal with Nq > Nk) leave rows with no key
+    VARLEN = bool(varlen)
+    if VARLEN and (split or heavy_first):
+        raise ValueError("the varlen build orders its blocks itself and does not split the keys")
+    # windows (and bottom-right causal with Nq > Nk) leave rows with no key; so does a varlen sequence with no key
+    GUARD = GUARD or EXTRA or VARLEN
     INF = float32(math.inf)
     DROP = ex.dropout_p > 0
     from ..dropout import device_functions
@@ -214,7 +226,6 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
         t = U(cuda.threadIdx.x)
         ty = t // UTC
         tx = t % UTC
-        nq, nk = U(n_q), U(n_k)
         if HEAVY:  # grid (g, query blocks, sections x splits): in each section of g heads, the heaviest blocks first
             q0 = U(cuda.gridDim.y - 1 - cuda.blockIdx.y) * UBR
             section, part, n_parts = U(cuda.blockIdx.z), U(0), U(1)
@@ -225,11 +236,20 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
         else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
             bh, part, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
             q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBR
-        if GQA:  # query head h reads K/V head h // (H / H_kv); a build of its own, so MHA's code is unchanged
+        if VARLEN:  # block x: (sequence b, first row q0) from the table; its rows and keys from cu_seqlens
+            b, h = U(n_q[cuda.blockIdx.x, 0]), bh
+            q0, cq, ck = U(n_q[cuda.blockIdx.x, 1]), U(n_k[0, b]), U(n_k[1, b])
+            nq, nk = U(n_k[0, b + U(1)]) - cq, U(n_k[1, b + U(1)]) - ck
+            bh = b * U(n_heads) + h  # as if batched: the dropout key and per-batch ALiBi use sequence b
+            hk = h * U(k.shape[1]) // U(n_heads) if GQA else h
+            qh, kh, vh = q[cq:cq + nq, h], k[ck:ck + nk, hk], v[ck:ck + nk, hk]
+        elif GQA:  # query head h reads K/V head h // (H / H_kv); a build of its own, so MHA's code is unchanged
+            nq, nk = U(n_q), U(n_k)
             b, h = bh // U(n_heads), bh % U(n_heads)
             hk = h * U(k.shape[1]) // U(n_heads)
             qh, kh, vh = q[b, h], k[b, hk], v[b, hk]
         else:
+            nq, nk = U(n_q), U(n_k)
             qh, kh, vh = q[bh // U(n_heads), bh % U(n_heads)], k[bh // U(n_heads), bh % U(n_heads)], \
                 v[bh // U(n_heads), bh % U(n_heads)]  # this head's (N, d) matrices
 
@@ -283,7 +303,7 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
                 if hi < I(k_end):
                     k_end = U(max(hi, I(0)))
             if ALIBI:
-                if GQA:
+                if GQA or VARLEN:
                     bb, hh = b, h
                 else:
                     bb, hh = bh // U(n_heads), bh % U(n_heads)
@@ -412,10 +432,13 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
         for i in range(URM):
             sh[RO + tx * RS + ((i // UVM) * UTR + ty) * UVM + i % UVM] = l[i]
         cuda.syncthreads()
-        ob, oh_ = bh // U(n_heads), bh % U(n_heads)
-        if SPLIT:
-            oh_ = oh_ * n_parts + part  # o, lse: (B, H * splits, ...) views of the partial outputs
-        oh, lh = o[ob, oh_], lse[ob, oh_]
+        if VARLEN:
+            oh, lh = o[cq:cq + nq, h], lse[h, cq:cq + nq]
+        else:
+            ob, oh_ = bh // U(n_heads), bh % U(n_heads)
+            if SPLIT:
+                oh_ = oh_ * n_parts + part  # o, lse: (B, H * splits, ...) views of the partial outputs
+            oh, lh = o[ob, oh_], lse[ob, oh_]
         for i in range(URM):
             rl = ((i // UVM) * UTR + ty) * UVM + i % UVM
             total = float32(0.0)
@@ -424,7 +447,7 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
             if q0 + rl < nq:
                 inv = float32(0.0)  # GUARD: the row sees no key of this chunk (total = 0)
                 row_lse = float32(NEG)
-                if EXTRA and not SPLIT:
+                if (EXTRA or VARLEN) and not SPLIT:
                     row_lse = INF  # no key at all: the FA library's o = 0, lse = +inf
                 if not GUARD or total > float32(0.0):
                     inv = float32(1.0) / total

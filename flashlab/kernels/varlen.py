@@ -1,0 +1,91 @@
+"""flash_attention_varlen on the GPU: one launch of the register kernel over a packed batch (lesson 16).
+
+The NumPy version, with the semantics, is `flashlab.varlen.flash_attention_varlen`: sequence b owns rows
+cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q (total_q, H, d) and rows cu_seqlens_k[b] .. of k, v
+(total_k, H_kv, d), and attends to its own keys only. Looping over the sequences would launch B small grids,
+each too small to fill the GPU; padding to the longest would compute on padding. Here the host lists every
+query block of every sequence in one table, (sequence, first row), heaviest first (the blocks that visit the
+most key tiles start first, so long sequences do not finish last), and register.build(varlen=True) launches
+one block per entry and head: grid (table rows, H).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._inputs import check_options
+from ..device import get_cuda
+from ..varlen import check_cu_seqlens
+from ._launch import empty, like_input, shell, to_device
+
+
+def _host_ints(x, name):
+    """A NumPy copy of a 1-D integer array given as NumPy, a list, a torch tensor or a numba device array."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    elif hasattr(x, "copy_to_host"):
+        x = x.copy_to_host()
+    return np.asarray(x)
+
+
+def block_table(cu_q, cu_k, block_q: int, block_k: int, causal: bool, bottom_right: bool = False) -> np.ndarray:
+    """int32 (n_blocks, 2): (sequence, first row) of every query block of every sequence, heaviest first.
+
+    A block's weight is the number of key tiles it visits: all of its sequence's, or under causal masking those
+    up to its last row (aligned top-left or bottom-right). Windows visit fewer; the order stays a good guess."""
+    rows = []
+    for b in range(len(cu_q) - 1):
+        nq, nk = int(cu_q[b + 1] - cu_q[b]), int(cu_k[b + 1] - cu_k[b])
+        off = nk - nq if bottom_right else 0
+        for q0 in range(0, nq, block_q):
+            last = min(nk, q0 + block_q + off) if causal else nk  # one past the last key the block may see
+            rows.append((-(-max(last, 0) // block_k), b, q0))
+    rows.sort(key=lambda r: -r[0])  # stable: equal weights keep sequence order
+    return np.array([(b, q0) for _, b, q0 in rows], np.int32).reshape(-1, 2)
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
+                           causal=False, scale=None, window_size=(-1, -1), align="top_left", alibi_slopes=None,
+                           softcap=0.0, dropout_p=0.0, seed=0, block_q=None, block_k=None):
+    """`flashlab.flash_attention_varlen` in one launch of the register kernel. Returns (o, lse).
+
+    q: (total_q, H, d); k, v: (total_k, H_kv, d) with H_kv dividing H; float32 or float16; NumPy arrays, numba
+    device arrays or torch CUDA tensors (the outputs come back the same way). cu_seqlens_q, cu_seqlens_k:
+    (batch + 1,) integers from 0 to the packed lengths. o: (total_q, H, d); lse: (H, total_q) float32, the FA
+    library's varlen layout. Options as in flash_attention (alibi_slopes (H,) or (batch, H)); block_q /
+    block_k override the tile."""
+    from . import plan as planner
+    from .register import LOG2E, Extras, build
+
+    (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k, "k"), to_device(v, "v")
+    for name, x in (("q", q_d), ("k", k_d), ("v", v_d)):
+        if len(x.shape) != 3:
+            raise ValueError(f"{name} must have shape (total, heads, d) for varlen; got shape {tuple(x.shape)}")
+    cu_q = check_cu_seqlens(_host_ints(cu_seqlens_q, "cu_seqlens_q"), "cu_seqlens_q", q_d.shape[0])
+    cu_k = check_cu_seqlens(_host_ints(cu_seqlens_k, "cu_seqlens_k"), "cu_seqlens_k", k_d.shape[0])
+    # the NumPy version's checks (shapes, dtypes, heads, lengths, options), on empty stand-ins of the inputs
+    from ..varlen import _prepare
+
+    kw = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
+              dropout_p=dropout_p, seed=seed)
+    _prepare(*(shell(x, n) for x, n in ((q_d, "q"), (k_d, "k"), (v_d, "v"))), cu_q, cu_k, max_seqlen_q,
+             max_seqlen_k, causal, scale, dict(kw))
+    total_q, H, d = q_d.shape
+    n_seq, H_kv = len(cu_q) - 1, k_d.shape[1]
+    if np.dtype(q_d.dtype) not in (np.float32, np.float16) or d not in (16, 32, 64, 128) or v_d.shape[2] != d:
+        raise ValueError(f"the varlen kernel takes float32 or float16 with d in (16, 32, 64, 128), the same for q, k "
+                         f"and v; got {np.dtype(q_d.dtype).name}, q's d = {d}, v's d = {v_d.shape[2]}")
+    longest_q, longest_k = int(np.diff(cu_q).max(initial=0)), int(np.diff(cu_k).max(initial=0))
+    opt = check_options((n_seq, H, max(longest_q, 1), d), causal=causal, scale=scale, **kw)
+    p = planner.plan((n_seq, H, max(longest_q, 1), max(longest_k, 1), d), causal=opt.causal,
+                     dtype=np.dtype(q_d.dtype).name, variant="register", block_q=block_q, block_k=block_k)
+    tile = p.config
+    table = block_table(cu_q, cu_k, tile.block_q, tile.block_k, opt.causal, opt.align == "bottom_right")
+    o = empty((total_q, H, d), q_d.dtype, kind, like=q)
+    lse = empty((H, total_q), np.float32, kind, like=q)
+    if len(table):
+        kernel = build(d, tile, opt.causal, gqa=H_kv != H, extras=Extras.from_options(opt, n_seq, H), varlen=True)
+        cuda = get_cuda()
+        cu = cuda.to_device(np.stack([cu_q, cu_k]).astype(np.int32))
+        kernel[(len(table), H, 1), tile.threads](q_d, k_d, v_d, o, lse, cuda.to_device(table), cu, H,
+                                                 np.float32(opt.scale * LOG2E), np.int64(opt.seed))
+    return like_input(o, kind), like_input(lse, kind)

@@ -1,0 +1,86 @@
+"""The one-launch varlen forward (flashlab/kernels/varlen.py, register.build(varlen=True)) against the NumPy
+varlen (flashlab/varlen.py) in float64: in the simulator on small packed batches, on a GPU at larger ones."""
+import numpy as np
+import pytest
+
+import flashlab as fl
+from flashlab.varlen import flash_attention_varlen as numpy_varlen
+
+kvarlen = pytest.importorskip("flashlab.kernels.varlen")
+
+
+def packed(rng, lens_q, lens_k, H, H_kv, d, dtype=np.float32):
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = (1.5 * rng.standard_normal((cu_q[-1], H, d))).astype(dtype)
+    k, v = (rng.standard_normal((cu_k[-1], H_kv, d)).astype(dtype) for _ in range(2))
+    return q, k, v, cu_q, cu_k
+
+
+def check(q, k, v, cu_q, cu_k, tol=2e-5, **opts):
+    blocks = {key: opts.pop(key) for key in ("block_q", "block_k") if key in opts}
+    o, lse = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **opts, **blocks)
+    want_o, want_lse = numpy_varlen(*(x.astype(np.float64) for x in (q, k, v)), cu_q, cu_k, **opts)
+    assert o.shape == want_o.shape and o.dtype == q.dtype and lse.shape == want_lse.shape
+    empty = np.isinf(want_lse)  # rows of a sequence without keys, or outside every window
+    assert np.array_equal(np.isinf(lse), empty) and np.all(o[empty.T] == 0)
+    assert fl.relative_error(o, want_o) < tol, opts
+    assert np.max(np.abs(lse[~empty] - want_lse[~empty]), initial=0) < 1e-4
+
+
+CASES = [  # lengths of q and k per sequence, H, H_kv, options
+    ([5, 0, 13, 3], [7, 4, 9, 0], 2, 2, dict()),                        # an empty q sequence, an empty k one
+    ([9, 17], [9, 17], 2, 1, dict(causal=True)),                        # MQA, causal, several query blocks
+    ([6, 11], [14, 3], 4, 2, dict(causal=True, align="bottom_right")),  # GQA; Nq > Nk leaves rows with no key
+    ([12, 7, 1], [12, 7, 1], 2, 2, dict(window_size=(3, 1), softcap=2.0, alibi_slopes=np.array([[0.5, 0.25]] * 3))),
+    ([10, 8], [12, 8], 2, 2, dict(dropout_p=0.3, seed=2 ** 41 + 3, causal=True)),  # the mask keyed by sequence
+]
+
+
+@pytest.mark.parametrize("lens_q,lens_k,H,H_kv,opts", CASES)
+def test_varlen_kernel_matches_numpy(rng, lens_q, lens_k, H, H_kv, opts):
+    check(*packed(rng, lens_q, lens_k, H, H_kv, 16), block_q=8, block_k=8, **opts)
+
+
+def test_varlen_kernel_float16(rng):
+    check(*packed(rng, [7, 12], [9, 12], 2, 2, 16, np.float16), tol=2e-3, block_q=8, block_k=8, causal=True)
+
+
+def test_block_table_is_heaviest_first():
+    """Every query block of every sequence appears once; under causal masking the blocks near the end of the
+    longest sequence (which visit the most key tiles) come first."""
+    cu = np.array([0, 3, 40, 40, 57])
+    table = kvarlen.block_table(cu, cu, 8, 8, causal=True)
+    want = {(b, q0) for b in range(4) for q0 in range(0, int(cu[b + 1] - cu[b]), 8)}
+    assert sorted(map(tuple, table.tolist())) == sorted(want)
+    assert tuple(table[0]) == (1, 32)  # the last block of the 37-row sequence sees 5 key tiles
+    weights = [min(int(cu[b + 1] - cu[b]), q0 + 8) for b, q0 in table]
+    assert all(-(-x // 8) >= -(-y // 8) for x, y in zip(weights, weights[1:]))
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(cu_seqlens_q=[0, 9, 5]), "never decrease"),
+    (dict(cu_seqlens_k=[0, 4, 20]), "end at"),
+    (dict(cu_seqlens_k=[0, 21]), "same number of sequences"),
+    (dict(alibi_slopes=np.ones(3)), "alibi_slopes must have shape"),
+])
+def test_varlen_kernel_bad_inputs(rng, change, match):
+    q, k, v, cu_q, cu_k = packed(rng, [4, 5], [10, 11], 2, 2, 16)
+    args = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    args.update({key: change[key] for key in args if key in change})
+    extra = {key: val for key, val in change.items() if key not in args}
+    with pytest.raises(ValueError, match=match):
+        kvarlen.flash_attention_varlen(q, k, v, args["cu_seqlens_q"], args["cu_seqlens_k"], **extra)
+
+
+gpu = pytest.mark.skipif(not fl.device.has_gpu(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("d,dtype", [(64, np.float32), (128, np.float16)])
+def test_varlen_kernel_on_gpu(rng, d, dtype):
+    lens = [1, 300, 0, 777, 64, 1000]
+    tol = 2e-5 if dtype == np.float32 else 2e-3
+    for opts in (dict(), dict(causal=True), dict(causal=True, align="bottom_right", window_size=(100, 0))):
+        check(*packed(rng, lens, lens[::-1], 4, 2, d, dtype), tol=tol, **opts)
