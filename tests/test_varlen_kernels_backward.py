@@ -114,3 +114,19 @@ def test_one_launch_matches_numpy_on_gpu(rng, d):
             w = want if dt == np.float32 else varlen.flash_attention_varlen_backward(
                 *(a.astype(np.float64) for a in x), cq, ck, **opts)
             check(flash_attention_varlen_backward(*x, cq, ck, **opts), w, cq, ck, tol)
+
+
+@pytest.mark.gpu
+@gpu
+def test_torch_tensors_on_gpu(rng):
+    """torch CUDA tensors in (cu_seqlens too), torch tensors of the input dtype out, no copies of the inputs."""
+    torch = pytest.importorskip("torch")
+    opts = dict(causal=True, align="bottom_right")
+    args, cq, ck, _ = packed_case(rng, 4, 2, [0, 300, 77, 512], [129, 300, 0, 380], d=64, **opts)
+    x = [a.astype(np.float32 if i == 4 else np.float16) for i, a in enumerate(args)]
+    want = varlen.flash_attention_varlen_backward(*(a.astype(np.float64) for a in x), cq, ck, **opts)
+    t = [torch.from_numpy(a).cuda() for a in x]
+    cu = [torch.from_numpy(c.astype(np.int32)).cuda() for c in (cq, ck)]
+    got = flash_attention_varlen_backward(*t, *cu, **opts)
+    assert all(isinstance(g, torch.Tensor) and g.is_cuda and g.dtype == torch.float16 for g in got)
+    check([g.cpu().numpy() for g in got], want, cq, ck, 1e-2)
