@@ -2,6 +2,7 @@
 
     o, lse = flash_attention(q, k, v, causal=False, variant="register")
     dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do)
+    dq, dk, dv = flash_attention_varlen_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k)  # packed batch
     o = flash_decoding(q, k, v)                # split-KV attention for a few queries (lesson 14)
     o, lse = paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens)   # the same over a paged KV cache
     o, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)       # a packed batch, one launch
@@ -20,6 +21,7 @@ from .forward import VARIANTS, flash_attention
 from .info import kernel_info
 from .paged import paged_decoding
 from .varlen import flash_attention_varlen
+from .varlen_backward import flash_attention_varlen_backward
 
 __all__ = ["flash_attention", "flash_attention_backward", "flash_decoding", "paged_decoding", "flash_attention_varlen",
-           "kernel_info", "VARIANTS", "SUPPORTED_D"]
+           "flash_attention_varlen_backward", "kernel_info", "VARIANTS", "SUPPORTED_D"]

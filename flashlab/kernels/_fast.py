@@ -356,7 +356,7 @@ class PreparedBackward:
                                        [specs["o"], specs["do"], D, dq]),
                         PreparedKernel(dkdv, plan.grid, threads,
                                        [specs["q"], specs["k"], specs["v"], specs["do"], specs["lse"], D, dq, dk, dk,
-                                        np.float32(scale), bool(p.causal), 0])]  # 0: the (unused) dropout seed
+                                        np.float32(scale), bool(p.causal), 0, 0, 0])]  # unused: varlen tables, seed
         if self.half:
             n = int(np.prod(self.q_shape))
             self.kernels.append(PreparedKernel(cast, ((n + 255) // 256,), 256, [Spec.contiguous((n,), np.float32),

@@ -87,12 +87,19 @@ def check_config(d: int, block_q: int, block_k: int, threads: int):
 
 @functools.lru_cache(maxsize=None)
 def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: bool = False, gqa: bool = False,
-                 extras=None):
+                 extras=None, varlen: bool = False):
     """(preprocess, dkdv, cast) kernels specialised for one head dim and tile shape.
 
     extras: the library's window, alignment, ALiBi, softcap and dropout probability (kernels/register.py's
     Extras), compiled in; None builds the plain kernels, unchanged. dkdv takes the dropout seed as its last
     argument (int64, ignored without dropout): the mask is regenerated from it, never stored.
+
+    dkdv(q, k, v, do, lse, D, dq, dk, dv, scale, causal, blocks, cu, seed): blocks and cu are read by the varlen
+    build only (other builds take 0, 0). varlen: one launch over a packed batch (kernels/varlen_backward.py). The
+    arrays are the packed ones viewed as batch 1, q (1, H, total_q, d), k (1, H_kv, total_k, d), lse (1, H,
+    total_q); the grid is (len(blocks), H or H_kv under gqa, 1); blocks is an int32 table (n, 2) of (sequence b,
+    first key k0 within it), cu the int32 (2, batch + 1) [cu_seqlens_q; cu_seqlens_k]. A block sees only its
+    sequence's rows, so masks, alignment and band skipping work per sequence; dropout and per-batch ALiBi take b.
 
     heavy_first: dkdv's grid is (g, key blocks, B*H/g sections) instead of (key blocks, H, B): heads in
     sections of g, and under causal masking (where key block j has the most query blocks to visit when j is
@@ -122,7 +129,9 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
     KV_TR, KV_TD, KV_NR, KV_ND = u(kv_tr), u(kv_td), u(kv_nr), u(kv_nd)
     Q_TR, Q_TD, Q_NR, Q_ND = u(q_tr), u(q_td), u(q_nr), u(q_nd)
     K_ELEMS, Q_ELEMS = u(block_k * d), u(block_q * d)
-    HEAVY, GQA = bool(heavy_first), bool(gqa)
+    HEAVY, GQA, VARLEN = bool(heavy_first), bool(gqa), bool(varlen)
+    if HEAVY and VARLEN:
+        raise ValueError("heavy_first and varlen exclude each other: varlen's block table sets the order")
     from .register import Extras
 
     EXTRA = extras is not None
@@ -152,7 +161,7 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
             D[batch, head, i] = acc
 
     @cuda.jit
-    def dkdv(q, k, v, do, lse, D, dq, dk, dv, scale, causal, seed):
+    def dkdv(q, k, v, do, lse, D, dq, dk, dv, scale, causal, blocks, cu, seed):
         # gqa (a build of its own, so that MHA's code is unchanged): one block per (key block, K/V head)
         # walks the query blocks of every query head of its group, so dK_j and dV_j add up in registers.
         if GQA:  # grid (key blocks, H_kv, B)
@@ -170,6 +179,14 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
             n_group = uint64(1)
         tid = uint64(cuda.threadIdx.x)
         nq, nk = uint64(q.shape[2]), uint64(k.shape[2])
+        seq = batch  # dropout's and per-batch ALiBi's batch index
+        if VARLEN:  # batch is 0; this block's sequence and key block come from the host's table
+            seq, k0 = uint64(blocks[cuda.blockIdx.x, 0]), uint64(blocks[cuda.blockIdx.x, 1])
+            cq, ck = uint64(cu[0, seq]), uint64(cu[1, seq])
+            nq, nk = uint64(cu[0, seq + ONE]) - cq, uint64(cu[1, seq + ONE]) - ck
+            # views from the sequence's first row: the code below indexes rows and keys within the sequence
+            q, do, lse, D, dq = q[:, :, cq:], do[:, :, cq:], lse[:, :, cq:], D[:, :, cq:], dq[:, :, cq:]
+            k, v, dk, dv = k[:, :, ck:], v[:, :, ck:], dk[:, :, ck:], dv[:, :, ck:]
         scale = float32(scale)
 
         Ks = cuda.shared.array(SK, float32)
@@ -226,10 +243,10 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
             else:
                 head = hk
             if DROP:  # the forward's mask, regenerated: keyed by (seed, batch, query head, row, col)
-                zh = d_start(seed, batch, head)
+                zh = d_start(seed, seq, head)
             slope = float32(0)
             if ALIBI:
-                slope = float32(SLOPES[uint64(batch) * uint64(q.shape[1]) + uint64(head) if PER_B else uint64(head)])
+                slope = float32(SLOPES[uint64(seq) * uint64(q.shape[1]) + uint64(head) if PER_B else uint64(head)])
             # Causal: query block i sees key block j only if its last row reaches k0.
             q0 = (k0 // Br) * Br if causal else ZERO
             if EXTRA:  # the first row whose band reaches k0: k0 - off - right (aligned, windowed)
@@ -452,7 +469,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     preprocess[((Nq + rows - 1) // rows, H, B), rows](dev["o"], dev["do"], D, dq)
     grid = p.grid if H_kv == H and extras is None else (-(-Nk // block_k), H_kv, B)
     dkdv[grid, threads](dev["q"], dev["k"], dev["v"], dev["do"], dev["lse"], D, dq, dk, dv, np.float32(scale),
-                        p.problem.causal, np.int64(seed))
+                        p.problem.causal, 0, 0, np.int64(seed))  # 0, 0: the varlen tables (unused)
     if dtype != np.float32:
         dq16 = new((B, H, Nq, d), dtype)
         n = B * H * Nq * d

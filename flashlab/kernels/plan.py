@@ -306,7 +306,8 @@ def kernel_and_signature(variant, direction, d, dtype, precision, config, causal
         kernel = backward.make_kernels(d, *config, heavy_first=heavy_first)[1]
         dt = {"float32": float32, "float16": types.float16}[dtype]
         a4, f3, f4 = types.Array(dt, 4, "C"), types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
-        return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, float32, types.boolean, int64)  # int64: dropout seed
+        # int64s: varlen's tables (unused here) and the dropout seed
+        return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, float32, types.boolean, int64, int64, int64)
     if variant == "register":
         from . import register
 

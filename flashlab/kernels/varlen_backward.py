@@ -1,0 +1,124 @@
+"""The register backward over a packed variable-length batch, in one launch (issue 14; NumPy semantics in
+flashlab/varlen.py).
+
+The packed (total, H, d) arrays are handed to backward.make_kernels(..., varlen=True) as one batch, viewed
+as (1, H, total, d) (strided views, no copies). The dkdv grid's x axis walks a host-built table of key blocks
+over all sequences, heaviest first; each block finds its sequence's rows through cu_seqlens, so masking,
+alignment and band skipping work per sequence. preprocess and cast run over the packed rows as they are.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..device import get_cuda, has_gpu
+from ..varlen import _prepare
+from . import backward
+from ._launch import _is_torch, check_kernel_backward_inputs, empty, like_input, shell, to_device
+
+
+def key_blocks(cu_q, cu_k, block_q: int, block_k: int, opt) -> np.ndarray:
+    """int32 (n, 2) table of (sequence b, first key k0 within it), one row per key block, heaviest first.
+
+    A block's weight is the number of query blocks dkdv visits for it: those whose band (causal, window,
+    alignment as in the kernel) reaches its keys; so long sequences' diagonal blocks start early."""
+    nq, nk = np.diff(cu_q), np.diff(cu_k)
+    b = np.repeat(np.arange(nk.size), -(-nk // block_k))
+    k0 = np.concatenate([np.arange(0, n, block_k) for n in nk]).astype(np.int64)
+    nq_b = nq[b]
+    off = nk[b] - nq_b if opt.align == "bottom_right" else 0  # query i sits at key position i + off
+    left, right = opt.window
+    if opt.causal:
+        right = min(right, 0) if right >= 0 else 0
+    first = np.clip(k0 - off - right, 0, nq_b) if right >= 0 else 0  # first query row that sees the block
+    end = np.clip(k0 + block_k - off + left, 0, nq_b) if left >= 0 else nq_b  # past the last one
+    weight = np.maximum(-(-end // block_q) - first // block_q, 0)
+    order = np.argsort(-weight, kind="stable")
+    return np.stack([b[order], k0[order]], axis=1).astype(np.int32)
+
+
+def _host_ints(x):
+    """cu_seqlens on the host: from a torch tensor, a numba device array or anything NumPy takes."""
+    if _is_torch(x):
+        return x.detach().cpu().numpy()
+    return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
+
+
+def _strided(x, shape, strides):
+    """A view of device array x with other shape and byte strides (no copy)."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(np.lib.stride_tricks.as_strided(x._ary, shape, strides))
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return DeviceNDArray(shape, strides, x.dtype, stream=x.stream, gpu_data=x.gpu_data)
+
+
+def heads_major(x):
+    """(total, H, d) -> the kernels' (1, H, total, d); (H, total) lse -> (1, H, total)."""
+    s = tuple(x.strides)
+    if len(x.shape) == 2:
+        return _strided(x, (1,) + tuple(x.shape), (s[0] * x.shape[0],) + s)
+    t, h, d = x.shape
+    return _strided(x, (1, h, t, d), (s[0] * t, s[1], s[0], s[2]))
+
+
+def flash_attention_varlen_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
+                                    max_seqlen_k=None, causal=False, scale=None, window_size=(-1, -1),
+                                    align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0,
+                                    block_q=None, block_k=None, threads=None):
+    """Gradients (dq, dk, dv) of flash_attention_varlen, packed like q, k, v, in one dkdv launch.
+
+    q, o, do: (total_q, H, d); k, v: (total_k, H_kv, d), H_kv dividing H; lse: float32 (H, total_q) from the
+    forward; cu_seqlens_*: (batch + 1,) integers (copied to the host to build the block table). NumPy arrays,
+    numba device arrays or torch CUDA tensors, float32 or float16; the gradients come back in q's kind and
+    dtype. Options as in flashlab.varlen (pass the forward's); block_q, block_k, threads: the register
+    backward's tile (default: backward.default_config)."""
+    library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
+                   dropout_p=dropout_p, seed=seed)
+    dev, kinds = {}, {}
+    for name, x in dict(q=q, k=k, v=v, o=o, lse=lse, do=do).items():
+        dev[name], kinds[name] = to_device(x, name)
+    shells = {n: shell(a, n) for n, a in dev.items()}
+    cu_q, cu_k = _host_ints(cu_seqlens_q), _host_ints(cu_seqlens_k)
+    # flashlab.varlen's checks, with its messages, on zero-size stand-ins (no device memory is read)
+    _, _, _, seqs = _prepare(shells["q"], shells["k"], shells["v"], cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal,
+                             scale, dict(library))
+    Tq, H, d = shells["q"].shape
+    want = shells["q"].shape[:-1] + shells["v"].shape[-1:]
+    for name, shape in (("o", want), ("do", want), ("lse", (H, Tq))):
+        if shells[name].shape != shape:
+            raise ValueError(f"{name} must have shape {shape}; got {shells[name].shape}")
+    view = {n: heads_major(a) for n, a in dev.items()}
+    check_kernel_backward_inputs(*view.values(), causal=causal, scale=scale, gqa=True)  # dtypes, d
+    opt, n_seq = seqs[0][-1], len(seqs)
+    cu_q, cu_k = (c.astype(np.int64) for c in (cu_q, cu_k))
+
+    from .._inputs import check_options
+    from .register import Extras
+
+    extras = Extras.from_options(check_options((n_seq, H, 1, d), causal=causal, scale=scale, **library), n_seq, H)
+    bq, bk, nt = backward.default_config(d, simulator=not has_gpu())
+    bq, bk, nt = block_q or bq, block_k or bk, threads or nt
+    Tk, H_kv = shells["k"].shape[:2]
+    preprocess, dkdv, cast = backward.make_kernels(d, bq, bk, nt, gqa=H_kv != H, extras=extras, varlen=True)
+
+    kind, dtype = kinds["q"], np.dtype(dev["q"].dtype)
+    new = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
+    D, dq = new((1, H, Tq), np.float32), new((Tq, H, d), np.float32)  # dQ: float32 atomics
+    dk, dv = new((Tk, H_kv, d), dtype), new((Tk, H_kv, d), dtype)
+    rows = 128 if has_gpu() else 32
+    preprocess[(-(-Tq // rows), H, 1), rows](view["o"], view["do"], D, heads_major(dq))  # total_q, total_k >= 1
+    table = key_blocks(cu_q, cu_k, bq, bk, opt)  # covers every key, so dk and dv are written everywhere
+    cuda = get_cuda()
+    cu = cuda.to_device(np.stack([cu_q, cu_k]).astype(np.int32))
+    dkdv[(len(table), H_kv, 1), nt](view["q"], view["k"], view["v"], view["do"], view["lse"], D, heads_major(dq),
+                                    heads_major(dk), heads_major(dv), np.float32(opt.scale), bool(opt.causal),
+                                    cuda.to_device(table), cu, np.int64(opt.seed))
+    if dtype != np.float32:  # dQ back to the input dtype
+        dq16, n = new((Tq, H, d), dtype), Tq * H * d
+        cast[-(-n // 256), 256](dq.reshape(n), dq16.reshape(n))
+        dq = dq16
+    return tuple(like_input(x, kind) for x in (dq, dk, dv))
