@@ -21,6 +21,9 @@ softcap and dropout run on CUDA through the register kernels (float32, float16; 
 so a new seed per step compiles nothing), drawing the same dropout mask as on the CPU for the same seed; the
 options with bfloat16 on CPU tensors only for now: the CUDA path says so.
 
+Packed variable-length batches: `flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)` with
+autograd (the NumPy varlen on CPU tensors, the one-launch register kernels on CUDA ones).
+
 This module is named `torch` inside the flashlab package. Its `import torch` lines are absolute imports
 (flashlab itself imports its own modules relatively), so they find the real PyTorch; they sit inside the
 functions so that `import flashlab` never imports torch.
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["FlashAttentionFunction", "scaled_dot_product_attention", "flash_attention"]
+__all__ = ["FlashAttentionFunction", "scaled_dot_product_attention", "flash_attention", "flash_attention_varlen"]
 
 _CPU_DTYPES = ("float16", "float32", "float64")
 _TENSOR_D = (16, 32, 64, 128)  # head dims of the tensor kernels
@@ -248,6 +251,75 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     options = _options(window_size, align, alibi_slopes, softcap, float(dropout_p), seed)
     query, key, value = _autocast(query, key, value)
     return _get_function().apply(query, key, value, is_causal, scale, options)
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
+                           causal=False, scale=None, window_size=(-1, -1), align="top_left", alibi_slopes=None,
+                           softcap=0.0, dropout_p=0.0, seed=None):
+    """Attention over packed sequences with autograd, as the FA library's flash_attn_varlen_func: q of shape
+    (total_q, H, d), k and v (total_k, H_kv, d), cu_seqlens_* (batch + 1,) integer tensors or lists. Returns o
+    (total_q, H, d). CPU tensors run flashlab.varlen (NumPy); CUDA tensors (float32, float16) the one-launch
+    kernels (kernels.flash_attention_varlen and its backward). Options as in scaled_dot_product_attention."""
+    import numpy as np
+    import torch
+
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise ValueError(f"{name} must be a 3-dim torch.Tensor (total, heads, d) for varlen; got "
+                             f"{type(x).__name__} of shape {tuple(getattr(x, 'shape', ()))}")
+    cu = [np.asarray(c.detach().cpu() if isinstance(c, torch.Tensor) else c) for c in (cu_seqlens_q, cu_seqlens_k)]
+    options = dict(_options(window_size, align, alibi_slopes, softcap, float(dropout_p), seed),
+                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    q, k, v = _autocast(q, k, v)
+    return _get_varlen_function().apply(q, k, v, cu[0], cu[1], bool(causal), scale, options)
+
+
+def _varlen_function_class():
+    import torch
+    from torch.autograd.function import once_differentiable
+
+    class FlashAttentionVarlenFunction(torch.autograd.Function):
+        """flash_attention_varlen's autograd Function: saves (q, k, v, o, lse), lse of shape (H, total_q)."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, cu_q, cu_k, causal, scale, options):
+            if q.is_cuda:
+                from .kernels import flash_attention_varlen as run
+            else:
+                from .varlen import flash_attention_varlen as run
+            o, lse = run(*_varlen_inputs(q, k, v), cu_q, cu_k, causal=causal, scale=scale, **options)
+            o, lse = (x if q.is_cuda else torch.from_numpy(x) for x in (o, lse))
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.args = cu_q, cu_k, causal, scale, options
+            return o
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            cu_q, cu_k, causal, scale, options = ctx.args
+            if q.is_cuda:
+                from .kernels import flash_attention_varlen_backward as run
+            else:
+                from .varlen import flash_attention_varlen_backward as run
+            grads = run(*_varlen_inputs(q, k, v, o, lse, do), cu_q, cu_k, causal=causal, scale=scale, **options)
+            grads = [g.to(q.dtype) if q.is_cuda else torch.from_numpy(g) for g in grads]
+            return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None, None, None, None, None)
+
+    FlashAttentionVarlenFunction.__module__ = __name__
+    return FlashAttentionVarlenFunction
+
+
+def _varlen_inputs(*xs):
+    """CUDA tensors as they are (the kernels read strides; detached), CPU ones as NumPy arrays."""
+    return [x.detach() if x.is_cuda else _to_numpy(x) for x in xs]
+
+
+def _get_varlen_function():
+    cls = globals().get("FlashAttentionVarlenFunction")
+    if cls is None:
+        cls = globals()["FlashAttentionVarlenFunction"] = _varlen_function_class()
+    return cls
 
 
 def _autocast(*xs):

@@ -13,7 +13,8 @@ import numpy as np
 from ..device import get_cuda, has_gpu
 from ..varlen import _prepare
 from . import backward
-from ._launch import _is_torch, check_kernel_backward_inputs, empty, like_input, shell, to_device
+from ._launch import check_kernel_backward_inputs, empty, like_input, shell, to_device
+from .varlen import _host_ints
 
 
 def key_blocks(cu_q, cu_k, block_q: int, block_k: int, opt) -> np.ndarray:
@@ -34,13 +35,6 @@ def key_blocks(cu_q, cu_k, block_q: int, block_k: int, opt) -> np.ndarray:
     weight = np.maximum(-(-end // block_q) - first // block_q, 0)
     order = np.argsort(-weight, kind="stable")
     return np.stack([b[order], k0[order]], axis=1).astype(np.int32)
-
-
-def _host_ints(x):
-    """cu_seqlens on the host: from a torch tensor, a numba device array or anything NumPy takes."""
-    if _is_torch(x):
-        return x.detach().cpu().numpy()
-    return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
 
 
 def _strided(x, shape, strides):
