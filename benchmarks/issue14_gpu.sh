@@ -14,7 +14,7 @@ case "${1:-}" in
   tests)
     timeout "${2:-500}" $PY -m pytest -q -m gpu -p no:cacheprovider -W ignore -rf tests/test_paged_kernel.py \
       tests/test_register_options.py tests/test_gqa_kernels.py tests/test_torch_integration.py tests/test_varlen_kernels.py \
-      tests/test_varlen_kernels_backward.py tests/test_torch_varlen.py tests/test_kernel_dropout.py 2>&1 | tee "$OUT/tests14.txt" | tail -15 ;;
+      tests/test_varlen_kernels_backward.py tests/test_torch_varlen.py tests/test_kernel_dropout.py tests/test_tensor_options.py 2>&1 | tee "$OUT/tests14.txt" | tail -15 ;;
   sanitize)
     for tool in memcheck racecheck; do
       api=(); [ "$tool" = memcheck ] && api=(--report-api-errors no)

@@ -96,20 +96,28 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
 
 
 def _with_extras(q, k, v, options, library):
-    """flash_attention with window / align / ALiBi / softcap / dropout: the register kernel with those compiled in."""
+    """flash_attention with window / align / ALiBi / softcap / dropout: the register kernel with those compiled in,
+    or the tensor kernel (all but dropout)."""
     from .._inputs import check_options
-    from .register import Extras, launch
+    from .register import Extras
 
-    plan, scale, (q_d, k_d, v_d, kind, o, lse, _) = setup(q, k, v, *options)
+    plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options)
     B, H, Nq, d = plan.problem.B, plan.problem.H, plan.problem.Nq, plan.problem.d
     opt = check_options((B, H, Nq, d), causal=plan.problem.causal, scale=scale, **library)
     extras = Extras.from_options(opt, B, H)
-    if plan.variant != "register":
-        raise NotImplementedError(f"window_size, align, alibi_slopes and softcap run on variant='register' so far; "
-                                  f"got variant={plan.variant!r}")
+    if plan.variant not in ("register", "tensor"):
+        raise NotImplementedError(f"window_size, align, alibi_slopes and softcap run on variant='register' or "
+                                  f"'tensor' so far; got variant={plan.variant!r}")
     alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
-    launch(q_d, k_d, v_d, o, lse, H, scale, plan.problem.causal, plan.config, splits=plan.splits,
-           heavy_first=plan.heavy_first, section=plan.section, alloc=alloc, extras=extras, seed=opt.seed)
+    common = dict(splits=plan.splits, heavy_first=plan.heavy_first, section=plan.section, alloc=alloc, extras=extras)
+    if plan.variant == "tensor":
+        from .tensor import launch
+
+        launch(q_d, k_d, v_d, o_words, lse, H, scale, plan.problem.causal, plan.config, plan.precision, **common)
+    else:
+        from .register import launch
+
+        launch(q_d, k_d, v_d, o, lse, H, scale, plan.problem.causal, plan.config, seed=opt.seed, **common)
     return like_input(o, kind), like_input(lse, kind)
 
 

@@ -116,13 +116,16 @@ def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> TensorTil
 
 @lru_cache(maxsize=None)
 def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = False, heavy_first: bool = False,
-          gqa: bool = False, page: int = 0):
+          gqa: bool = False, page: int = 0, extras=None):
     """Compile-time specialised forward kernel for (d, tile, causal, precision). 16-bit precisions take Q,
     K, V and O as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d).
     split: o and lse are float32 partial outputs viewed as (B, H * splits, Nq, d) and (B, H * splits, Nq).
     page > 0: a paged KV cache of `page` keys per page (kernels/paged.py): k and v are the caches as
     (num_pages * page, H, d or d/2), and n_k is an int32 array (B, 1 + max_pages) holding cache_seqlens[b]
-    then block_table[b]; key j of sequence b is row block_table[b, j // page] * page + j % page."""
+    then block_table[b]; key j of sequence b is row block_table[b, j // page] * page + j % page.
+    extras: the library's window, alignment, ALiBi and softcap (kernels/register.py's Extras, without dropout),
+    compiled in as in the register kernel: key tiles outside the band of the block's rows are skipped, the
+    others are transformed and masked on S's C fragments; None builds the plain kernel, unchanged."""
     WIDE = precision in ("3xtf32", "tf32")
     SPLIT = precision == "3xtf32"
     BF16 = precision == "bf16"
@@ -150,7 +153,21 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     CAUSAL = causal
     SPLIT_KV, HEAVY, GQA = bool(split), bool(heavy_first), bool(gqa)
     PAGED, UPAGE = page > 0, U(max(page, 1))
-    GUARD = SPLIT_KV and (CAUSAL or PAGED)  # a row can see no key of its chunk: keep its p = 0 and its output finite
+    from .register import Extras
+
+    EXTRA, ex = extras is not None, extras or Extras()
+    if ex.dropout_p:
+        raise ValueError(f"dropout_p={ex.dropout_p} needs variant='register' (the only kernels with a dropout mask)")
+    I = np.int64
+    WL, BRA = I(ex.left), bool(ex.bottom_right)
+    # the furthest key to the right a row may see, relative to its position: causal 0, window right, or none
+    RIGHT = I(min(ex.right, 0) if causal and ex.right >= 0 else 0 if causal else ex.right)
+    SOFTCAP, ALIBI, PER_B = ex.softcap > 0, ex.slopes is not None, bool(ex.per_batch)
+    CAP_LOG2 = float32(ex.softcap * LOG2E)
+    SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))
+    INF = float32(math.inf)
+    # a row can see no key of its chunk (or, with a window, none at all): keep its p = 0 and its output finite
+    GUARD = (SPLIT_KV and (CAUSAL or PAGED)) or EXTRA
     HALF_NEG = float32(0.5 * NEG)
     ALIGN = None if config.ENABLE_CUDASIM else 16
     DT = float32 if WIDE else uint32
@@ -215,10 +232,26 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
             chunk = ((nk + n_parts - U(1)) // n_parts + UBK - U(1)) // UBK * UBK
             k_begin = kpart * chunk
             k_end = min(nk, k_begin + chunk)
-        if CAUSAL:
+        if CAUSAL and not EXTRA:
             k_end = min(k_end, q0 + UBQ)  # key tiles after the block's last query are skipped
+        off, capr, slope = I(0), float32(0.0), float32(0.0)
+        if EXTRA:  # skip the key tiles outside the band of this block's rows (signed positions), as register.py
+            if BRA:
+                off = I(nk) - I(nq)  # query i sits at position i + Nk - Nq
+            if WL >= I(0):
+                lo = I(q0) + off - WL
+                if lo > I(k_begin):
+                    k_begin = U(lo) // UBK * UBK  # chunks start on tile boundaries, so this stays in the chunk
+            if RIGHT >= I(0):
+                hi = I(q0) + I(UBQ) + off + RIGHT  # one past the last key the block's last row may see
+                if hi < I(k_end):
+                    k_end = U(max(hi, I(0)))
+            # S stays in raw units (scale is applied in exp2): softcap and slopes are divided by the scale
+            capr = CAP_LOG2 / scale_log2
+            if ALIBI:
+                slope = float32(SLOPES[b * U(n_heads) + h if PER_B else h]) / scale_log2
         n_tiles = (k_end + UBK - U(1)) // UBK
-        if SPLIT_KV:
+        if SPLIT_KV or EXTRA:
             n_tiles = (k_end - k_begin + UBK - U(1)) // UBK if k_end > k_begin else U(0)
         kbuf = cuda.local.array(LOADS, DT)  # the synchronous copy's words in flight (ASYNC: unused)
         vbuf = cuda.local.array(LOADS, DT)
@@ -260,7 +293,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
             cuda.syncthreads()  # ... and everyone's
             k0 = k_begin + (j - U(LAG)) * UBK
             KO = ((j - U(LAG)) % U(2)) * U(STAGE) if ASYNC else U(0)  # the stage tile j - LAG is in
-            if CAUSAL and k0 > w0 + U(15):
+            if CAUSAL and not EXTRA and k0 > w0 + U(15):
                 continue  # every key of this tile is after all 16 rows of this warp (warp-uniform)
 
             # S = Q K^T for this warp's 16 rows and the tile's BK keys.
@@ -306,7 +339,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                                 s[n, 0], s[n, 1], s[n, 2], s[n, 3])
 
             # Mask keys past Nk and, under causal, keys after the row (only tiles at an edge need it).
-            if k0 + UBK > nk or (CAUSAL and k0 + UBK > w0 + U(1)):
+            if not EXTRA and (k0 + UBK > nk or (CAUSAL and k0 + UBK > w0 + U(1))):
                 for n in range(NTK):
                     for j in range(4):
                         row = r_hi if j >= 2 else r_lo
@@ -318,6 +351,18 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                 for n in range(NTK):
                     for j in range(4):
                         s[n, j] += s2[n, j]
+            if EXTRA:  # softcap, ALiBi, then the aligned causal/window mask, on every tile (after 3xTF32's sum)
+                for n in range(NTK):
+                    for j in range(4):
+                        pos = I(r_hi if j >= 2 else r_lo) + off
+                        col = I(k0 + U(n * 8) + U(2) * t + U(j % 2))
+                        val = s[n, j]
+                        if SOFTCAP:
+                            val = capr * math.tanh(val / capr)
+                        if ALIBI:
+                            val -= slope * float32(abs(pos - col))
+                        dead = col >= I(nk) or (WL >= I(0) and col < pos - WL) or (RIGHT >= I(0) and col > pos + RIGHT)
+                        s[n, j] = NEG if dead else val
 
             # Online softmax on the C fragments: rows g (j = 0, 1) and g + 8 (j = 2, 3).
             for r in range(2):
@@ -414,6 +459,8 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
             if row < nq:
                 inv = float32(0.0)  # GUARD: the row sees no key of this chunk (total = 0)
                 row_lse = float32(NEG)
+                if EXTRA and not SPLIT_KV:
+                    row_lse = INF  # no key at all: the FA library's o = 0, lse = +inf
                 if not GUARD or total > float32(0.0):
                     inv = float32(1.0) / total
                     row_lse = (m[r] * scale_log2 + math.log2(total)) * LN2
@@ -483,7 +530,7 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, pr
 
 
 def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision: str, *, splits: int = 1,
-           heavy_first: bool = False, section=None, alloc=None):
+           heavy_first: bool = False, section=None, alloc=None, extras=None):
     """Launch on device arrays: (B, H, N, d/2) uint32 pairs for 16-bit precisions, float32 otherwise.
     splits > 1 (float16 and float32 only): split-KV, o's pairs are written by the merge kernel as float16;
     heavy_first: see register.grid."""
@@ -495,7 +542,8 @@ def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision:
     split = splits > 1
     if split and precision == "bf16":
         raise ValueError("split-KV writes its merged output as float16 or float32; bfloat16 runs with splits=1")
-    kernel = build(d, tile, causal, precision, split=split, heavy_first=heavy_first, gqa=k.shape[1] != H)
+    kernel = build(d, tile, causal, precision, split=split, heavy_first=heavy_first, gqa=k.shape[1] != H,
+                   extras=extras)
     g = grid(B, H, Nq, tile.block_q, splits, heavy_first, section)
     scale_log2 = np.float32(scale * LOG2E)
     if not split:
