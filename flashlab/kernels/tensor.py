@@ -27,6 +27,8 @@ the same renumbering applied to V's rows.
 Launch options, chosen by kernels/plan.py as for the register kernel (see kernels/register.py): split (each
 block takes one chunk of keys and writes a float32 partial output; the merge kernel of kernels/decoding.py
 combines them) and heavy_first (grid (g, query blocks, sections x splits): sections of g heads, heaviest first).
+Two more builds: extras (the library's window, alignment, ALiBi and softcap, as in the register kernel) and
+page (K/V read through a paged cache's block table, for kernels/paged.py's decoding).
 
 Where FlashAttention-2 itself goes further: 128-row tiles with more rows per warp (fewer shared-memory
 reads per mma), up to 227 KB of shared memory per block (numba-cuda exposes 48 KB), and CUDA C++ compiled
