@@ -55,6 +55,14 @@ def to_device(x, name: str):
     return cuda.to_device(arr), "numpy"
 
 
+def to_host(x) -> np.ndarray:
+    """A NumPy copy of a small array (cu_seqlens, a block table) given as NumPy, a list, a torch tensor or a numba
+    device array: what the host needs to check it and to plan the launch."""
+    if _is_torch(x):
+        return x.detach().cpu().numpy()
+    return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
+
+
 def to_device_words(x, name: str):
     """(device array, kind, dtype name) for the tensor kernel, which reads 32-bit words: float32 arrays as they
     are, float16 / bfloat16 ones as uint32 words holding two values of the last axis (a view, no copy).

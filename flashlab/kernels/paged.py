@@ -31,7 +31,7 @@ import numpy as np
 from .._inputs import check_block, check_options
 from ..decoding import check_num_splits, check_paged, chunk_bounds, default_num_splits
 from ..device import device_limits, get_cuda, has_gpu
-from ._launch import empty, like_input, to_device
+from ._launch import empty, like_input, to_device, to_host
 from .decoding import LN2, LOG2E, NEG, build_merge, default_threads, key_tile
 
 cuda = None  # numba.cuda, bound when the kernel is first built (see device.py)
@@ -158,15 +158,6 @@ def build(d: int, group: int, n_q: int, threads: int):
     return split
 
 
-def _host(x):
-    """A NumPy copy of a small integer array given as NumPy, a torch tensor or a numba device array."""
-    if hasattr(x, "detach"):
-        return x.detach().cpu().numpy()
-    if hasattr(x, "copy_to_host"):
-        return x.copy_to_host()
-    return np.asarray(x)
-
-
 def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
     """The tensor-core paged build (kernels/tensor.py) on q viewed as (B, H_kv, G * Nq, d): one block per
     (16 * warps rows, batch, K/V head, key chunk); the merge kernel always runs (empty rows: o = 0, lse = inf).
@@ -227,7 +218,7 @@ def _check(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, varia
     """The checks of paged_decoding: (q's shape, G, block_table and cache_seqlens on the host, options,
     the variant that will run)."""
     shells = [_shell(x) for x in (q, k_cache, v_cache)]
-    qs, ks, _, bt_host, sl_host = check_paged(*shells, _host(block_table), _host(cache_seqlens))
+    qs, ks, _, bt_host, sl_host = check_paged(*shells, to_host(block_table), to_host(cache_seqlens))
     B, H, Nq, d = qs.shape
     H_kv = ks.shape[2]
     if H % H_kv:

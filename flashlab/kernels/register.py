@@ -206,8 +206,7 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     CAPL = float32(ex.softcap * LOG2E)  # softcap in log2 units: S is kept scaled by log2(e)
     SOFTCAP, ALIBI, PER_B = ex.softcap > 0, ex.slopes is not None, bool(ex.per_batch)
     SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))
-    # the furthest key to the right a row may see, relative to its position: causal 0, window right, or none
-    RIGHT = I(min(ex.right, 0) if causal and ex.right >= 0 else 0 if causal else ex.right)
+    RIGHT = I(ex.right_bound(causal))
     VARLEN = bool(varlen)
     if VARLEN and (split or heavy_first):
         raise ValueError("the varlen build orders its blocks itself and does not split the keys")
@@ -472,6 +471,11 @@ class Extras(NamedTuple):
     slopes: tuple | None = None
     per_batch: bool = False
     dropout_p: float = 0.0
+
+    def right_bound(self, causal: bool) -> int:
+        """The furthest key to the right a row may see, relative to its aligned position: 0 under causal (or
+        the window's right if smaller), else the window's right; -1 for no bound."""
+        return (min(self.right, 0) if self.right >= 0 else 0) if causal else self.right
 
     @classmethod
     def from_options(cls, opt, B: int, H: int):

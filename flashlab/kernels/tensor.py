@@ -162,8 +162,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         raise ValueError(f"dropout_p={ex.dropout_p} needs variant='register' (the only kernels with a dropout mask)")
     I = np.int64
     WL, BRA = I(ex.left), bool(ex.bottom_right)
-    # the furthest key to the right a row may see, relative to its position: causal 0, window right, or none
-    RIGHT = I(min(ex.right, 0) if causal and ex.right >= 0 else 0 if causal else ex.right)
+    RIGHT = I(ex.right_bound(causal))  # the furthest key to the right a row may see, as in register.py
     SOFTCAP, ALIBI, PER_B = ex.softcap > 0, ex.slopes is not None, bool(ex.per_batch)
     CAP_LOG2 = float32(ex.softcap * LOG2E)
     SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))

@@ -14,15 +14,7 @@ import numpy as np
 
 from .._inputs import check_options
 from ..device import get_cuda
-from ..varlen import check_cu_seqlens
-from ._launch import _is_torch, empty, like_input, shell, to_device
-
-
-def _host_ints(x):
-    """cu_seqlens on the host: from a torch tensor, a numba device array or anything NumPy takes."""
-    if _is_torch(x):
-        return x.detach().cpu().numpy()
-    return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
+from ._launch import empty, like_input, shell, to_device, to_host
 
 
 def block_table(cu_q, cu_k, block_q: int, block_k: int, causal: bool, bottom_right: bool = False) -> np.ndarray:
@@ -58,8 +50,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
     for name, x in (("q", q_d), ("k", k_d), ("v", v_d)):
         if len(x.shape) != 3:
             raise ValueError(f"{name} must have shape (total, heads, d) for varlen; got shape {tuple(x.shape)}")
-    cu_q = check_cu_seqlens(_host_ints(cu_seqlens_q), "cu_seqlens_q", q_d.shape[0])
-    cu_k = check_cu_seqlens(_host_ints(cu_seqlens_k), "cu_seqlens_k", k_d.shape[0])
+    cu_q, cu_k = to_host(cu_seqlens_q), to_host(cu_seqlens_k)
     # the NumPy version's checks (shapes, dtypes, heads, lengths, options), on empty stand-ins of the inputs
     from ..varlen import _prepare
 

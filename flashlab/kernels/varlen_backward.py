@@ -13,8 +13,7 @@ import numpy as np
 from ..device import get_cuda, has_gpu
 from ..varlen import _prepare
 from . import backward
-from ._launch import check_kernel_backward_inputs, empty, like_input, shell, to_device
-from .varlen import _host_ints
+from ._launch import check_kernel_backward_inputs, empty, like_input, shell, to_device, to_host
 
 
 def key_blocks(cu_q, cu_k, block_q: int, block_k: int, opt) -> np.ndarray:
@@ -76,7 +75,7 @@ def flash_attention_varlen_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlen
     for name, x in dict(q=q, k=k, v=v, o=o, lse=lse, do=do).items():
         dev[name], kinds[name] = to_device(x, name)
     shells = {n: shell(a, n) for n, a in dev.items()}
-    cu_q, cu_k = _host_ints(cu_seqlens_q), _host_ints(cu_seqlens_k)
+    cu_q, cu_k = to_host(cu_seqlens_q), to_host(cu_seqlens_k)
     # flashlab.varlen's checks, with its messages, on zero-size stand-ins (no device memory is read)
     _, _, _, seqs = _prepare(shells["q"], shells["k"], shells["v"], cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal,
                              scale, dict(library))
