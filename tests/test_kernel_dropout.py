@@ -113,13 +113,15 @@ def test_seeds_draw_different_masks_with_one_build(rng):
     from flashlab.kernels import register
 
     q, k, v, _ = inputs(rng, 1, 2, 2, 16, 24, 16)
-    outs = []
-    before = register.build.cache_info().currsize
+    outs, builds = [], []
     for seed in (3, 4, 3 + 2 ** 40):
         o, _ = flash_attention(q, k, v, dropout_p=0.3, seed=seed)
         assert fl.relative_error(o, fl.flash_attention_v2(q, k, v, dropout_p=0.3, seed=seed)[0]) < 2e-5, seed
         outs.append(o)
-    assert register.build.cache_info().currsize <= before + 1
+        builds.append(register.build.cache_info().currsize)
+    # the first call may build more than one kernel (on a GPU the planner compiles to read registers); the
+    # later seeds build none
+    assert builds[1] == builds[0] == builds[2]
     assert fl.relative_error(outs[0], outs[1]) > 0.1 and fl.relative_error(outs[0], outs[2]) > 0.1
 
 

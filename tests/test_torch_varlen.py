@@ -75,6 +75,6 @@ def test_varlen_autograd_on_gpu(rng):
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     want = torch_reference(q64, k64, v64, cu_q, cu_k, causal=True, align="bottom_right")
     want_grads = torch.autograd.grad((want * w).sum(), (q64, k64, v64))
-    assert fl.relative_error(o.double().cpu().numpy(), want.detach().cpu().numpy()) < 1e-5
+    assert fl.relative_error(o.detach().double().cpu().numpy(), want.detach().cpu().numpy()) < 1e-5
     for g, wg in zip(grads, want_grads):
         assert fl.relative_error(g.double().cpu().numpy(), wg.cpu().numpy()) < 1e-4

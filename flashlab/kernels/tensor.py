@@ -376,15 +376,15 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                 alpha[r] = math.exp2((m[r] - m_new) * scale_log2)
                 m[r] = m_new
                 offset = m_new * scale_log2
-                live = float32(1.0)
-                if GUARD and m_new < HALF_NEG:  # every key so far is masked: exp2(NEG - NEG) would be 1
-                    live = float32(0.0)
+                if GUARD and m_new < HALF_NEG:
+                    # every key so far is masked. With offset = m_new * scale, the fused multiply-add below
+                    # leaves NEG * scale's rounding error (up to ~1e22 at d = 64), so p would be 1 or inf
+                    # (and inf * 0 = NaN): offset 0 makes every p exp2(NEG * scale) = 0.
+                    offset = float32(0.0)
                 row_sum = float32(0.0)
                 for n in range(NTK):
                     for c in range(2):
                         p = math.exp2(s[n, 2 * r + c] * scale_log2 - offset)
-                        if GUARD:
-                            p *= live
                         s[n, 2 * r + c] = p
                         row_sum += p
                 l[r] = l[r] * alpha[r] + row_sum  # the quad's partial sums are added once, at the end
