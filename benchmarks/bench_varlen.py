@@ -2,16 +2,20 @@
 against padding to the longest, in the same run (GPU; CUDA events, median of 20):
 
     python benchmarks/bench_varlen.py [--seqs 64] [--min 128] [--max 4096] [--d 64] [--heads 16] [--causal]
-                                      [--json out.json]
+                                      [--variant tensor|register] [--json out.json]
+
+--json adds this configuration's row to a list in that file.
 
 Lengths are drawn log-uniformly between --min and --max (seed 0), the same for queries and keys; float16.
-Rows, each a forward of the whole batch:
+Every flashlab row runs the same kernel variant (--variant, default tensor). Rows, each a forward of the whole
+batch:
   flashlab varlen            kernels.flash_attention_varlen: one launch over the packed (total, H, d) arrays
   flashlab loop              kernels.flash_attention on each sequence in turn, (1, H, n_b, d) views
   flashlab padded            kernels.flash_attention on (B, H, max, d): the padding's cost (its rows and keys
                              are computed as if real; a correct padded run would also mask the padding keys)
   torch SDPA padded + mask   scaled_dot_product_attention on the padded batch with a boolean key-padding mask
                              (the nearest torch path; varlen itself is not in torch's SDPA)
+  torch SDPA loop            scaled_dot_product_attention on each sequence in turn: what looping costs torch
 Bars: varlen at least 2x faster than the loop and at least as fast as padding.
 """
 from __future__ import annotations
@@ -34,6 +38,7 @@ def main(argv=None):
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--variant", choices=("tensor", "register"), default="tensor")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import torch
@@ -52,13 +57,14 @@ def main(argv=None):
     qp, kp, vp = (torch.randn(B, H, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
     keep = (torch.arange(N)[None, :] < torch.as_tensor(lens)[:, None]).to("cuda")[:, None, None, :]
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    causal = args.causal
+    causal, variant = args.causal, args.variant
     runs = {
-        "flashlab varlen": lambda: flash_attention_varlen(q, k, v, cu, cu, causal=causal),
-        "flashlab loop": lambda: [flash_attention(*x, causal=causal, variant="register") for x in views],
-        "flashlab padded": lambda: flash_attention(qp, kp, vp, causal=causal, variant="register"),
+        "flashlab varlen": lambda: flash_attention_varlen(q, k, v, cu, cu, causal=causal, variant=variant),
+        "flashlab loop": lambda: [flash_attention(*x, causal=causal, variant=variant) for x in views],
+        "flashlab padded": lambda: flash_attention(qp, kp, vp, causal=causal, variant=variant),
         "torch SDPA padded + mask": lambda: sdpa(qp, kp, vp, attn_mask=keep if not causal else
                                                  keep & torch.ones(N, N, dtype=torch.bool, device="cuda").tril()),
+        "torch SDPA loop": lambda: [sdpa(*x, is_causal=causal) for x in views],
     }
     flops = 4 * H * d * float(np.sum(lens.astype(float) ** 2)) * (0.5 if causal else 1.0)  # the useful work
     rows = {}
@@ -68,13 +74,15 @@ def main(argv=None):
     loop = rows["flashlab loop"] / rows["flashlab varlen"]
     pad = rows["flashlab padded"] / rows["flashlab varlen"]
     print(f"{B} sequences, {lens.min()}..{lens.max()} tokens ({total} in all), d={d}, H={H}, causal={causal}, "
-          f"{torch.cuda.get_device_name()}")
+          f"variant={variant}, {torch.cuda.get_device_name()}")
     print(f"loop / varlen: {loop:.2f} (bar: at least 2); padded / varlen: {pad:.2f} (bar: at least 1)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                                                   lens=lens.tolist(), d=d, H=H, causal=causal, ms=rows,
-                                                   loop_over_varlen=loop, padded_over_varlen=pad), indent=1))
-
+    if args.json:  # one entry per configuration: a run with the same one replaces its entry
+        run = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, lens=lens.tolist(), d=d, H=H,
+                   causal=causal, variant=variant, ms=rows, loop_over_varlen=loop, padded_over_varlen=pad)
+        path = Path(args.json)
+        old = json.loads(path.read_text()) if path.exists() else []
+        same = lambda r: all(r.get(x) == run[x] for x in ("gpu", "lens", "d", "H", "causal", "variant"))  # noqa
+        path.write_text(json.dumps([r for r in old if not same(r)] + [run], indent=1))
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,6 @@
-"""The one-launch varlen forward (flashlab/kernels/varlen.py, register.build(varlen=True)) against the NumPy
-varlen (flashlab/varlen.py) in float64: in the simulator on small packed batches, on a GPU at larger ones."""
+"""The one-launch varlen forward (flashlab/kernels/varlen.py: register.build(varlen=True) and
+tensor.build(varlen=True)) against the NumPy varlen (flashlab/varlen.py) in float64: in the simulator on small
+packed batches, on a GPU at larger ones."""
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ def packed(rng, lens_q, lens_k, H, H_kv, d, dtype=np.float32):
 
 
 def check(q, k, v, cu_q, cu_k, tol=2e-5, **opts):
-    blocks = {key: opts.pop(key) for key in ("block_q", "block_k") if key in opts}
+    blocks = {key: opts.pop(key) for key in ("block_q", "block_k", "variant") if key in opts}
     o, lse = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **opts, **blocks)
     want_o, want_lse = numpy_varlen(*(x.astype(np.float64) for x in (q, k, v)), cu_q, cu_k, **opts)
     assert o.shape == want_o.shape and o.dtype == q.dtype and lse.shape == want_lse.shape
@@ -39,11 +40,20 @@ CASES = [  # lengths of q and k per sequence, H, H_kv, options
 
 @pytest.mark.parametrize("lens_q,lens_k,H,H_kv,opts", CASES)
 def test_varlen_kernel_matches_numpy(rng, lens_q, lens_k, H, H_kv, opts):
-    check(*packed(rng, lens_q, lens_k, H, H_kv, 16), block_q=8, block_k=8, **opts)
+    check(*packed(rng, lens_q, lens_k, H, H_kv, 16), block_q=8, block_k=8, variant="register", **opts)
+
+
+@pytest.mark.parametrize("lens_q,lens_k,H,H_kv,opts", [c for c in CASES if not c[4].get("dropout_p")])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_tensor_varlen_kernel_matches_numpy(rng, lens_q, lens_k, H, H_kv, opts, dtype):
+    """The tensor-core build: one warp per block of 16 rows, float16 (m16n8k16) and float32 (3xTF32)."""
+    tol = 2e-3 if dtype == np.float16 else 2e-5
+    check(*packed(rng, lens_q, lens_k, H, H_kv, 16, dtype), tol=tol, block_q=16, block_k=16, variant="tensor", **opts)
 
 
 def test_varlen_kernel_float16(rng):
-    check(*packed(rng, [7, 12], [9, 12], 2, 2, 16, np.float16), tol=2e-3, block_q=8, block_k=8, causal=True)
+    check(*packed(rng, [7, 12], [9, 12], 2, 2, 16, np.float16), tol=2e-3, block_q=8, block_k=8, causal=True,
+          variant="register")
 
 
 def test_block_table_is_heaviest_first():
@@ -78,12 +88,14 @@ gpu = pytest.mark.skipif(not fl.device.has_gpu(), reason="needs a CUDA GPU")
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("d,dtype", [(64, np.float32), (128, np.float16)])
-def test_varlen_kernel_on_gpu(rng, d, dtype):
+@pytest.mark.parametrize("d,dtype,variant", [(64, np.float32, "register"), (128, np.float16, "register"),
+                                             (64, np.float16, "tensor"), (128, np.float16, "tensor"),
+                                             (64, np.float32, "tensor")])
+def test_varlen_kernel_on_gpu(rng, d, dtype, variant):
     lens = [1, 300, 0, 777, 64, 1000]
     tol = 2e-5 if dtype == np.float32 else 2e-3
     for opts in (dict(), dict(causal=True), dict(causal=True, align="bottom_right", window_size=(100, 0))):
-        check(*packed(rng, lens, lens[::-1], 4, 2, d, dtype), tol=tol, **opts)
+        check(*packed(rng, lens, lens[::-1], 4, 2, d, dtype), tol=tol, variant=variant, **opts)
 
 
 def test_varlen_kernels_forward_then_backward(rng):

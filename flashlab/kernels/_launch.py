@@ -63,10 +63,11 @@ def to_host(x) -> np.ndarray:
     return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
 
 
-def to_device_words(x, name: str):
+def to_device_words(x, name: str, layout: str = "(B, H, N, d)"):
     """(device array, kind, dtype name) for the tensor kernel, which reads 32-bit words: float32 arrays as they
     are, float16 / bfloat16 ones as uint32 words holding two values of the last axis (a view, no copy).
-    torch CUDA tensors of all three dtypes; NumPy and numba arrays of float16 and float32."""
+    torch CUDA tensors of all three dtypes; NumPy and numba arrays of float16 and float32. layout names the
+    expected axes, for the error message (varlen: "(total, H, d)")."""
     if _is_torch(x):
         import torch
 
@@ -74,7 +75,7 @@ def to_device_words(x, name: str):
             raise TypeError(f"{name} is a torch tensor on the CPU; pass {name}.cuda()")
         dtype = str(x.dtype).replace("torch.", "")
         if dtype in ("float16", "bfloat16"):
-            _check_pairs(name, tuple(x.shape), x.stride(-1) if x.dim() else 1)
+            _check_pairs(name, tuple(x.shape), x.stride(-1) if x.dim() else 1, layout)
             return get_cuda().as_cuda_array(x.detach().view(torch.int32)).view(np.uint32), "torch", dtype
         if dtype != "float32":
             raise TypeError(f"{name} has dtype {x.dtype}; the tensor kernel takes torch.float16, torch.bfloat16 "
@@ -82,14 +83,14 @@ def to_device_words(x, name: str):
     dev, kind = to_device(x, name)
     dtype = np.dtype(dev.dtype).name
     if dtype == "float16":
-        _check_pairs(name, tuple(dev.shape), dev.strides[-1] // 2 if len(dev.shape) else 1)
+        _check_pairs(name, tuple(dev.shape), dev.strides[-1] // 2 if len(dev.shape) else 1, layout)
         return dev.view(np.uint32), kind, dtype
     return dev, kind, dtype  # float32, or a dtype the checks reject with a clear message
 
 
-def _check_pairs(name, shape, last_stride):
-    if len(shape) != 4:
-        raise ValueError(f"{name} must have 4 dims (B, H, N, d); got shape {shape}")
+def _check_pairs(name, shape, last_stride, layout="(B, H, N, d)"):
+    if len(shape) != layout.count(",") + 1:
+        raise ValueError(f"{name} must have {layout.count(',') + 1} dims {layout}; got shape {shape}")
     if shape[-1] % 2 or last_stride != 1:
         raise ValueError(f"{name}: the tensor kernel reads 16-bit values in pairs along d, so d must be even and "
                          f"{name}'s last dim contiguous; got shape {shape} with last-dim stride {last_stride}")

@@ -27,8 +27,9 @@ the same renumbering applied to V's rows.
 Launch options, chosen by kernels/plan.py as for the register kernel (see kernels/register.py): split (each
 block takes one chunk of keys and writes a float32 partial output; the merge kernel of kernels/decoding.py
 combines them) and heavy_first (grid (g, query blocks, sections x splits): sections of g heads, heaviest first).
-Two more builds: extras (the library's window, alignment, ALiBi and softcap, as in the register kernel) and
-page (K/V read through a paged cache's block table, for kernels/paged.py's decoding).
+Three more builds: extras (the library's window, alignment, ALiBi and softcap, as in the register kernel),
+page (K/V read through a paged cache's block table, for kernels/paged.py's decoding) and varlen (one launch
+over sequences packed along one axis, as the register kernel's varlen build: kernels/varlen.py).
 
 Where FlashAttention-2 itself goes further: 128-row tiles with more rows per warp (fewer shared-memory
 reads per mma), up to 227 KB of shared memory per block (numba-cuda exposes 48 KB), and CUDA C++ compiled
@@ -118,7 +119,7 @@ def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> TensorTil
 
 @lru_cache(maxsize=None)
 def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = False, heavy_first: bool = False,
-          gqa: bool = False, page: int = 0, extras=None):
+          gqa: bool = False, page: int = 0, extras=None, varlen: bool = False):
     """Compile-time specialised forward kernel for (d, tile, causal, precision). 16-bit precisions take Q,
     K, V and O as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d).
     split: o and lse are float32 partial outputs viewed as (B, H * splits, Nq, d) and (B, H * splits, Nq).
@@ -127,7 +128,9 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     then block_table[b]; key j of sequence b is row block_table[b, j // page] * page + j % page.
     extras: the library's window, alignment, ALiBi and softcap (kernels/register.py's Extras, without dropout),
     compiled in as in the register kernel: key tiles outside the band of the block's rows are skipped, the
-    others are transformed and masked on S's C fragments; None builds the plain kernel, unchanged."""
+    others are transformed and masked on S's C fragments; None builds the plain kernel, unchanged.
+    varlen: q, k, v, o are packed (total, H, d or d/2), lse is (H, total_q); n_q is the (n_blocks, 2) table of
+    (sequence, first row) and n_k the int32 (2, B + 1) cu_seqlens of queries and keys; grid (n_blocks, H)."""
     WIDE = precision in ("3xtf32", "tf32")
     SPLIT = precision == "3xtf32"
     BF16 = precision == "bf16"
@@ -155,6 +158,9 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     CAUSAL = causal
     SPLIT_KV, HEAVY, GQA = bool(split), bool(heavy_first), bool(gqa)
     PAGED, UPAGE = page > 0, U(max(page, 1))
+    VARLEN = bool(varlen)
+    if VARLEN and (SPLIT_KV or HEAVY or PAGED):
+        raise ValueError("the varlen build orders its blocks itself and does not split the keys or page them")
     from .register import Extras
 
     EXTRA, ex = extras is not None, extras or Extras()
@@ -168,7 +174,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))
     INF = float32(math.inf)
     # a row can see no key of its chunk (or, with a window, none at all): keep its p = 0 and its output finite
-    GUARD = (SPLIT_KV and (CAUSAL or PAGED)) or EXTRA
+    GUARD = (SPLIT_KV and (CAUSAL or PAGED)) or EXTRA or VARLEN  # varlen: a sequence may have no keys
     HALF_NEG = float32(0.5 * NEG)
     ALIGN = None if config.ENABLE_CUDASIM else 16
     DT = float32 if WIDE else uint32
@@ -182,7 +188,6 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)  # quad (row group) and lane within the quad
-        nq = U(n_q)
         if HEAVY:  # grid (g, query blocks, sections x splits): in each section of g heads, the heaviest blocks first
             q0 = U(cuda.gridDim.y - 1 - cuda.blockIdx.y) * UBQ
             section, kpart, n_parts = U(cuda.blockIdx.z), U(0), U(1)
@@ -193,16 +198,22 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
             bh, kpart, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
             q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBQ
-        w0 = q0 + warp * U(16)  # this warp's first row
         b, h = bh // U(n_heads), bh % U(n_heads)
+        if VARLEN:  # block x: (sequence b, first row q0) from the table; its rows and keys from cu_seqlens
+            b, h = U(n_q[cuda.blockIdx.x, 0]), U(cuda.blockIdx.y)
+            q0, cq, ck = U(n_q[cuda.blockIdx.x, 1]), U(n_k[0, b]), U(n_k[1, b])
+        w0 = q0 + warp * U(16)  # this warp's first row
         hk = h
         if GQA:  # query head h reads K/V head h // (H / H_kv); a build of its own, so MHA's code is unchanged
             hk = h * U(k.shape[1]) // U(n_heads)
-        if PAGED:  # sequence b's own length; its keys are rows of the cache found through the block table
-            nk = U(n_k[b, 0])
+        if VARLEN:  # views of sequence b's rows, so the tile loop is the same code
+            nq, nk = U(n_k[0, b + U(1)]) - cq, U(n_k[1, b + U(1)]) - ck
+            qh, kh, vh = q[cq:cq + nq, h], k[ck:ck + nk, hk], v[ck:ck + nk, hk]
+        elif PAGED:  # sequence b's own length; its keys are rows of the cache found through the block table
+            nq, nk = U(n_q), U(n_k[b, 0])
             qh, kh, vh = q[b, h], k[:, h], v[:, h]
         else:
-            nk = U(n_k)
+            nq, nk = U(n_q), U(n_k)
             qh, kh, vh = q[b, h], k[b, hk], v[b, hk]
 
         # Q fragments, kept in registers: rows w0+g and w0+g+8 (zeros past Nq).
@@ -450,8 +461,11 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                                 a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
 
         # Add up each row's sum over its quad, normalise once, write O and lse.
-        oh_ = h * n_parts + kpart if SPLIT_KV else h  # split: (B, H * splits, ...) views of the partial outputs
-        oh, lh = o[b, oh_], lse[b, oh_]
+        if VARLEN:
+            oh, lh = o[cq:cq + nq, h], lse[h, cq:cq + nq]
+        else:
+            oh_ = h * n_parts + kpart if SPLIT_KV else h  # split: (B, H * splits, ...) views of the partial outputs
+            oh, lh = o[b, oh_], lse[b, oh_]
         for r in range(2):
             total = l[r]
             total += mma.shfl_xor(total, 1)
@@ -460,7 +474,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
             if row < nq:
                 inv = float32(0.0)  # GUARD: the row sees no key of this chunk (total = 0)
                 row_lse = float32(NEG)
-                if EXTRA and not SPLIT_KV:
+                if (EXTRA or VARLEN) and not SPLIT_KV:
                     row_lse = INF  # no key at all: the FA library's o = 0, lse = +inf
                 if not GUARD or total > float32(0.0):
                     inv = float32(1.0) / total

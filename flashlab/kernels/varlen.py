@@ -1,12 +1,13 @@
-"""flash_attention_varlen on the GPU: one launch of the register kernel over a packed batch (lesson 16).
+"""flash_attention_varlen on the GPU: one launch of the register or tensor-core kernel over a packed batch
+(lesson 16).
 
 The NumPy version, with the semantics, is `flashlab.varlen.flash_attention_varlen`: sequence b owns rows
 cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q (total_q, H, d) and rows cu_seqlens_k[b] .. of k, v
 (total_k, H_kv, d), and attends to its own keys only. Looping over the sequences would launch B small grids,
 each too small to fill the GPU; padding to the longest would compute on padding. Here the host lists every
 query block of every sequence in one table, (sequence, first row), heaviest first (the blocks that visit the
-most key tiles start first, so long sequences do not finish last), and register.build(varlen=True) launches
-one block per entry and head: grid (table rows, H).
+most key tiles start first, so long sequences do not finish last), and register.build(varlen=True) (or
+tensor.build(varlen=True)) launches one block per entry and head: grid (table rows, H).
 """
 from __future__ import annotations
 
@@ -35,18 +36,41 @@ def block_table(cu_q, cu_k, block_q: int, block_k: int, causal: bool, bottom_rig
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
                            causal=False, scale=None, window_size=(-1, -1), align="top_left", alibi_slopes=None,
-                           softcap=0.0, dropout_p=0.0, seed=0, block_q=None, block_k=None):
-    """`flashlab.flash_attention_varlen` in one launch of the register kernel. Returns (o, lse).
+                           softcap=0.0, dropout_p=0.0, seed=0, variant=None, precision=None, block_q=None,
+                           block_k=None):
+    """`flashlab.flash_attention_varlen` in one kernel launch. Returns (o, lse).
 
-    q: (total_q, H, d); k, v: (total_k, H_kv, d) with H_kv dividing H; float32 or float16; NumPy arrays, numba
-    device arrays or torch CUDA tensors (the outputs come back the same way). cu_seqlens_q, cu_seqlens_k:
-    (batch + 1,) integers from 0 to the packed lengths. o: (total_q, H, d); lse: (H, total_q) float32, the FA
-    library's varlen layout. Options as in flash_attention (alibi_slopes (H,) or (batch, H)); block_q /
-    block_k override the tile."""
+    q: (total_q, H, d); k, v: (total_k, H_kv, d) with H_kv dividing H; NumPy arrays, numba device arrays or
+    torch CUDA tensors (the outputs come back the same way). cu_seqlens_q, cu_seqlens_k: (batch + 1,) integers
+    from 0 to the packed lengths. o: (total_q, H, d); lse: (H, total_q) float32, the FA library's varlen layout.
+    Options as in flash_attention (alibi_slopes (H,) or (batch, H)). variant: "register" (float32, float16) or
+    "tensor" (float16, bfloat16, float32 through 3xTF32, with `precision` as in flash_attention); by default
+    "tensor" for 16-bit inputs on a GPU with their mma, as the backward's default_variant. block_q / block_k
+    override the tile."""
     from . import plan as planner
-    from .register import LOG2E, Extras, build
+    from .backward import default_variant
+    from .register import LOG2E, Extras
 
-    (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k, "k"), to_device(v, "v")
+    if variant is None:  # dropout: the register kernel's mask (the tensor forward has none yet)
+        variant = "register" if dropout_p else default_variant(q)
+    if variant not in ("register", "tensor"):
+        raise ValueError(f"variant must be 'register' or 'tensor' for varlen; got {variant!r}")
+    if variant == "tensor":
+        from ._launch import empty_words, to_device_words
+        from .tensor import resolve_precision
+
+        (q_d, kind, dtype), (k_d, _, k_dtype), (v_d, _, v_dtype) = (to_device_words(x, n, "(total, heads, d)")
+                                                                     for x, n in ((q, "q"), (k, "k"), (v, "v")))
+        if not dtype == k_dtype == v_dtype:
+            raise TypeError(f"q, k and v must share one dtype; got q {dtype}, k {k_dtype}, v {v_dtype}")
+        words = 1 if dtype == "float32" else 2  # values per 32-bit word of the last axis
+    else:
+        if precision is not None:
+            raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
+        (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k, "k"), to_device(v, "v")
+        dtype, words = np.dtype(q_d.dtype).name, 1
+        if dtype not in ("float32", "float16"):
+            raise TypeError(f"q has dtype {dtype}; the register varlen kernel takes float32 or float16")
     for name, x in (("q", q_d), ("k", k_d), ("v", v_d)):
         if len(x.shape) != 3:
             raise ValueError(f"{name} must have shape (total, heads, d) for varlen; got shape {tuple(x.shape)}")
@@ -56,25 +80,43 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
 
     kw = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
               dropout_p=dropout_p, seed=seed)
-    _prepare(*(shell(x, n) for x, n in ((q_d, "q"), (k_d, "k"), (v_d, "v"))), cu_q, cu_k, max_seqlen_q,
-             max_seqlen_k, causal, scale, dict(kw))
-    total_q, H, d = q_d.shape
+    shells = [shell(x, n) for x, n in ((q_d, "q"), (k_d, "k"), (v_d, "v"))]
+    if words == 2:  # 16-bit values as uint32 pairs: stand-ins with the values' last axis
+        shells = [np.broadcast_to(np.float16(0), (*x.shape[:-1], 2 * x.shape[-1])) for x in shells]
+    _prepare(*shells, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, dict(kw))
+    total_q, H, d = q_d.shape[0], q_d.shape[1], words * q_d.shape[2]
     n_seq, H_kv = len(cu_q) - 1, k_d.shape[1]
-    if np.dtype(q_d.dtype) not in (np.float32, np.float16) or d not in (16, 32, 64, 128) or v_d.shape[2] != d:
-        raise ValueError(f"the varlen kernel takes float32 or float16 with d in (16, 32, 64, 128), the same for q, k "
-                         f"and v; got {np.dtype(q_d.dtype).name}, q's d = {d}, v's d = {v_d.shape[2]}")
+    if d not in (16, 32, 64, 128) or words * v_d.shape[2] != d:
+        raise ValueError(f"the varlen kernels take d in (16, 32, 64, 128), the same for q, k and v; got q's d = {d}, "
+                         f"v's d = {words * v_d.shape[2]}")
     longest_q, longest_k = int(np.diff(cu_q).max(initial=0)), int(np.diff(cu_k).max(initial=0))
     opt = check_options((n_seq, H, max(longest_q, 1), d), causal=causal, scale=scale, **kw)
-    p = planner.plan((n_seq, H, max(longest_q, 1), max(longest_k, 1), d), causal=opt.causal,
-                     dtype=np.dtype(q_d.dtype).name, variant="register", block_q=block_q, block_k=block_k)
+    extras = Extras.from_options(opt, n_seq, H)
+    if variant == "tensor":
+        from ..device import device_limits
+
+        precision = resolve_precision(dtype, precision, device_limits()["cc"])
+    p = planner.plan((n_seq, H, max(longest_q, 1), max(longest_k, 1), d), causal=opt.causal, dtype=dtype,
+                     variant=variant, block_q=block_q, block_k=block_k, precision=precision)
     tile = p.config
     table = block_table(cu_q, cu_k, tile.block_q, tile.block_k, opt.causal, opt.align == "bottom_right")
-    o = empty((total_q, H, d), q_d.dtype, kind, like=q)
+    if variant == "tensor":
+        o, o_words = empty_words((total_q, H, d), dtype, kind, like=q)
+    else:
+        o = o_words = empty((total_q, H, d), q_d.dtype, kind, like=q)
     lse = empty((H, total_q), np.float32, kind, like=q)
     if len(table):
-        kernel = build(d, tile, opt.causal, gqa=H_kv != H, extras=Extras.from_options(opt, n_seq, H), varlen=True)
         cuda = get_cuda()
         cu = cuda.to_device(np.stack([cu_q, cu_k]).astype(np.int32))
-        kernel[(len(table), H, 1), tile.threads](q_d, k_d, v_d, o, lse, cuda.to_device(table), cu, H,
-                                                 np.float32(opt.scale * LOG2E), np.int64(opt.seed))
+        args = (q_d, k_d, v_d, o_words, lse, cuda.to_device(table), cu, H, np.float32(opt.scale * LOG2E))
+        if variant == "tensor":
+            from .tensor import build as build_tensor
+
+            kernel = build_tensor(d, tile, opt.causal, p.precision, gqa=H_kv != H, extras=extras, varlen=True)
+            kernel[(len(table), H, 1), tile.threads](*args)
+        else:
+            from .register import build
+
+            kernel = build(d, tile, opt.causal, gqa=H_kv != H, extras=extras, varlen=True)
+            kernel[(len(table), H, 1), tile.threads](*args, np.int64(opt.seed))
     return like_input(o, kind), like_input(lse, kind)
