@@ -10,6 +10,8 @@ Lengths are drawn log-uniformly between --min and --max (seed 0), the same for q
 Every flashlab row runs the same kernel variant (--variant, default tensor). Rows, each a forward of the whole
 batch:
   flashlab varlen            kernels.flash_attention_varlen: one launch over the packed (total, H, d) arrays
+  ..., kernel only           the same launch prepared once (kernels.varlen.prepare): the host's checks, plan and
+                             block table left out
   flashlab loop              kernels.flash_attention on each sequence in turn, (1, H, n_b, d) views
   flashlab padded            kernels.flash_attention on (B, H, max, d): the padding's cost (its rows and keys
                              are computed as if real; a correct padded run would also mask the padding keys)
@@ -45,6 +47,7 @@ def main(argv=None):
 
     from flashlab.bench import time_cuda
     from flashlab.kernels import flash_attention, flash_attention_varlen
+    from flashlab.kernels.varlen import prepare
 
     rng = np.random.default_rng(0)
     lens = np.exp(rng.uniform(np.log(args.min), np.log(args.max), args.seqs)).astype(int)
@@ -60,6 +63,7 @@ def main(argv=None):
     causal, variant = args.causal, args.variant
     runs = {
         "flashlab varlen": lambda: flash_attention_varlen(q, k, v, cu, cu, causal=causal, variant=variant),
+        "flashlab varlen, kernel only": prepare(q, k, v, cu, cu, causal=causal, variant=variant)[0],
         "flashlab loop": lambda: [flash_attention(*x, causal=causal, variant=variant) for x in views],
         "flashlab padded": lambda: flash_attention(qp, kp, vp, causal=causal, variant=variant),
         "torch SDPA padded + mask": lambda: sdpa(qp, kp, vp, attn_mask=keep if not causal else

@@ -35,7 +35,12 @@ def _check_max(value, name, lengths):
         raise ValueError(f"{name} must be an int >= the longest sequence ({lengths.max(initial=0)}); got {value!r}")
 
 
-def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, kw):
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *, causal=False,
+                 scale=None, **options):
+    """Check a packed batch once, for every implementation of varlen (this module; the kernels call it on
+    zero-size stand-ins of their device arrays): shapes, dtypes, heads, cu_seqlens, max_seqlen_* and the options.
+    Returns (q, k, v, cu_q, cu_k, opt): the arrays, cu_seqlens as int64 and the batch's checked AttentionOptions
+    (alibi (H,) or (batch, H); the sequence index is the batch index). Its cost does not grow with the batch."""
     q, k, v = as_float_array(q, "q"), as_float_array(k, "k"), as_float_array(v, "v")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 3:
@@ -51,19 +56,25 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     _check_max(max_seqlen_q, "max_seqlen_q", np.diff(cq))
     _check_max(max_seqlen_k, "max_seqlen_k", np.diff(ck))
     n_seq, heads = cq.size - 1, q.shape[1]
-    slopes = kw.pop("alibi_slopes")
-    if slopes is not None:
-        slopes = np.asarray(slopes)
-        if slopes.shape not in ((heads,), (n_seq, heads)):
-            raise ValueError(f"alibi_slopes must have shape (H,) = ({heads},) or (batch, H) = ({n_seq}, {heads}) "
-                             f"for varlen; got {slopes.shape}")
-        slopes = np.broadcast_to(slopes, (n_seq, heads))
+    slopes = options.get("alibi_slopes")
+    if slopes is not None and np.shape(slopes) not in ((heads,), (n_seq, heads)):
+        raise ValueError(f"alibi_slopes must have shape (H,) = ({heads},) or (batch, H) = ({n_seq}, {heads}) "
+                         f"for varlen; got {np.shape(slopes)}")
+    opt = check_options((n_seq, heads, 1, q.shape[-1]), causal=causal, scale=scale, **options)
+    return q, k, v, cq, ck, opt
+
+
+def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, kw):
+    """check_varlen, then each sequence's rows, (1, heads, n_b, d) views and options (its own ALiBi slopes)."""
+    q, k, v, cq, ck, opt = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                        causal=causal, scale=scale, **kw)
+    n_seq, heads = cq.size - 1, q.shape[1]
+    slopes = None if opt.alibi is None else np.broadcast_to(opt.alibi, (n_seq, heads))
     seqs = []
     for b in range(n_seq):
         view = lambda x, c: x[c[b]:c[b + 1]].transpose(1, 0, 2)[None]  # noqa: E731  (1, heads, n_b, d), a view
-        opt = check_options((1, heads, 1, q.shape[-1]), causal=causal, scale=scale,
-                            alibi_slopes=None if slopes is None else slopes[b], **kw)
-        seqs.append((slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1]), view(q, cq), view(k, ck), view(v, ck), opt))
+        opt_b = opt._replace(alibi=None if slopes is None else slopes[b])
+        seqs.append((slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1]), view(q, cq), view(k, ck), view(v, ck), opt_b))
     return q, k, v, seqs
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._inputs import check_options
 from ..device import get_cuda
 from ._launch import empty, like_input, shell, to_device, to_host
 
@@ -22,23 +21,34 @@ def block_table(cu_q, cu_k, block_q: int, block_k: int, causal: bool, bottom_rig
     """int32 (n_blocks, 2): (sequence, first row) of every query block of every sequence, heaviest first.
 
     A block's weight is the number of key tiles it visits: all of its sequence's, or under causal masking those
-    up to its last row (aligned top-left or bottom-right). Windows visit fewer; the order stays a good guess."""
-    rows = []
-    for b in range(len(cu_q) - 1):
-        nq, nk = int(cu_q[b + 1] - cu_q[b]), int(cu_k[b + 1] - cu_k[b])
-        off = nk - nq if bottom_right else 0
-        for q0 in range(0, nq, block_q):
-            last = min(nk, q0 + block_q + off) if causal else nk  # one past the last key the block may see
-            rows.append((-(-max(last, 0) // block_k), b, q0))
-    rows.sort(key=lambda r: -r[0])  # stable: equal weights keep sequence order
-    return np.array([(b, q0) for _, b, q0 in rows], np.int32).reshape(-1, 2)
+    up to its last row (aligned top-left or bottom-right). Windows visit fewer; the order stays a good guess.
+    Vectorised: it runs on every call, and batches can hold thousands of sequences."""
+    cu_q, cu_k = np.asarray(cu_q, np.int64), np.asarray(cu_k, np.int64)
+    nq, nk = np.diff(cu_q), np.diff(cu_k)
+    blocks = -(-nq // block_q)
+    b = np.repeat(np.arange(nq.size), blocks)
+    q0 = (np.arange(b.size) - np.repeat(np.cumsum(blocks) - blocks, blocks)) * block_q
+    off = (nk - nq)[b] if bottom_right else 0
+    last = np.minimum(nk[b], q0 + block_q + off) if causal else nk[b]  # one past the last key the block may see
+    weight = -(-np.maximum(last, 0) // block_k)
+    order = np.argsort(-weight, kind="stable")  # stable: equal weights keep sequence order
+    return np.stack([b[order], q0[order]], axis=1).astype(np.int32).reshape(-1, 2)
 
 
-def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
-                           causal=False, scale=None, window_size=(-1, -1), align="top_left", alibi_slopes=None,
-                           softcap=0.0, dropout_p=0.0, seed=0, variant=None, precision=None, block_q=None,
-                           block_k=None):
-    """`flashlab.flash_attention_varlen` in one kernel launch. Returns (o, lse).
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
+    """`flashlab.flash_attention_varlen` in one kernel launch. Returns (o, lse). See prepare for the arguments."""
+    run, o, lse, kind = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
+    run()
+    return like_input(o, kind), like_input(lse, kind)
+
+
+def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=False, scale=None,
+            window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0,
+            variant=None, precision=None, block_q=None, block_k=None):
+    """Everything flash_attention_varlen does before the launch (checks, plan, the block table, copies of the
+    tables to the device, the outputs): returns (run, o, lse, kind), where run() launches the kernel on them and
+    can be called again (benchmarks time it alone, without the host's work per call), o and lse are device arrays
+    and kind says how the inputs came, for _launch.like_input.
 
     q: (total_q, H, d); k, v: (total_k, H_kv, d) with H_kv dividing H; NumPy arrays, numba device arrays or
     torch CUDA tensors (the outputs come back the same way). cu_seqlens_q, cu_seqlens_k: (batch + 1,) integers
@@ -76,21 +86,21 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
             raise ValueError(f"{name} must have shape (total, heads, d) for varlen; got shape {tuple(x.shape)}")
     cu_q, cu_k = to_host(cu_seqlens_q), to_host(cu_seqlens_k)
     # the NumPy version's checks (shapes, dtypes, heads, lengths, options), on empty stand-ins of the inputs
-    from ..varlen import _prepare
+    from ..varlen import check_varlen
 
     kw = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
               dropout_p=dropout_p, seed=seed)
     shells = [shell(x, n) for x, n in ((q_d, "q"), (k_d, "k"), (v_d, "v"))]
     if words == 2:  # 16-bit values as uint32 pairs: stand-ins with the values' last axis
         shells = [np.broadcast_to(np.float16(0), (*x.shape[:-1], 2 * x.shape[-1])) for x in shells]
-    _prepare(*shells, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale, dict(kw))
+    _, _, _, cu_q, cu_k, opt = check_varlen(*shells, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                                            scale=scale, **kw)
     total_q, H, d = q_d.shape[0], q_d.shape[1], words * q_d.shape[2]
     n_seq, H_kv = len(cu_q) - 1, k_d.shape[1]
     if d not in (16, 32, 64, 128) or words * v_d.shape[2] != d:
         raise ValueError(f"the varlen kernels take d in (16, 32, 64, 128), the same for q, k and v; got q's d = {d}, "
                          f"v's d = {words * v_d.shape[2]}")
     longest_q, longest_k = int(np.diff(cu_q).max(initial=0)), int(np.diff(cu_k).max(initial=0))
-    opt = check_options((n_seq, H, max(longest_q, 1), d), causal=causal, scale=scale, **kw)
     extras = Extras.from_options(opt, n_seq, H)
     if variant == "tensor":
         from ..device import device_limits
@@ -105,6 +115,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
     else:
         o = o_words = empty((total_q, H, d), q_d.dtype, kind, like=q)
     lse = empty((H, total_q), np.float32, kind, like=q)
+    run = lambda: None  # noqa: E731 (no query rows: nothing to launch)
     if len(table):
         cuda = get_cuda()
         cu = cuda.to_device(np.stack([cu_q, cu_k]).astype(np.int32))
@@ -113,10 +124,11 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
             from .tensor import build as build_tensor
 
             kernel = build_tensor(d, tile, opt.causal, p.precision, gqa=H_kv != H, extras=extras, varlen=True)
-            kernel[(len(table), H, 1), tile.threads](*args)
         else:
             from .register import build
 
             kernel = build(d, tile, opt.causal, gqa=H_kv != H, extras=extras, varlen=True)
-            kernel[(len(table), H, 1), tile.threads](*args, np.int64(opt.seed))
-    return like_input(o, kind), like_input(lse, kind)
+            args = (*args, np.int64(opt.seed))
+        launch = kernel[(len(table), H, 1), tile.threads]
+        run = lambda: launch(*args)  # noqa: E731
+    return run, o, lse, kind

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..device import get_cuda, has_gpu
-from ..varlen import _prepare
+from ..varlen import check_varlen
 from . import backward
 from ._launch import check_kernel_backward_inputs, empty, like_input, shell, to_device, to_host
 
@@ -77,8 +77,8 @@ def flash_attention_varlen_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlen
     shells = {n: shell(a, n) for n, a in dev.items()}
     cu_q, cu_k = to_host(cu_seqlens_q), to_host(cu_seqlens_k)
     # flashlab.varlen's checks, with its messages, on zero-size stand-ins (no device memory is read)
-    _, _, _, seqs = _prepare(shells["q"], shells["k"], shells["v"], cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal,
-                             scale, dict(library))
+    _, _, _, cu_q, cu_k, opt = check_varlen(shells["q"], shells["k"], shells["v"], cu_q, cu_k, max_seqlen_q,
+                                            max_seqlen_k, causal=causal, scale=scale, **library)
     Tq, H, d = shells["q"].shape
     want = shells["q"].shape[:-1] + shells["v"].shape[-1:]
     for name, shape in (("o", want), ("do", want), ("lse", (H, Tq))):
@@ -86,13 +86,10 @@ def flash_attention_varlen_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlen
             raise ValueError(f"{name} must have shape {shape}; got {shells[name].shape}")
     view = {n: heads_major(a) for n, a in dev.items()}
     check_kernel_backward_inputs(*view.values(), causal=causal, scale=scale, gqa=True)  # dtypes, d
-    opt, n_seq = seqs[0][-1], len(seqs)
-    cu_q, cu_k = (c.astype(np.int64) for c in (cu_q, cu_k))
-
-    from .._inputs import check_options
+    n_seq = len(cu_q) - 1
     from .register import Extras
 
-    extras = Extras.from_options(check_options((n_seq, H, 1, d), causal=causal, scale=scale, **library), n_seq, H)
+    extras = Extras.from_options(opt, n_seq, H)
     bq, bk, nt = backward.default_config(d, simulator=not has_gpu())
     bq, bk, nt = block_q or bq, block_k or bk, threads or nt
     Tk, H_kv = shells["k"].shape[:2]
