@@ -133,7 +133,8 @@ def test_gpu_tensor_backward_options(rng, d):
         for dtype, tol in ((torch.float16, 3e-3), (torch.bfloat16, 2e-2)):
             tq, tk, tv, tdo = (torch.tensor(x, device="cuda", dtype=dtype) for x in base)
             o, lse, want = expected(*(x.double().cpu().numpy() for x in (tq, tk, tv, tdo)), opts)
-            to, tlse = torch.tensor(o, device="cuda", dtype=dtype), torch.tensor(lse, device="cuda", dtype=torch.float32)
+            to = torch.tensor(o, device="cuda", dtype=dtype)
+            tlse = torch.tensor(lse, device="cuda", dtype=torch.float32)
             got = flash_attention_backward(tq, tk, tv, to, tlse, tdo, **opts)  # the default: tensor on a GPU
             assert all(g.dtype == dtype for g in got)
             assert_close([g.double().cpu().numpy() for g in got], want, tol, f"{case} {dtype} d={d}")

@@ -25,6 +25,17 @@ Three launches, as in kernels/backward.py (the FP32-unit version); none holds an
    Each warp adds its scale * dS K into the float32 accumulator with atomics, as FlashAttention-2 does.
 3. `cast`: dQ's accumulator to q's dtype (16-bit inputs only).
 
+The library's options (build(..., extras=), kernels/register.py's Extras: window, alignment, ALiBi, softcap,
+dropout) are compiled in as in the forward, on the C fragments of S^T (rows = keys, columns = queries). A key
+block visits only the query tiles that meet its band (causal and window, after alignment), and a warp whose 16
+keys miss the tile's band skips its products. P^T is recomputed from the scores as the forward transformed them
+(softcap, then ALiBi, in raw score units), with masked entries *selected* to 0, never multiplied by it: on the
+GPU exp2 of a masked score can be inf (a fused multiply-add keeps rounding error), and rows that see no key
+come with lse = +inf. Softcap multiplies dS^T by its derivative 1 - tanh^2; ALiBi's bias is constant and adds
+no gradient. Dropout regenerates the forward's mask Z (flashlab.dropout, keyed by (seed, batch, query head,
+query, key)) on P^T's fragments: dV += (P^T o Z) dO and dS^T = P^T o (dP^T o Z - D). The seed is main's last
+argument (int64) in every build, so a new seed compiles nothing; extras=None compiles the plain kernel as before.
+
 Why atomics for dQ: a separate pass over the key blocks of each query block would recompute S^T and dP^T,
 two more of the five products (+40% FLOPs), and read K and V again. The price is that dQ's float32 sums
 run in whatever order blocks finish, so dQ changes in its last bits from run to run; dK and dV do not.
@@ -416,6 +427,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                 # P^T = exp(scale S^T - lse) and dS^T = P^T (dP^T - D): rows kw+g (c = 0, 1), kw+g+8 (c = 2, 3),
                 # columns (queries) 8n + 2t + c % 2. Masked: queries past Nq and, under causal, keys after the query.
                 # Keys past Nk too: their S^T is 0, and exp(-lse) could overflow 16 bits (inf * 0 = NaN in dQ).
+                # Options: p_ds on every entry (the band, softcap, ALiBi, dropout).
                 if EXTRA:
                     for n in range(NTQ):
                         for c in range(2):  # columns 8n + 2t + c: one query each, with keys kw+g and kw+g+8
