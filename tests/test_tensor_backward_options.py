@@ -20,8 +20,10 @@ SEED = 2 ** 40 + 5  # high bits set: a seed cut to 32 bits draws another mask
 CASES = {  # B, H, H_kv, Nq, Nk, options
     "causal-bottom-right-window": (1, 1, 1, 18, 29, dict(causal=True, align="bottom_right", window_size=(5, 2))),
     "softcap-alibi-per-batch": (2, 1, 1, 18, 29, dict(softcap=1.5, alibi_slopes=np.array([[0.5], [0.3]]))),
-    # causal bottom-right with Nq > Nk: the first 11 rows see no key (lse = +inf); GQA, 2 query heads per K/V head
-    "gqa-window-empty-rows": (1, 2, 1, 29, 18, dict(window_size=(8, -1), causal=True, align="bottom_right")),
+    # causal bottom-right with Nq > Nk: the first 11 rows see no key (lse = +inf); GQA, 2 query heads per K/V head,
+    # each with its own ALiBi slope
+    "gqa-window-empty-rows": (1, 2, 1, 29, 18, dict(window_size=(8, -1), causal=True, align="bottom_right",
+                                                    alibi_slopes=np.array([0.5, 0.125]))),
     # two query heads of one K/V head: the mask is keyed by the query head
     "dropout-window": (1, 2, 1, 18, 29, dict(window_size=(6, 3), dropout_p=0.3, seed=SEED)),
 }
