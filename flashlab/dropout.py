@@ -77,7 +77,7 @@ def keep_scale(seed, p, batch, head, row, col):
 
 @lru_cache(maxsize=None)
 def device_functions(p: float):
-    """CUDA device functions (start, mix, keep) for the register kernels with dropout p.
+    """CUDA device functions (start, mix, keep) for the kernels with dropout p (register, tensor backward).
 
     The hash is a chain over the key's fields, so a kernel hashes (seed, batch, head) once per block with
     start(seed, b, h), each of its rows once with mix(state, i), and then keep(row_state, j) gives the

@@ -16,10 +16,11 @@ Beyond torch's signature, the FlashAttention library's options (lesson 16; seman
 `flashlab.reference_attention`): grouped-query attention (k, v with H_kv heads, H_kv dividing H; torch's
 `enable_gqa=True`), `window_size=(left, right)`, `align` ("top_left" as torch, or "bottom_right"),
 `alibi_slopes` (H,) or (B, H), `softcap` and `dropout_p` with a `seed` (drawn from torch's generator when not
-given, and kept for the backward, which regenerates the mask). GQA runs everywhere; window, align, ALiBi,
-softcap and dropout run on CUDA through the register kernels (float32, float16; the seed is a kernel argument,
-so a new seed per step compiles nothing), drawing the same dropout mask as on the CPU for the same seed; the
-options with bfloat16 on CPU tensors only for now: the CUDA path says so.
+given, and kept for the backward, which regenerates the mask). GQA runs everywhere. On CUDA the options' forward
+runs on the register kernel (float32, float16; the seed is a kernel argument, so a new seed per step compiles
+nothing) and, for bfloat16, on the tensor kernel (window, align, ALiBi, softcap); the backward takes every option
+on the kernel it would use without them (tensor cores for float16 and bfloat16), drawing the same dropout mask as
+on the CPU for the same seed. Dropout with bfloat16 runs on CPU tensors only for now: the CUDA path says so.
 
 Packed variable-length batches: `flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)` with
 autograd (the NumPy varlen on CPU tensors, the one-launch register kernels on CUDA ones).
@@ -133,14 +134,13 @@ def _options(window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=
 
 
 def _cuda_options(q, options):
-    """The options for the CUDA kernels: window, align, ALiBi, softcap and dropout (with its seed) run on the
-    register kernels (float32, float16). bfloat16 with options: a clear error rather than a silent fallback."""
-    if options and str(q.dtype) == "torch.bfloat16":
+    """The options for the CUDA kernels. The forward's dropout runs on the register kernel (float32, float16) only:
+    bfloat16 with dropout_p is a clear error rather than a silent fallback."""
+    if options.get("dropout_p") and str(q.dtype) == "torch.bfloat16":
         raise NotImplementedError(
-            f"{', '.join(sorted(o for o in options if o != 'seed'))} with bfloat16: flashlab's CUDA kernels do not "
-            "support this yet (window_size, align, alibi_slopes, softcap and dropout_p run on the register kernels "
-            "in float32 and float16); run on CPU tensors (the NumPy FlashAttention-2 has every option) or use "
-            "torch's attention with an explicit mask")
+            "dropout_p with bfloat16: flashlab's CUDA forward has no dropout for bfloat16 yet (dropout runs on the "
+            "register kernel in float32 and float16; window_size, align, alibi_slopes and softcap run in bfloat16); "
+            "run on CPU tensors (the NumPy FlashAttention-2 has every option) or use torch's attention")
     return dict(options)
 
 
@@ -157,7 +157,8 @@ def _forward(q, k, v, causal, scale, options=None):
         # (B, N, d) as (1, B, N, d): the NumPy code reads the leading dim as heads of batch 0 (the dropout key's
         # head, ALiBi's (H,) slopes), so CUDA draws the CPU's mask
         q4, k4, v4 = (x if four else x.unsqueeze(0) for x in (q, k, v))
-        variant = "register" if options else _cuda_variant(q)
+        # options: the register kernel (it has dropout), except bfloat16 (which it cannot take): the tensor kernel
+        variant = "register" if options and q.dtype != torch.bfloat16 else _cuda_variant(q)
         if variant == "tensor":  # the tensor kernel reads 16-byte chunks of rows: the last dim must be contiguous
             q4, k4, v4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4))
         o, lse = flash_attention(q4.detach(), k4.detach(), v4.detach(), causal=causal, scale=scale, variant=variant,
@@ -196,7 +197,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, options=None):
 
         four = q.dim() == 4
         args = [x if four else x.unsqueeze(0) for x in (q, k, v, o, lse, do)]
-        variant = default_variant(q) if q.shape[-1] in _TENSOR_D and not options else "register"
+        variant = default_variant(q) if q.shape[-1] in _TENSOR_D else "register"  # both variants take the options
         if variant == "tensor":  # 16-byte copies of rows: the last dim must be contiguous (do may be a broadcast)
             args = [x if x.stride(-1) == 1 else x.contiguous() for x in args]
         elif q.dtype == torch.bfloat16:  # the register kernel computes in fp32 from float16/float32 inputs
@@ -230,8 +231,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dv, grouped-query attention with enable_gqa=True (as torch), dropout_p (flashlab's counter-based mask: a
     `seed` gives the same mask every time; without one each call draws a seed from torch's generator).
     Beyond torch: window_size, align, alibi_slopes and softcap, as in flashlab.reference_attention (CUDA tensors:
-    float32 and float16, on the register kernels, like dropout). Not supported, with a NotImplementedError that
-    says so: attn_mask.
+    float32, float16 and bfloat16; dropout on CUDA in float32 and float16). Not supported, with a
+    NotImplementedError that says so: attn_mask.
     """
     if attn_mask is not None:
         raise NotImplementedError(

@@ -93,10 +93,10 @@ def test_register_backward_options_match_float64(rng, B, H, H_kv, nq, nk, opts):
         assert g.shape == w.shape and fl.relative_error(g, w) < 1e-4, (name, opts)
 
 
-def test_register_backward_options_need_the_register_variant(rng):
+def test_backward_options_need_a_backward_variant(rng):
     from flashlab.kernels import flash_attention_backward
 
     q = rng.standard_normal((1, 1, 16, 16)).astype(np.float32)
     lse = np.zeros((1, 1, 16), np.float32)
-    with pytest.raises(NotImplementedError, match="variant='register'"):
-        flash_attention_backward(q, q, q, q, lse, q, variant="tensor", softcap=2.0)
+    with pytest.raises(ValueError, match="variant must be 'register' or 'tensor' for the backward"):
+        flash_attention_backward(q, q, q, q, lse, q, variant="shared", softcap=2.0)

@@ -336,7 +336,7 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 # - **Kernels.** The library implements every option in its CUDA kernels, forward and backward. flashlab's
 #   GPU kernels support GQA (forward, backward, paged decoding); the register kernels, forward and backward,
 #   also have the window, the alignment, ALiBi, softcap and dropout, and run varlen batches in one launch
-#   each way; the tensor-core forward has all of them but dropout, the tensor-core backward none yet. The
+#   each way; the tensor-core backward has all of them, the tensor-core forward all but dropout. The
 #   README's feature table is kept up to date.
 # - **ALiBi's constant.** The library's causal kernels add +m·j instead of −m·|pos_i − j|: under a causal
 #   mask (j ≤ pos_i) the two differ by m·pos_i, a constant per row, which cancels in the softmax. The output

@@ -182,10 +182,10 @@ def is_gqa(q, k) -> bool:
 
 
 def check_dropout_variant(dropout_p, variant):
-    """A ValueError when dropout is asked of kernels without it (only the register kernels draw the mask),
+    """A ValueError when dropout is asked of forward kernels without it (only the register forward draws the mask),
     rather than a silent no-dropout result. dropout_p's own checks come later (flashlab._inputs.check_options)."""
     if variant not in (None, "register") and isinstance(dropout_p, numbers.Real) and dropout_p != 0:
-        raise ValueError(f"dropout_p={dropout_p!r} needs variant='register' (the only kernels with a dropout mask); "
+        raise ValueError(f"dropout_p={dropout_p!r} needs variant='register' (the only forward with a dropout mask); "
                          f"got variant={variant!r}")
 
 

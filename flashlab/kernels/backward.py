@@ -29,7 +29,7 @@ import numpy as np
 from ..device import get_cuda, has_gpu
 from ._launch import SUPPORTED_D  # noqa: F401 (re-exported)
 from . import _fast
-from ._launch import check_dropout_variant, check_kernel_backward_inputs, empty, is_gqa, like_input, to_device
+from ._launch import check_kernel_backward_inputs, empty, is_gqa, like_input, to_device
 
 # numba.cuda, bound on first use (importing it is what picks GPU or simulator: see device.py). A module
 # global rather than a closure variable, because the simulator swaps in its fake `cuda` through globals.
@@ -408,19 +408,13 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     "tensor" for float16 / bfloat16 on a GPU that has their mma, else "register" (see default_variant).
     block_q / block_k override the tile; threads (register only) the threads per block; see GPU_CONFIG and
     tensor_backward.choose_tile. window_size, align, alibi_slopes, softcap, dropout_p, seed: as in the forward
-    (pass the same values); the register backward compiles them in (the seed is a kernel argument), skips the
-    query tiles outside each key block's band and regenerates the forward's dropout mask.
+    (pass the same values); both variants compile them in (the seed is a kernel argument), skip the query tiles
+    outside each key block's band and regenerate the forward's dropout mask.
     """
     library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
                    dropout_p=dropout_p, seed=seed)
     plain = alibi_slopes is None and align == "top_left" and not softcap and not dropout_p \
         and tuple(window_size) == (-1, -1) if isinstance(window_size, (tuple, list)) else False
-    check_dropout_variant(dropout_p, variant)
-    if not plain:
-        if variant not in (None, "register"):
-            raise NotImplementedError(f"window_size, align, alibi_slopes and softcap run on variant='register' so "
-                                      f"far; got variant={variant!r}")
-        variant = "register"
     variant = default_variant(q) if variant is None else variant
     if variant == "tensor":
         if threads is not None:
@@ -428,7 +422,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
         from .tensor_backward import backward
 
         return backward(q, k, v, o, lse, do, causal=causal, scale=scale, precision=precision, block_q=block_q,
-                        block_k=block_k)
+                        block_k=block_k, **library)
     if variant != "register":
         raise ValueError(f"variant must be 'register' or 'tensor' for the backward; got {variant!r}")
     if precision is not None:

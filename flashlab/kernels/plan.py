@@ -299,7 +299,7 @@ def kernel_and_signature(variant, direction, d, dtype, precision, config, causal
         wide = precision in ("3xtf32", "tf32")
         a4 = types.Array(float32 if wide else types.uint32, 4, "C")
         f3, f4 = types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
-        return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, int64, float32, float32)
+        return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, int64, float32, float32, int64)  # int64: the dropout seed
     if direction == "backward":
         from . import backward
 

@@ -25,6 +25,17 @@ Three launches, as in kernels/backward.py (the FP32-unit version); none holds an
    Each warp adds its scale * dS K into the float32 accumulator with atomics, as FlashAttention-2 does.
 3. `cast`: dQ's accumulator to q's dtype (16-bit inputs only).
 
+The library's options (build(..., extras=), kernels/register.py's Extras: window, alignment, ALiBi, softcap,
+dropout) are compiled in as in the forward, on the C fragments of S^T (rows = keys, columns = queries). A key
+block visits only the query tiles that meet its band (causal and window, after alignment), and a warp whose 16
+keys miss the tile's band skips its products. P^T is recomputed from the scores as the forward transformed them
+(softcap, then ALiBi, in raw score units), with masked entries *selected* to 0, never multiplied by it: on the
+GPU exp2 of a masked score can be inf (a fused multiply-add keeps rounding error), and rows that see no key
+come with lse = +inf. Softcap multiplies dS^T by its derivative 1 - tanh^2; ALiBi's bias is constant and adds
+no gradient. Dropout regenerates the forward's mask Z (flashlab.dropout, keyed by (seed, batch, query head,
+query, key)) on P^T's fragments: dV += (P^T o Z) dO and dS^T = P^T o (dP^T o Z - D). The seed is main's last
+argument (int64) in every build, so a new seed compiles nothing; extras=None compiles the plain kernel as before.
+
 Why atomics for dQ: a separate pass over the key blocks of each query block would recompute S^T and dP^T,
 two more of the five products (+40% FLOPs), and read K and V again. The price is that dQ's float32 sums
 run in whatever order blocks finish, so dQ changes in its last bits from run to run; dK and dV do not.
@@ -137,9 +148,13 @@ def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> BackwardT
 
 
 @lru_cache(maxsize=None)
-def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = False):
+def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = False, extras=None):
     """(preprocess, main, cast) kernels for one (d, tile, causal, precision). 16-bit precisions take q, k, v,
-    o, do, dk, dv as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d)."""
+    o, do, dk, dv as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d).
+    extras: the library's window, alignment, ALiBi, softcap and dropout (kernels/register.py's Extras), compiled
+    in: query tiles outside a key block's band are skipped, the others transformed and masked on the C fragments
+    of S^T, as the forward did on S's; None builds the plain kernels, unchanged. main takes the dropout seed as
+    its last argument (int64; ignored without dropout)."""
     WIDE = precision in ("3xtf32", "tf32")
     SPLIT = precision == "3xtf32"
     BF16 = precision == "bf16"
@@ -174,6 +189,18 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     mma16 = {"f16": mma.mma_f16_m16n8k16, "bf16": mma.mma_bf16_m16n8k16, "k8": mma.mma_f16_m16n8k8x2}.get(precision)
     pack = mma.pack_bf16x2 if BF16 else mma.pack_f16x2
     unpack = mma.unpack_bf16x2 if BF16 else mma.unpack_f16x2
+    from ..dropout import device_functions
+    from .register import Extras
+
+    # The library's options, as compile-time constants (the forward's, kernels/tensor.py, plus dropout).
+    EXTRA, ex = extras is not None, extras or Extras()
+    I = np.int64  # aligned positions can be negative
+    WL, BRA = I(ex.left), bool(ex.bottom_right)
+    RIGHT = I(ex.right_bound(causal))
+    SOFTCAP, ALIBI, PER_B, DROP = ex.softcap > 0, ex.slopes is not None, bool(ex.per_batch), ex.dropout_p > 0
+    CAP_LOG2 = float32(ex.softcap * LOG2E)
+    SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))
+    z_start, z_mix, z_keep = device_functions(ex.dropout_p)
 
     @cuda.jit(device=True, inline=True)
     def mma_tf(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -188,6 +215,27 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
         c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0b, a1b, a2b, a3b, mma.round_tf32(b0 - b0b),
                                               mma.round_tf32(b1 - b1b), c0, c1, c2, c3)
         return mma.mma_tf32_m16n8k8(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
+
+    @cuda.jit(device=True, inline=True)
+    def p_ds(x, dpx, lse2, Di, i, key, nq, nk, off, capr, slope, zq, scale_log2):
+        """(P^T, dS^T) of one entry under the options (raw score x = S^T[key, i], dpx = dP^T[key, i]): the
+        forward's softcap, ALiBi and band, P = exp2(x' scale log2(e) - lse log2(e)) with a select (never a
+        product) for masked entries, since exp2 may be inf there (lse = +inf rows: every entry is masked).
+        Dropout: dV takes P Z and dS = P (dP Z - D); softcap: dS times its derivative 1 - tanh^2."""
+        th = float32(0.0)
+        if SOFTCAP:
+            th = math.tanh(x / capr)
+            x = capr * th
+        pos = I(i) + off
+        if ALIBI:
+            x -= slope * float32(abs(pos - I(key)))
+        dead = i >= nq or key >= nk or (WL >= I(0) and I(key) < pos - WL) or (RIGHT >= I(0) and I(key) > pos + RIGHT)
+        p = float32(0.0) if dead else math.exp2(x * scale_log2 - lse2)
+        z = z_keep(zq, key) if DROP else float32(1.0)
+        ds = p * (dpx * z - Di)
+        if SOFTCAP:
+            ds *= float32(1.0) - th * th
+        return p * z, ds
 
     @cuda.jit
     def preprocess(o, do, D, dq_acc, n_heads):
@@ -209,7 +257,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
             D[b, h, i] = acc
 
     @cuda.jit(fastmath=FASTMATH)
-    def main(q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, scale, scale_log2):
+    def main(q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, scale, scale_log2, seed):
         Ks = cuda.shared.array(K_WORDS, DT, alignment=ALIGN)
         Vs = cuda.shared.array(V_WORDS, DT, alignment=ALIGN)  # v_shared only
         Qs = cuda.shared.array(QD_WORDS, DT, alignment=ALIGN)
@@ -266,7 +314,21 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
         dq = cuda.local.array((DQ_NT, 4), float32)
 
         q_first = k0 // UBQ * UBQ if CAUSAL else U(0)  # earlier queries see none of this block's keys
-        n_tiles = (nq - q_first + UBQ - U(1)) // UBQ if q_first < nq else U(0)
+        q_end = nq
+        off, capr, slope, zh = I(0), float32(0.0), float32(0.0), U(0)
+        if EXTRA:  # only the query tiles that meet this block's band (signed positions, as in backward.py)
+            if BRA:
+                off = I(nk) - I(nq)  # query i sits at position i + Nk - Nq
+            q_first = U(0)
+            if RIGHT >= I(0):  # the first row that may see key k0
+                first = I(k0) - off - RIGHT
+                if first > I(0):
+                    q_first = U(first) // UBQ * UBQ
+            if WL >= I(0):  # one past the last row that may see the block's last key
+                last = I(min(k0 + UBK, nk)) - I(1) - off + WL
+                q_end = U(min(max(last + I(1), I(0)), I(nq)))
+            capr = CAP_LOG2 / scale_log2  # S^T stays in raw units, as in the forward: softcap / scale
+        n_tiles = (q_end - q_first + UBQ - U(1)) // UBQ if q_first < q_end else U(0)
         for j in range(group * n_tiles + U(LAG)):  # tile j: query head hk * group + j // n_tiles
             if j < group * n_tiles:  # copy tile j of Q, dO (zeros past Nq), lse * log2(e) and D to stage j % NST
                 if GQA:
@@ -300,13 +362,25 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                 mma.cp_async_wait(1)  # this thread's copies of tile j - 1 have landed ...
             cuda.syncthreads()  # ... and everyone's; everyone is also done with dS^T of the tile before
             if GQA:
-                q0, dqh = q_first + ((j - U(LAG)) % n_tiles) * UBQ, dq_acc[b, hk * group + (j - U(LAG)) // n_tiles]
+                hc = hk * group + (j - U(LAG)) // n_tiles  # the tile's query head
+                q0, dqh = q_first + ((j - U(LAG)) % n_tiles) * UBQ, dq_acc[b, hc]
             else:
+                hc = hk
                 q0, dqh = q_first + (j - U(LAG)) * UBQ, dq_acc[b, hk]
             st = ((j - U(LAG)) % U(NST)) * UBQ  # the stage (row offset) the tile is in
             QO = st * URS
             # Under causal masking, a warp whose 16 keys come after every query of the tile has P = 0.
             live = not CAUSAL or q0 + UBQ > kw
+            if EXTRA:  # the warp's keys [kw, kw + 16) against the band of the tile's rows: P = 0 outside
+                live = kw < nk
+                if RIGHT >= I(0):
+                    live = live and I(kw) <= I(q0) + I(UBQ) - I(1) + off + RIGHT
+                if WL >= I(0):
+                    live = live and I(kw) + I(15) >= I(q0) + off - WL
+                if ALIBI:  # per (batch, query head) slope, in raw units as the forward's
+                    slope = float32(SLOPES[b * U(n_heads) + hc if PER_B else hc]) / scale_log2
+                if DROP:  # the forward's mask, keyed by (seed, batch, query head, query, key)
+                    zh = z_start(seed, b, hc)
 
             # S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and the tile's BQ queries.
             for n in range(NTQ):
@@ -353,17 +427,28 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                 # P^T = exp(scale S^T - lse) and dS^T = P^T (dP^T - D): rows kw+g (c = 0, 1), kw+g+8 (c = 2, 3),
                 # columns (queries) 8n + 2t + c % 2. Masked: queries past Nq and, under causal, keys after the query.
                 # Keys past Nk too: their S^T is 0, and exp(-lse) could overflow 16 bits (inf * 0 = NaN in dQ).
-                edge = q0 + UBQ > nq or kw + U(16) > nk or (CAUSAL and q0 < kw + U(16))
-                for n in range(NTQ):
-                    for c in range(4):
-                        col = U(8 * n) + U(2) * t + U(c % 2)
-                        p = math.exp2(s[n, c] * scale_log2 - Ls[st + col])
-                        if edge:
-                            key = kw + g + U(8 * (c // 2))
-                            if q0 + col >= nq or key >= nk or (CAUSAL and key > q0 + col):
-                                p = float32(0.0)
-                        s[n, c] = p
-                        dp[n, c] = p * (dp[n, c] - Ds[st + col])
+                # Options: p_ds on every entry (the band, softcap, ALiBi, dropout).
+                if EXTRA:
+                    for n in range(NTQ):
+                        for c in range(2):  # columns 8n + 2t + c: one query each, with keys kw+g and kw+g+8
+                            col = U(8 * n) + U(2) * t + U(c)
+                            zq = z_mix(zh, q0 + col) if DROP else U(0)  # the query's hash state, for both keys
+                            for r in range(2):
+                                s[n, 2 * r + c], dp[n, 2 * r + c] = p_ds(
+                                    s[n, 2 * r + c], dp[n, 2 * r + c], Ls[st + col], Ds[st + col], q0 + col,
+                                    kw + g + U(8 * r), nq, nk, off, capr, slope, zq, scale_log2)
+                else:
+                    edge = q0 + UBQ > nq or kw + U(16) > nk or (CAUSAL and q0 < kw + U(16))
+                    for n in range(NTQ):
+                        for c in range(4):
+                            col = U(8 * n) + U(2) * t + U(c % 2)
+                            p = math.exp2(s[n, c] * scale_log2 - Ls[st + col])
+                            if edge:
+                                key = kw + g + U(8 * (c // 2))
+                                if q0 + col >= nq or key >= nk or (CAUSAL and key > q0 + col):
+                                    p = float32(0.0)
+                            s[n, c] = p
+                            dp[n, c] = p * (dp[n, c] - Ds[st + col])
 
                 # dV += P^T dO and dK += dS^T Q: A straight from the C fragments (see the module docstring).
                 if WIDE:
@@ -487,17 +572,19 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     return preprocess, main, cast
 
 
-def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, tile: BackwardTile, precision: str):
+def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, tile: BackwardTile, precision: str,
+           *, extras=None, seed=0):
     """Launch the three kernels on device arrays: q, k, v, o, do, dq, dk, dv as (B, H, N, d/2) uint32 pairs
     (16-bit precisions) or float32 (B, H, N, d); lse, D float32 (B, H, Nq); dq_acc float32 (B, H, Nq, d),
-    which is dq itself for float32."""
+    which is dq itself for float32. extras: register.Extras (or None); seed: the dropout seed."""
     B, H, Nq, w = q.shape
     d = w if precision in ("3xtf32", "tf32") else 2 * w
-    preprocess, main, cast = build(d, tile, causal, precision, gqa=k.shape[1] != H)
+    preprocess, main, cast = build(d, tile, causal, precision, gqa=k.shape[1] != H, extras=extras)
     rows = 128
     preprocess[(-(-Nq // rows), B * H), rows](o, do, D, dq_acc, n_heads)
     grid = (-(-k.shape[2] // tile.block_k), B * k.shape[1])  # key blocks x (batch, K/V head)
-    main[grid, tile.threads](q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, np.float32(scale), np.float32(scale * LOG2E))
+    main[grid, tile.threads](q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, np.float32(scale), np.float32(scale * LOG2E),
+                             np.int64(seed))
     if dq is not dq_acc:
         n = B * H * Nq * w
         cast[-(-n // 256), 256](dq_acc.reshape(B * H * Nq * d), dq.reshape(n))
@@ -505,8 +592,12 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, t
 
 
 def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, block_q=None, block_k=None,
-             plan=None):
-    """flash_attention_backward(..., variant="tensor"): (dq, dk, dv) in q's dtype and kind of array."""
+             plan=None, window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0,
+             seed=0):
+    """flash_attention_backward(..., variant="tensor"): (dq, dk, dv) in q's dtype and kind of array. The library
+    options as in the forward (pass the same values): checked by flashlab._inputs.check_options, compiled in."""
+    from .._inputs import check_options
+    from .register import Extras
     from ._launch import check_kernel_inputs, empty, empty_words, like_input, to_device, to_device_words
     from .plan import plan as make_plan
     from .tensor import resolve_precision
@@ -528,6 +619,9 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
     if tuple(lse_d.shape) != (B, H, Nq) or np.dtype(lse_d.dtype) != np.float32:
         raise ValueError(f"lse must be float32 of shape {(B, H, Nq)} (as the forward returns it); got "
                          f"{np.dtype(lse_d.dtype).name} {tuple(lse_d.shape)}")
+    opt = check_options((B, H, Nq, d), causal=causal, scale=scale, window_size=window_size, align=align,
+                        alibi_slopes=alibi_slopes, softcap=softcap, dropout_p=dropout_p, seed=seed)
+    extras = Extras.from_options(opt, B, H)
     if plan is None:
         precision = resolve_precision(dtype, precision, device_limits()["cc"])
         plan = make_plan((B, H, Nq, Nk, d), variant="tensor", direction="backward", causal=causal, dtype=dtype,
@@ -540,5 +634,5 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
     dk, dk_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
     dv, dv_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
     launch(words["q"][0], words["k"][0], words["v"][0], words["o"][0], lse_d, words["do"][0], dq_w, dk_w, dv_w,
-           dq_acc, D, H, scale, causal, plan.config, plan.precision)
+           dq_acc, D, H, scale, causal, plan.config, plan.precision, extras=extras, seed=opt.seed)
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
