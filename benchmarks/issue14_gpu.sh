@@ -14,7 +14,8 @@ case "${1:-}" in
   tests)
     timeout "${2:-500}" $PY -m pytest -q -m gpu -p no:cacheprovider -W ignore -rf tests/test_paged_kernel.py \
       tests/test_register_options.py tests/test_gqa_kernels.py tests/test_torch_integration.py tests/test_varlen_kernels.py \
-      tests/test_varlen_kernels_backward.py tests/test_torch_varlen.py tests/test_kernel_dropout.py tests/test_tensor_options.py 2>&1 | tee "$OUT/tests14.txt" | tail -15 ;;
+      tests/test_varlen_kernels_backward.py tests/test_torch_varlen.py tests/test_kernel_dropout.py tests/test_tensor_options.py \
+      tests/test_tensor_backward_options.py 2>&1 | tee "$OUT/tests14.txt" | tail -15 ;;
   sanitize)
     for tool in memcheck racecheck; do
       api=(); [ "$tool" = memcheck ] && api=(--report-api-errors no)
@@ -23,6 +24,8 @@ case "${1:-}" in
     done ;;
   bench) $PY benchmarks/bench_paged.py --sweep 16 66 132 --json benchmarks/results/paged_decoding.json 2>&1 | tee "$OUT/bench14.txt" | tail -24
     $PY benchmarks/bench_window.py --json benchmarks/results/window.json 2>&1 | tee -a "$OUT/bench14.txt" | tail -6
-    $PY benchmarks/bench_varlen.py --json benchmarks/results/varlen.json 2>&1 | tee -a "$OUT/bench14.txt" | tail -7 ;;
+    for args in "" "--causal" "--variant register" "--seqs 256 --min 32 --max 1024"; do
+      $PY benchmarks/bench_varlen.py $args --json benchmarks/results/varlen.json 2>&1 | tee -a "$OUT/bench14.txt" | tail -9
+    done ;;
   *) sed -n 2,6p "$0"; exit 2 ;;
 esac
