@@ -16,14 +16,14 @@ Beyond torch's signature, the FlashAttention library's options (lesson 16; seman
 `flashlab.reference_attention`): grouped-query attention (k, v with H_kv heads, H_kv dividing H; torch's
 `enable_gqa=True`), `window_size=(left, right)`, `align` ("top_left" as torch, or "bottom_right"),
 `alibi_slopes` (H,) or (B, H), `softcap` and `dropout_p` with a `seed` (drawn from torch's generator when not
-given, and kept for the backward, which regenerates the mask). GQA runs everywhere. On CUDA the options' forward
-runs on the register kernel (float32, float16; the seed is a kernel argument, so a new seed per step compiles
-nothing) and, for bfloat16, on the tensor kernel (window, align, ALiBi, softcap); the backward takes every option
-on the kernel it would use without them (tensor cores for float16 and bfloat16), drawing the same dropout mask as
-on the CPU for the same seed. Dropout with bfloat16 runs on CPU tensors only for now: the CUDA path says so.
+given, and kept for the backward, which regenerates the mask). GQA runs everywhere. On CUDA every option runs on
+the kernel the call would use without it (tensor cores for float16 and bfloat16, forward and backward), drawing
+the same dropout mask as on the CPU for the same seed; the seed is a kernel argument, so a new seed per step
+compiles nothing.
 
 Packed variable-length batches: `flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)` with
-autograd (the NumPy varlen on CPU tensors, the one-launch register kernels on CUDA ones).
+autograd (the NumPy varlen on CPU tensors, the one-launch kernels on CUDA ones: the forward on tensor cores
+for 16-bit inputs, the backward on the register kernel, float32 and float16).
 
 This module is named `torch` inside the flashlab package. Its `import torch` lines are absolute imports
 (flashlab itself imports its own modules relatively), so they find the real PyTorch; they sit inside the
@@ -133,32 +133,19 @@ def _options(window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=
     return out
 
 
-def _cuda_options(q, options):
-    """The options for the CUDA kernels. The forward's dropout runs on the register kernel (float32, float16) only:
-    bfloat16 with dropout_p is a clear error rather than a silent fallback."""
-    if options.get("dropout_p") and str(q.dtype) == "torch.bfloat16":
-        raise NotImplementedError(
-            "dropout_p with bfloat16: flashlab's CUDA forward has no dropout for bfloat16 yet (dropout runs on the "
-            "register kernel in float32 and float16; window_size, align, alibi_slopes and softcap run in bfloat16); "
-            "run on CPU tensors (the NumPy FlashAttention-2 has every option) or use torch's attention")
-    return dict(options)
-
-
 def _forward(q, k, v, causal, scale, options=None):
     """(o, lse) as tensors on q's device: the NumPy FA2 on the CPU, the Numba kernel on CUDA."""
     import torch
 
     options = options or {}
     if q.is_cuda:
-        options = _cuda_options(q, options)
         from .kernels import flash_attention
 
         four = q.dim() == 4
         # (B, N, d) as (1, B, N, d): the NumPy code reads the leading dim as heads of batch 0 (the dropout key's
         # head, ALiBi's (H,) slopes), so CUDA draws the CPU's mask
         q4, k4, v4 = (x if four else x.unsqueeze(0) for x in (q, k, v))
-        # options: the register kernel (it has dropout), except bfloat16 (which it cannot take): the tensor kernel
-        variant = "register" if options and q.dtype != torch.bfloat16 else _cuda_variant(q)
+        variant = _cuda_variant(q)  # both variants take every option
         if variant == "tensor":  # the tensor kernel reads 16-byte chunks of rows: the last dim must be contiguous
             q4, k4, v4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4))
         o, lse = flash_attention(q4.detach(), k4.detach(), v4.detach(), causal=causal, scale=scale, variant=variant,
@@ -191,7 +178,6 @@ def _backward(q, k, v, o, lse, do, causal, scale, options=None):
 
     options = options or {}
     if q.is_cuda:
-        options = _cuda_options(q, options)
         from .kernels import flash_attention_backward
         from .kernels.backward import default_variant
 

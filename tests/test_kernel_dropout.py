@@ -128,9 +128,8 @@ def test_seeds_draw_different_masks_with_one_build(rng):
 def test_dropout_needs_the_register_variant(rng):
     q = rng.standard_normal((1, 1, 16, 16)).astype(np.float32)
     lse = np.zeros((1, 1, 16), np.float32)
-    for variant in ("shared", "tensor"):
-        with pytest.raises(ValueError, match=r"dropout_p=0\.1 needs variant='register'.*got variant='" + variant):
-            flash_attention(q, q, q, variant=variant, dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"dropout_p=0\.1 needs variant='register' or 'tensor'.*got variant='shared'"):
+        flash_attention(q, q, q, variant="shared", dropout_p=0.1)  # the tensor forward has dropout: test_tensor_dropout
     # the backward has dropout on both its variants (tests/test_tensor_backward_options.py for the tensor one)
     with pytest.raises(ValueError, match="variant must be 'register' or 'tensor' for the backward"):
         flash_attention_backward(q, q, q, q, lse, q, variant="shared", dropout_p=0.1, seed=1)
@@ -162,7 +161,7 @@ def test_kernels_drop_the_elements_numpy_drops_on_gpu(rng):
 
 def test_compile_signatures_have_the_seed():
     """On a GPU, the planner (plan.kernel_and_signature) and kernel_info compile kernels from explicit signatures:
-    each must have one type per kernel parameter, the register builds' last one the int64 seed."""
+    each must have one type per kernel parameter, the register and tensor builds' last one the int64 seed."""
     import inspect
 
     from numba import int64
@@ -180,7 +179,9 @@ def test_compile_signatures_have_the_seed():
         kernel, sig = plan.kernel_and_signature(variant, direction, 16, "float32", precision, config, True, False,
                                                 False)
         assert len(sig) == n_params(kernel), (variant, direction)
-        assert (sig[-1] == int64) == (variant == "register"), (variant, direction)
+        assert (sig[-1] == int64) == (variant in ("register", "tensor")), (variant, direction)
     assert len(info._signature(np.float32, seed=True)) == n_params(kernels.register.build(16, resolve_config(
         "register", 16), False))
     assert len(info._signature(np.float32)) == n_params(kernels.shared.build(16, 16, 16, False))
+    assert len(info._signature(np.float32, seed=True)) == n_params(kernels.tensor.build(16, resolve_config(
+        "tensor", 16, precision="3xtf32"), False, "3xtf32"))

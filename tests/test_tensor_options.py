@@ -44,10 +44,17 @@ def test_tensor_window_skips_key_tiles(rng):
     assert np.all(np.isfinite(o))
 
 
-def test_tensor_variant_refuses_dropout(rng):
-    q, k, v = inputs(rng, 1, 1, 1, 16, 16, np.float16)
-    with pytest.raises(ValueError, match="needs variant='register'"):
-        flash_attention(q, k, v, variant="tensor", dropout_p=0.1, seed=1)
+def test_tensor_variant_takes_dropout_with_the_other_options(rng):
+    """Dropout on top of the transformed and masked S (its own tests: test_tensor_dropout.py); the textbook kernel
+    still has no dropout and says so rather than returning a dropout-free output."""
+    q, k, v = inputs(rng, 1, 1, 1, 20, 29, np.float16)
+    opts = dict(causal=True, align="bottom_right", window_size=(9, 2), softcap=2.0, alibi_slopes=np.array([0.4]))
+    check(q, k, v, None, dict(opts, dropout_p=0.25, seed=2 ** 40 + 5))
+    o = flash_attention(q, k, v, variant="tensor", block_q=16, block_k=16, dropout_p=0.25, seed=2 ** 40 + 5, **opts)[0]
+    plain = flash_attention(q, k, v, variant="tensor", block_q=16, block_k=16, **opts)[0]
+    assert fl.relative_error(o, plain) > 0.1  # the mask was applied
+    with pytest.raises(ValueError, match=r"dropout_p=0\.1 needs variant='register' or 'tensor'.*got variant='shared'"):
+        flash_attention(q, k, v, variant="shared", dropout_p=0.1, seed=1)
 
 
 gpu = pytest.mark.skipif(not fl.device.has_gpu(), reason="needs a CUDA GPU")

@@ -218,24 +218,13 @@ def test_dropout_without_seed_draws_one_and_the_backward_reuses_it(rng):
         assert rel(g, r) < 1e-9
 
 
-def test_cuda_options_keep_dropout_and_its_seed():
-    """The CUDA path hands dropout_p and the seed (drawn once, kept for the backward) to the kernels, and refuses
-    dropout with bfloat16, which no CUDA forward has yet (checked on CPU tensors: only the dtype is read)."""
-    from flashlab.torch import _cuda_options, _options
+def test_options_keep_dropout_and_its_seed():
+    """The options handed to the kernels keep dropout_p and its seed (drawn once, kept for the backward), and drop
+    the seed when there is no dropout."""
+    from flashlab.torch import _options
 
-    opts = _options(dropout_p=0.2, seed=2 ** 40 + 1, softcap=3.0)
-    assert _cuda_options(torch.zeros(1), opts) == dict(dropout_p=0.2, seed=2 ** 40 + 1, softcap=3.0)
-    with pytest.raises(NotImplementedError, match="dropout_p with bfloat16"):
-        _cuda_options(torch.zeros(1, dtype=torch.bfloat16), opts)
-    assert _cuda_options(torch.zeros(1, dtype=torch.bfloat16), _options(softcap=3.0)) == dict(softcap=3.0)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_options_the_kernels_lack_are_refused_clearly(rng):
-    q, k, v = qkv(rng, (1, 2, 9, 16), 9, device="cuda")
-    with pytest.raises(NotImplementedError, match="dropout_p with bfloat16"):
-        sdpa(q.bfloat16(), k.bfloat16(), v.bfloat16(), dropout_p=0.1)
+    assert _options(dropout_p=0.2, seed=2 ** 40 + 1, softcap=3.0) == dict(dropout_p=0.2, seed=2 ** 40 + 1, softcap=3.0)
+    assert _options(seed=5, softcap=3.0) == dict(softcap=3.0)
 
 
 @pytest.mark.gpu
@@ -243,8 +232,7 @@ def test_cuda_options_the_kernels_lack_are_refused_clearly(rng):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 def test_cuda_16bit_options_backward_runs_on_tensor_cores(rng, monkeypatch, dtype):
     """Options through autograd in 16 bits: the backward runs on the tensor backward with the options compiled in
-    (bfloat16's forward on the tensor kernel; dropout with float16 only), against float64 autograd on the same
-    rounded inputs."""
+    (and the forward on the tensor kernel), against float64 autograd on the same rounded inputs."""
     import flashlab.kernels.backward as kb
     import flashlab.kernels.tensor_backward as tb
 
@@ -253,8 +241,7 @@ def test_cuda_16bit_options_backward_runs_on_tensor_cores(rng, monkeypatch, dtyp
     real = tb.launch
     monkeypatch.setattr(tb, "launch", lambda *a, **kw: calls.append((a[-1], kw.get("extras"))) or real(*a, **kw))
     opts = dict(softcap=5.0, window_size=(6, 6), alibi_slopes=np.full(4, 0.3))
-    if dtype == torch.float16:
-        opts.update(dropout_p=0.2, seed=2 ** 40 + 7)
+    opts.update(dropout_p=0.2, seed=2 ** 40 + 7)
     q, k, v = qkv(rng, (2, 4, 150, 64), 170, logit_scale=3.0)
     f64 = [x.detach().to(dtype).double().requires_grad_() for x in (q, k[:, :2], v[:, :2])]
     gpu_in = [x.detach().to(dtype).cuda().requires_grad_() for x in f64]

@@ -60,7 +60,7 @@ def qkv(B, H, H_kv, nq, nk, d=16):
 # What runs where today: flashlab's GPU kernels support GQA (forward, backward, paged decoding). The register
 # kernels, forward and backward, also take the window, the alignment, ALiBi, softcap and dropout (the seed is a
 # kernel argument, so a new seed per training step compiles nothing, and the mask is the NumPy code's, bit for
-# bit); the tensor-core forward takes all of them but dropout. `kernels.paged_decoding` reads a paged cache, and
+# bit); so does the tensor-core forward. `kernels.paged_decoding` reads a paged cache, and
 # `kernels.flash_attention_varlen` (with its backward) runs a packed batch in one launch. Everything below runs
 # in NumPy, on the CPU.
 #
@@ -336,7 +336,7 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 # - **Kernels.** The library implements every option in its CUDA kernels, forward and backward. flashlab's
 #   GPU kernels support GQA (forward, backward, paged decoding); the register kernels, forward and backward,
 #   also have the window, the alignment, ALiBi, softcap and dropout, and run varlen batches in one launch
-#   each way; the tensor-core backward has all of them, the tensor-core forward all but dropout. The
+#   each way; the tensor-core forward and backward have all of them too. The
 #   README's feature table is kept up to date.
 # - **ALiBi's constant.** The library's causal kernels add +m·j instead of −m·|pos_i − j|: under a causal
 #   mask (j ≤ pos_i) the two differ by m·pos_i, a constant per row, which cancels in the softmax. The output

@@ -284,7 +284,7 @@ class PreparedForward:
         if self.words:
             ins, o = [s.words() for s in ins], o.words()
         scalars = (p.Nq, p.Nk, p.H, np.float32(scale * LOG2E))
-        if plan.variant == "register":
+        if plan.variant in ("register", "tensor"):
             scalars += (0,)  # the dropout seed: prepared calls have no dropout
         kernel = self._kernel()
         threads = plan.threads

@@ -181,12 +181,13 @@ def is_gqa(q, k) -> bool:
     return tuple(getattr(k, "shape", ()))[1:2] != tuple(getattr(q, "shape", ()))[1:2]
 
 
-def check_dropout_variant(dropout_p, variant):
-    """A ValueError when dropout is asked of forward kernels without it (only the register forward draws the mask),
-    rather than a silent no-dropout result. dropout_p's own checks come later (flashlab._inputs.check_options)."""
-    if variant not in (None, "register") and isinstance(dropout_p, numbers.Real) and dropout_p != 0:
-        raise ValueError(f"dropout_p={dropout_p!r} needs variant='register' (the only forward with a dropout mask); "
-                         f"got variant={variant!r}")
+def check_dropout_variant(dropout_p, variant, allowed=("register",)):
+    """A ValueError when dropout is asked of kernels without it (`allowed`: the variants that draw the mask; the
+    forward passes ("register", "tensor")), rather than a silent no-dropout result. dropout_p's own checks come
+    later (flashlab._inputs.check_options)."""
+    if variant not in (None, *allowed) and isinstance(dropout_p, numbers.Real) and dropout_p != 0:
+        raise ValueError(f"dropout_p={dropout_p!r} needs variant={' or '.join(map(repr, allowed))} (the kernels "
+                         f"with a dropout mask); got variant={variant!r}")
 
 
 def check_kernel_inputs(q, k, v, *, causal=False, scale=None, words=False, gqa=False):

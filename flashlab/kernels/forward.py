@@ -54,16 +54,18 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     kernels/_fast.py's prepared path after the first call with their shapes.
 
     window_size, align, alibi_slopes, softcap, dropout_p, seed: the FlashAttention library's options, as in
-    flashlab.reference_attention (lesson 16); the register variant compiles them in (register.Extras; the dropout
-    seed is a kernel argument, so a new seed needs no new compile), and key tiles outside a block's causal/window
-    band are skipped. A row that sees no key gets o = 0, lse = +inf. lse is dropout-free, as in the library.
+    flashlab.reference_attention (lesson 16); the register and tensor variants compile them in (register.Extras;
+    the dropout seed is a kernel argument, so a new seed needs no new compile), and key tiles outside a block's
+    causal/window band are skipped. A row that sees no key gets o = 0, lse = +inf. lse is dropout-free, as in the
+    library; both variants draw flashlab.dropout's mask, the NumPy one for the same seed.
     """
     options = (causal, scale, variant, block_q, block_k, tile, precision, splits, plan)
     library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
                    dropout_p=dropout_p, seed=seed)
     plain = alibi_slopes is None and align == "top_left" and not softcap and not dropout_p \
         and tuple(window_size) == (-1, -1) if isinstance(window_size, (tuple, list)) else False
-    check_dropout_variant(dropout_p, plan.variant if isinstance(plan, planner.Plan) else variant)
+    check_dropout_variant(dropout_p, plan.variant if isinstance(plan, planner.Plan) else variant,
+                          allowed=("register", "tensor"))
     if not plain:
         return _with_extras(q, k, v, options, library)
     if _fast.available() and not is_gqa(q, k):  # GQA: the general path (the prepared calls hold MHA builds)
@@ -96,8 +98,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
 
 
 def _with_extras(q, k, v, options, library):
-    """flash_attention with window / align / ALiBi / softcap / dropout: the register kernel with those compiled in,
-    or the tensor kernel (all but dropout)."""
+    """flash_attention with window / align / ALiBi / softcap / dropout: the register or tensor kernel with those
+    compiled in."""
     from .._inputs import check_options
     from .register import Extras
 
@@ -106,10 +108,11 @@ def _with_extras(q, k, v, options, library):
     opt = check_options((B, H, Nq, d), causal=plan.problem.causal, scale=scale, **library)
     extras = Extras.from_options(opt, B, H)
     if plan.variant not in ("register", "tensor"):
-        raise NotImplementedError(f"window_size, align, alibi_slopes and softcap run on variant='register' or "
-                                  f"'tensor' so far; got variant={plan.variant!r}")
+        raise NotImplementedError(f"window_size, align, alibi_slopes, softcap and dropout_p run on variant="
+                                  f"'register' or 'tensor' so far; got variant={plan.variant!r}")
     alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
-    common = dict(splits=plan.splits, heavy_first=plan.heavy_first, section=plan.section, alloc=alloc, extras=extras)
+    common = dict(splits=plan.splits, heavy_first=plan.heavy_first, section=plan.section, alloc=alloc, extras=extras,
+                  seed=opt.seed)
     if plan.variant == "tensor":
         from .tensor import launch
 
@@ -117,7 +120,7 @@ def _with_extras(q, k, v, options, library):
     else:
         from .register import launch
 
-        launch(q_d, k_d, v_d, o, lse, H, scale, plan.problem.causal, plan.config, seed=opt.seed, **common)
+        launch(q_d, k_d, v_d, o, lse, H, scale, plan.problem.causal, plan.config, **common)
     return like_input(o, kind), like_input(lse, kind)
 
 

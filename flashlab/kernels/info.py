@@ -90,7 +90,7 @@ def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k
     if has_gpu():
         sig = _signature(np.float32 if precision in ("3xtf32", "tf32") else dtype,
                          words=variant == "tensor" and precision not in ("3xtf32", "tf32"),
-                         seed=variant == "register")  # the register kernel's dropout seed
+                         seed=variant in ("register", "tensor"))  # the dropout seed
         kernel.compile(sig)
         compiled = kernel.overloads[sig]  # the compiled kernel for this signature on this device
         info["registers_per_thread"] = int(compiled.regs_per_thread)

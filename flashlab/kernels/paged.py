@@ -194,7 +194,7 @@ def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
     merge = build_merge(2 * W, normalised=True)
 
     def run():
-        kernel[g, tile.threads](q2, k2, v2, o_view, lse_view, rows, meta_d, H_kv, scale_log2)
+        kernel[g, tile.threads](q2, k2, v2, o_view, lse_view, rows, meta_d, H_kv, scale_log2, 0)  # 0: the seed
         merge[(rows, H_kv, B), 2 * W](lse_part, lse_part, o_part, o2, lse2, splits)
 
     return run, o, lse, kind

@@ -324,7 +324,7 @@ def kernel_and_signature(variant, direction, d, dtype, precision, config, causal
     dt = {"float32": float32, "float16": types.float16}[dtype] if wide else types.uint32
     a_in = types.Array(dt, 4, "C")
     a_out = types.Array(float32, 4, "C") if split else a_in
-    seed = (int64,) if variant == "register" else ()  # the register kernel's dropout seed
+    seed = (int64,) if variant in ("register", "tensor") else ()  # the register and tensor kernels' dropout seed
     return kernel, (a_in, a_in, a_in, a_out, types.Array(float32, 3, "C"), int64, int64, int64, float32) + seed
 
 

@@ -27,9 +27,11 @@ the same renumbering applied to V's rows.
 Launch options, chosen by kernels/plan.py as for the register kernel (see kernels/register.py): split (each
 block takes one chunk of keys and writes a float32 partial output; the merge kernel of kernels/decoding.py
 combines them) and heavy_first (grid (g, query blocks, sections x splits): sections of g heads, heaviest first).
-Three more builds: extras (the library's window, alignment, ALiBi and softcap, as in the register kernel),
-page (K/V read through a paged cache's block table, for kernels/paged.py's decoding) and varlen (one launch
-over sequences packed along one axis, as the register kernel's varlen build: kernels/varlen.py).
+Three more builds: extras (the library's window, alignment, ALiBi, softcap and dropout, as in the
+register kernel), page (K/V read through a paged cache's block table, for kernels/paged.py's decoding)
+and varlen (one launch over sequences packed along one axis, as the register kernel's varlen build:
+kernels/varlen.py). Every build takes the dropout seed as its last argument (a runtime int64: a new seed
+needs no new compile); builds without dropout ignore it.
 
 Where FlashAttention-2 itself goes further: 128-row tiles with more rows per warp (fewer shared-memory
 reads per mma), up to 227 KB of shared memory per block (numba-cuda exposes 48 KB), and CUDA C++ compiled
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import config, float32, uint32
+from numba import config, float32, uint32, uint64
 
 from ..device import get_cuda
 from . import mma
@@ -126,9 +128,11 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     page > 0: a paged KV cache of `page` keys per page (kernels/paged.py): k and v are the caches as
     (num_pages * page, H, d or d/2), and n_k is an int32 array (B, 1 + max_pages) holding cache_seqlens[b]
     then block_table[b]; key j of sequence b is row block_table[b, j // page] * page + j % page.
-    extras: the library's window, alignment, ALiBi and softcap (kernels/register.py's Extras, without dropout),
-    compiled in as in the register kernel: key tiles outside the band of the block's rows are skipped, the
-    others are transformed and masked on S's C fragments; None builds the plain kernel, unchanged.
+    extras: the library's window, alignment, ALiBi, softcap and dropout (kernels/register.py's Extras), compiled
+    in as in the register kernel: key tiles outside the band of the block's rows are skipped, the others are
+    transformed and masked on S's C fragments; None builds the plain kernel, unchanged. Dropout alone keeps the
+    plain kernel's masking (edge tiles only) and multiplies P by the mask of flashlab.dropout after the row sum,
+    keyed by (seed, b, query head h, row, key) as the register kernel: the seed is the last argument.
     varlen: q, k, v, o are packed (total, H, d or d/2), lse is (H, total_q); n_q is the (n_blocks, 2) table of
     (sequence, first row) and n_k the int32 (2, B + 1) cu_seqlens of queries and keys; grid (n_blocks, H)."""
     WIDE = precision in ("3xtf32", "tf32")
@@ -163,9 +167,15 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         raise ValueError("the varlen build orders its blocks itself and does not split the keys or page them")
     from .register import Extras
 
-    EXTRA, ex = extras is not None, extras or Extras()
-    if ex.dropout_p:
-        raise ValueError(f"dropout_p={ex.dropout_p} needs variant='register' (the only kernels with a dropout mask)")
+    ex = extras or Extras()
+    EXTRA = ex._replace(dropout_p=0.0) != Extras()  # window, alignment, ALiBi or softcap: S is transformed, masked
+    DROP = ex.dropout_p > 0
+    if DROP and PAGED:
+        raise ValueError(f"dropout_p={ex.dropout_p} with page={page}: the paged build packs (query head, row) pairs "
+                         "as rows, so it has no dropout; use page=0")
+    from ..dropout import device_functions
+
+    d_start, d_mix, d_keep = device_functions(ex.dropout_p)
     I = np.int64
     WL, BRA = I(ex.left), bool(ex.bottom_right)
     RIGHT = I(ex.right_bound(causal))  # the furthest key to the right a row may see, as in register.py
@@ -183,7 +193,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     pack = mma.pack_bf16x2 if BF16 else mma.pack_f16x2
 
     @cuda.jit(fastmath=FASTMATH)
-    def flash_fwd_tensor(q, k, v, o, lse, n_q, n_k, n_heads, scale_log2):
+    def flash_fwd_tensor(q, k, v, o, lse, n_q, n_k, n_heads, scale_log2, seed):
         sh = cuda.shared.array(SH, DT, alignment=ALIGN)
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
@@ -238,6 +248,10 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         for n in range(NTD):
             for j in range(4):
                 acc[n, j] = 0.0
+        zrow = cuda.local.array(2, uint64)  # dropout: the hash states of rows g and g+8
+        if DROP:  # keyed by (seed, batch, query head, row, col) as flashlab.dropout: (seed, b, h) once per block
+            zh = d_start(seed, b, h)
+            zrow[0], zrow[1] = d_mix(zh, r_lo), d_mix(zh, r_hi)
 
         k_begin, k_end = U(0), nk
         if SPLIT_KV:  # this block's chunk of keys: a multiple of block_k keys (plan.split_chunk computes the same)
@@ -396,8 +410,12 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                 for n in range(NTK):
                     for c in range(2):
                         p = math.exp2(s[n, 2 * r + c] * scale_log2 - offset)
-                        s[n, 2 * r + c] = p
                         row_sum += p
+                        if DROP:  # after the row sum: l and lse are dropout-free, only P V sees the mask
+                            # key k0 + 8n + 2t + c in 32 bits: the hash reads only those, and 64-bit keys spilled
+                            # (28 bytes at 3xTF32 d = 128 with a window)
+                            p *= d_keep(zrow[r], uint32(k0) + uint32(8 * n + c) + uint32(2) * uint32(t))
+                        s[n, 2 * r + c] = p
                 l[r] = l[r] * alpha[r] + row_sum  # the quad's partial sums are added once, at the end
                 if not SPLIT:
                     for n in range(NTD):
@@ -545,10 +563,10 @@ def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, pr
 
 
 def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision: str, *, splits: int = 1,
-           heavy_first: bool = False, section=None, alloc=None, extras=None):
+           heavy_first: bool = False, section=None, alloc=None, extras=None, seed=0):
     """Launch on device arrays: (B, H, N, d/2) uint32 pairs for 16-bit precisions, float32 otherwise.
     splits > 1 (float16 and float32 only): split-KV, o's pairs are written by the merge kernel as float16;
-    heavy_first: see register.grid."""
+    heavy_first: see register.grid. seed: the dropout seed (used when extras has dropout_p > 0)."""
     from .register import grid, split_chunk
 
     B, H, Nq, w = q.shape
@@ -562,11 +580,11 @@ def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision:
     g = grid(B, H, Nq, tile.block_q, splits, heavy_first, section)
     scale_log2 = np.float32(scale * LOG2E)
     if not split:
-        kernel[g, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, scale_log2)
+        kernel[g, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, scale_log2, seed)
         return kernel
     from .decoding import merge_split
 
     out = o if precision in ("3xtf32", "tf32") else o.view(np.float16)  # the merge writes values, not pairs
     merge_split(lambda o_part, lse_part: kernel[g, tile.threads](q, k, v, o_part, lse_part, Nq, k.shape[2], n_heads,
-                                                                 scale_log2), out, lse, splits, alloc)
+                                                                 scale_log2, seed), out, lse, splits, alloc)
     return kernel

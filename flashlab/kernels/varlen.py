@@ -61,8 +61,7 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqle
     from .backward import default_variant
     from .register import LOG2E, Extras
 
-    if variant is None:  # dropout: the register kernel's mask (the tensor forward has none yet)
-        variant = "register" if dropout_p else default_variant(q)
+    variant = default_variant(q) if variant is None else variant
     if variant not in ("register", "tensor"):
         raise ValueError(f"variant must be 'register' or 'tensor' for varlen; got {variant!r}")
     if variant == "tensor":
@@ -119,7 +118,8 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqle
     if len(table):
         cuda = get_cuda()
         cu = cuda.to_device(np.stack([cu_q, cu_k]).astype(np.int32))
-        args = (q_d, k_d, v_d, o_words, lse, cuda.to_device(table), cu, H, np.float32(opt.scale * LOG2E))
+        args = (q_d, k_d, v_d, o_words, lse, cuda.to_device(table), cu, H, np.float32(opt.scale * LOG2E),
+                np.int64(opt.seed))
         if variant == "tensor":
             from .tensor import build as build_tensor
 
@@ -128,7 +128,6 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqle
             from .register import build
 
             kernel = build(d, tile, opt.causal, gqa=H_kv != H, extras=extras, varlen=True)
-            args = (*args, np.int64(opt.seed))
         launch = kernel[(len(table), H, 1), tile.threads]
         run = lambda: launch(*args)  # noqa: E731
     return run, o, lse, kind
