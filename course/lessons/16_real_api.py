@@ -61,8 +61,8 @@ def qkv(B, H, H_kv, nq, nk, d=16):
 # kernels, forward and backward, also take the window, the alignment, ALiBi, softcap and dropout (the seed is a
 # kernel argument, so a new seed per training step compiles nothing, and the mask is the NumPy code's, bit for
 # bit); so does the tensor-core forward. `kernels.paged_decoding` reads a paged cache, and
-# `kernels.flash_attention_varlen` (with its backward) runs a packed batch in one launch. Everything below runs
-# in NumPy, on the CPU.
+# `kernels.flash_attention_varlen` (with its backward) runs a packed batch in one launch, its forward on tensor
+# cores for 16-bit inputs. Everything below runs in NumPy, on the CPU.
 #
 # ## 1. GQA and MQA: fewer K/V heads than query heads
 
@@ -272,7 +272,10 @@ plt.show()
 # A kernel never visits the white area: each thread block finds its sequence from cu_seqlens and loops
 # over that sequence's keys only. (`kernels.flash_attention_varlen` does it with a table, made on the host, of
 # every query block of every sequence as (sequence, first row), heaviest first, and one thread block per entry
-# and head.) The check: the packed call (with GQA too) against the reference run on
+# and head.) One launch pays most when the sequences are short: a loop over them then spends its time on
+# launches of grids too small to fill the GPU. When a few long sequences hold most of the work (it grows as
+# n²), their own launches already fill it, and looping costs little more (docs/gpu-runs-issue14.md has the
+# H100 measurements). The check: the packed call (with GQA too) against the reference run on
 # each sequence alone.
 
 # %%
