@@ -73,6 +73,8 @@ def test_block_table_is_heaviest_first():
     (dict(cu_seqlens_k=[0, 4, 20]), "end at"),
     (dict(cu_seqlens_k=[0, 21]), "same number of sequences"),
     (dict(alibi_slopes=np.ones(3)), "alibi_slopes must have shape"),
+    (dict(variant="shared"), "variant must be 'register' or 'tensor' for varlen; got 'shared'"),
+    (dict(variant="register", precision="f16"), "precision applies to variant='tensor' only"),
 ])
 def test_varlen_kernel_bad_inputs(rng, change, match):
     q, k, v, cu_q, cu_k = packed(rng, [4, 5], [10, 11], 2, 2, 16)
