@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 14 (the library's options) on a GPU, in parts that each fit in 10 minutes on an H100:
 #   bash benchmarks/issue14_gpu.sh tests     # GPU tests: paged decoding, GQA kernels, flashlab.torch options
-#   bash benchmarks/issue14_gpu.sh sanitize  # compute-sanitizer memcheck and racecheck on the paged kernel
+#   bash benchmarks/issue14_gpu.sh sanitize memcheck|racecheck|backward  # paged and varlen tensor kernels; backward d128
 #   bash benchmarks/issue14_gpu.sh bench     # GQA-decoding, sliding-window and varlen bars -> benchmarks/results/*.json
 # Set OUT to a folder to keep the logs (default: benchmarks/results/logs).
 set -uo pipefail
@@ -10,18 +10,28 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 OUT=${OUT:-benchmarks/results/logs}
 mkdir -p "$OUT"
+# With pytest-xdist installed the tests compile their kernels in parallel: most of a GPU test's time is compiling.
+XDIST=(); $PY -c "import xdist" 2>/dev/null && XDIST=(-n 8)
 case "${1:-}" in
   tests)
-    timeout "${2:-500}" $PY -m pytest -q -m gpu -p no:cacheprovider -W ignore -rf tests/test_paged_kernel.py \
+    timeout "${2:-500}" $PY -m pytest -q -m gpu "${XDIST[@]}" -p no:cacheprovider -W ignore -rf tests/test_paged_kernel.py \
       tests/test_register_options.py tests/test_gqa_kernels.py tests/test_torch_integration.py tests/test_varlen_kernels.py \
       tests/test_varlen_kernels_backward.py tests/test_torch_varlen.py tests/test_kernel_dropout.py tests/test_tensor_options.py \
       tests/test_tensor_backward_options.py 2>&1 | tee "$OUT/tests14.txt" | tail -15 ;;
   sanitize)
-    for tool in memcheck racecheck; do
-      api=(); [ "$tool" = memcheck ] && api=(--report-api-errors no)
-      timeout "${2:-250}" compute-sanitizer --tool $tool "${api[@]}" --print-limit 5 $PY -m pytest -q -p no:cacheprovider \
-        -W ignore tests/test_paged_kernel.py -k "(numpy or float16 or tensor) and not gpu" 2>&1 | tee "$OUT/sanitizer14_$tool.txt" | tail -3
-    done ;;
+    # sanitize memcheck|racecheck [timeout]: the paged kernel's GPU test (its tensor and register builds) and the varlen
+    # tensor forward's; sanitize backward: issue 13's tensor backward at d = 128 under memcheck. Serial on purpose:
+    # pytest-xdist's workers hang under compute-sanitizer.
+    case "${2:-}" in
+      memcheck|racecheck) api=(); [ "$2" = memcheck ] && api=(--report-api-errors no)
+        timeout "${3:-280}" compute-sanitizer --tool "$2" "${api[@]}" --print-limit 5 $PY -m pytest -q -m gpu \
+          -p no:cacheprovider -W ignore tests/test_paged_kernel.py tests/test_varlen_kernels.py \
+          -k "test_paged_kernel_on_gpu and 32-4 or 64-float16-tensor or 64-float32-tensor" 2>&1 \
+          | tee "$OUT/sanitizer14_$2.txt" | grep -E "ERROR SUMMARY|passed|failed" ;;
+      backward) timeout "${3:-280}" compute-sanitizer --tool memcheck --report-api-errors no --print-limit 5 \
+          $PY benchmarks/bench_backward.py --tensor --check --d 128 2>&1 | tee "$OUT/sanitizer13_memcheck_d128.txt" | tail -4 ;;
+      *) echo "sanitize memcheck|racecheck|backward [timeout]"; exit 2 ;;
+    esac ;;
   bench) $PY benchmarks/bench_paged.py --sweep 16 66 132 --json benchmarks/results/paged_decoding.json 2>&1 | tee "$OUT/bench14.txt" | tail -24
     $PY benchmarks/bench_window.py --json benchmarks/results/window.json 2>&1 | tee -a "$OUT/bench14.txt" | tail -6
     for args in "" "--causal" "--variant register" "--seqs 256 --min 32 --max 1024"; do
