@@ -1,5 +1,12 @@
+import os
 import zlib
 from pathlib import Path
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one pytest worker per core: one thread each, for this process and the notebook kernels it
+    # starts. OpenMP threads (torch, BLAS) beyond the cores spin while they wait and slow everything down.
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 import numpy as np
 import pytest

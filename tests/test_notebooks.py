@@ -1,7 +1,7 @@
 """Every notebook (lessons, exercises, solutions) runs top to bottom in a fresh kernel, in the fast mode.
 
-Notebooks run two at a time (a thread pool of nbclient runs; the CI machine has 2 cores) with
-FLASHLAB_FAST=1 on the CPU. Each must finish in under a minute. Lessons and solutions must not raise;
+Notebooks run two at a time (a thread pool of nbclient runs; the CI machine has 2 cores), or one at a time
+beside the other tests under pytest-xdist, with FLASHLAB_FAST=1 on the CPU. Each must finish in under a minute. Lessons and solutions must not raise;
 exercise notebooks may raise only NotImplementedError (their blanks), and their checks must say "not
 implemented". Notebooks are stored without outputs, and the generated ones match their sources.
 """
@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("notebooks", "exercises", "solutions")
 NOTEBOOKS = [p for folder in FOLDERS for p in sorted((ROOT / folder).glob("*.ipynb"))]
 LIMIT_S = 60
-WORKERS = 2
+# Under pytest-xdist (`make test`: one pytest worker per core, --dist loadfile) this file runs on one worker, one
+# notebook at a time, so each still has a core to itself; run alone, two at a time.
+WORKERS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
 
 
 def _id(path):
