@@ -132,7 +132,7 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
     HEAVY, GQA, VARLEN = bool(heavy_first), bool(gqa), bool(varlen)
     if HEAVY and VARLEN:
         raise ValueError("heavy_first and varlen exclude each other: varlen's block table sets the order")
-    from .register import Extras
+    from .register import Extras, score_functions
 
     EXTRA = extras is not None
     ex = extras or Extras()
@@ -146,6 +146,7 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
     from ..dropout import device_functions
 
     d_start, d_mix, d_keep = device_functions(ex.dropout_p)
+    capped, outside = score_functions(ex, False)  # the band's right edge comes at run time (`right`)
     n_z = s_tr if DROP else 1
 
     @cuda.jit
@@ -296,16 +297,10 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
                         p = float32(0)
                         if EXTRA:
                             pos, col = I(q0 + r) + off, I(k0 + c)
-                            sc = S[a * S_TC + b] * scale
+                            sc, th = capped(S[a * S_TC + b] * scale, pos, col, CAP, slope)
                             if SOFTCAP:
-                                th = math.tanh(sc / CAP)
                                 Th[a * S_TC + b] = th
-                                sc = CAP * th
-                            if ALIBI:
-                                sc -= slope * float32(abs(pos - col))
-                            seen = q0 + r < nq and k0 + c < nk and (WL < I(0) or col >= pos - WL) and (
-                                right < I(0) or col <= pos + right)
-                            if seen:
+                            if q0 + r < nq and not outside(pos, col, I(nk), right):
                                 p = math.exp(sc - Ls[r])
                         elif q0 + r < nq and k0 + c < nk and (not causal or k0 + c <= q0 + r):
                             p = math.exp(S[a * S_TC + b] * scale - Ls[r])

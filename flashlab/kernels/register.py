@@ -204,7 +204,7 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     ex = extras or Extras()
     WL, WR, BRA = I(ex.left), I(ex.right), bool(ex.bottom_right)
     CAPL = float32(ex.softcap * LOG2E)  # softcap in log2 units: S is kept scaled by log2(e)
-    SOFTCAP, ALIBI, PER_B = ex.softcap > 0, ex.slopes is not None, bool(ex.per_batch)
+    ALIBI, PER_B = ex.slopes is not None, bool(ex.per_batch)
     SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))
     RIGHT = I(ex.right_bound(causal))
     VARLEN = bool(varlen)
@@ -217,6 +217,7 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     from ..dropout import device_functions
 
     d_start, d_mix, d_keep = device_functions(ex.dropout_p)
+    capped, outside = score_functions(ex, causal)
     ZR = RM if DROP else 1
 
     @cuda.jit(fastmath=FASTMATH, **options)
@@ -368,13 +369,8 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
                     pos = I(q0 + ((i // UVM) * UTR + ty) * UVM + i % UVM) + off
                     for j in range(URN):
                         col = I(k0 + ((j // UVN) * UTC + tx) * UVN + j % UVN)
-                        val = s[i, j]
-                        if SOFTCAP:
-                            val = CAPL * math.tanh(val / CAPL)
-                        if ALIBI:
-                            val -= slope * float32(abs(pos - col))
-                        dead = col >= I(nk) or (WL >= I(0) and col < pos - WL) or (RIGHT >= I(0) and col > pos + RIGHT)
-                        s[i, j] = NEG if dead else val
+                        val, _ = capped(s[i, j], pos, col, CAPL, slope)
+                        s[i, j] = NEG if outside(pos, col, I(nk), RIGHT) else val
             elif k0 + UBC > nk or (CAUSAL and k0 + UBC > q0 + U(1)):  # only edge tiles need masking
                 for i in range(URM):
                     row = q0 + ((i // UVM) * UTR + ty) * UVM + i % UVM
@@ -488,6 +484,35 @@ class Extras(NamedTuple):
         extras = cls(int(opt.window[0]), int(opt.window[1]), opt.align == "bottom_right", float(opt.softcap), slopes,
                      bool(per_batch), float(opt.dropout_p))
         return None if extras == cls() else extras
+
+
+def score_functions(ex: Extras, causal: bool):
+    """(capped, outside): the per-entry part of the library's options, shared by every kernel that takes them
+    (this forward, kernels/tensor.py, and the backwards kernels/backward.py and kernels/tensor_backward.py).
+
+    capped(val, pos, col, cap, slope) -> (val', th): softcap then ALiBi's bias on one score at aligned query
+    position pos and key col, with cap and slope in the score's units (each kernel keeps S in its own: scaled by
+    log2(e), or raw); th = tanh(val / cap), 0 without softcap, for the backward's factor 1 - th^2.
+    outside(pos, col, nk, right) -> True where the key is masked: past the keys, left of the window, or right of
+    `right` (Extras.right_bound: compile-time in the forwards, decided at run time by the register backward)."""
+    WL = I(ex.left)
+    SOFTCAP, ALIBI = ex.softcap > 0, ex.slopes is not None
+
+    @cuda.jit(device=True, inline=True)
+    def capped(val, pos, col, cap, slope):
+        th = float32(0.0)
+        if SOFTCAP:
+            th = math.tanh(val / cap)
+            val = cap * th
+        if ALIBI:
+            val -= slope * float32(abs(pos - col))
+        return val, th
+
+    @cuda.jit(device=True, inline=True)
+    def outside(pos, col, nk, right):
+        return col >= nk or (WL >= I(0) and col < pos - WL) or (right >= I(0) and col > pos + right)
+
+    return capped, outside
 
 
 def split_chunk(nk: int, splits: int, block_k: int) -> tuple:

@@ -165,7 +165,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     VARLEN = bool(varlen)
     if VARLEN and (SPLIT_KV or HEAVY or PAGED):
         raise ValueError("the varlen build orders its blocks itself and does not split the keys or page them")
-    from .register import Extras
+    from .register import Extras, score_functions
 
     ex = extras or Extras()
     EXTRA = ex._replace(dropout_p=0.0) != Extras()  # window, alignment, ALiBi or softcap: S is transformed, masked
@@ -176,10 +176,11 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     from ..dropout import device_functions
 
     d_start, d_mix, d_keep = device_functions(ex.dropout_p)
+    capped, outside = score_functions(ex, causal)
     I = np.int64
     WL, BRA = I(ex.left), bool(ex.bottom_right)
     RIGHT = I(ex.right_bound(causal))  # the furthest key to the right a row may see, as in register.py
-    SOFTCAP, ALIBI, PER_B = ex.softcap > 0, ex.slopes is not None, bool(ex.per_batch)
+    ALIBI, PER_B = ex.slopes is not None, bool(ex.per_batch)
     CAP_LOG2 = float32(ex.softcap * LOG2E)
     SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))
     INF = float32(math.inf)
@@ -382,13 +383,8 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                     for j in range(4):
                         pos = I(r_hi if j >= 2 else r_lo) + off
                         col = I(k0 + U(n * 8) + U(2) * t + U(j % 2))
-                        val = s[n, j]
-                        if SOFTCAP:
-                            val = capr * math.tanh(val / capr)
-                        if ALIBI:
-                            val -= slope * float32(abs(pos - col))
-                        dead = col >= I(nk) or (WL >= I(0) and col < pos - WL) or (RIGHT >= I(0) and col > pos + RIGHT)
-                        s[n, j] = NEG if dead else val
+                        val, _ = capped(s[n, j], pos, col, capr, slope)
+                        s[n, j] = NEG if outside(pos, col, I(nk), RIGHT) else val
 
             # Online softmax on the C fragments: rows g (j = 0, 1) and g + 8 (j = 2, 3).
             for r in range(2):

@@ -190,7 +190,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     pack = mma.pack_bf16x2 if BF16 else mma.pack_f16x2
     unpack = mma.unpack_bf16x2 if BF16 else mma.unpack_f16x2
     from ..dropout import device_functions
-    from .register import Extras
+    from .register import Extras, score_functions
 
     # The library's options, as compile-time constants (the forward's, kernels/tensor.py, plus dropout).
     EXTRA, ex = extras is not None, extras or Extras()
@@ -201,6 +201,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     CAP_LOG2 = float32(ex.softcap * LOG2E)
     SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))
     z_start, z_mix, z_keep = device_functions(ex.dropout_p)
+    capped, outside = score_functions(ex, causal)
 
     @cuda.jit(device=True, inline=True)
     def mma_tf(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -222,14 +223,9 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
         forward's softcap, ALiBi and band, P = exp2(x' scale log2(e) - lse log2(e)) with a select (never a
         product) for masked entries, since exp2 may be inf there (lse = +inf rows: every entry is masked).
         Dropout: dV takes P Z and dS = P (dP Z - D); softcap: dS times its derivative 1 - tanh^2."""
-        th = float32(0.0)
-        if SOFTCAP:
-            th = math.tanh(x / capr)
-            x = capr * th
         pos = I(i) + off
-        if ALIBI:
-            x -= slope * float32(abs(pos - I(key)))
-        dead = i >= nq or key >= nk or (WL >= I(0) and I(key) < pos - WL) or (RIGHT >= I(0) and I(key) > pos + RIGHT)
+        x, th = capped(x, pos, I(key), capr, slope)
+        dead = i >= nq or outside(pos, I(key), I(nk), RIGHT)
         p = float32(0.0) if dead else math.exp2(x * scale_log2 - lse2)
         z = z_keep(zq, key) if DROP else float32(1.0)
         ds = p * (dpx * z - Di)
@@ -598,23 +594,18 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
     options as in the forward (pass the same values): checked by flashlab._inputs.check_options, compiled in."""
     from .._inputs import check_options
     from .register import Extras
-    from ._launch import check_kernel_inputs, empty, empty_words, like_input, to_device, to_device_words
+    from ._launch import all_to_device_words, check_kernel_inputs, empty, empty_words, like_input, to_device
     from .plan import plan as make_plan
     from .tensor import resolve_precision
     from ..device import device_limits
 
-    words = {}
-    for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):
-        words[name] = to_device_words(x, name)
-    kind, dtype = words["q"][1], words["q"][2]
-    for name in ("k", "v", "o", "do"):
-        if words[name][2] != dtype:
-            raise TypeError(f"{name} has dtype {words[name][2]}; expected q's dtype {dtype}")
+    (q_w, k_w, v_w, o_w, do_w), kind, dtype = all_to_device_words((("q", q), ("k", k), ("v", v), ("o", o),
+                                                                    ("do", do)))
     lse_d, _ = to_device(lse, "lse")
-    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(words["q"][0], words["k"][0], words["v"][0], causal=causal,
-                                                         scale=scale, words=dtype != "float32", gqa=True)
-    for name, x in (("o", o), ("do", do)):
-        if tuple(words[name][0].shape) != tuple(words["q"][0].shape):
+    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_w, k_w, v_w, causal=causal, scale=scale,
+                                                         words=dtype != "float32", gqa=True)
+    for name, x, w in (("o", o, o_w), ("do", do, do_w)):
+        if tuple(w.shape) != tuple(q_w.shape):
             raise ValueError(f"{name} has shape {tuple(x.shape)}; expected q's shape {tuple(q.shape)}")
     if tuple(lse_d.shape) != (B, H, Nq) or np.dtype(lse_d.dtype) != np.float32:
         raise ValueError(f"lse must be float32 of shape {(B, H, Nq)} (as the forward returns it); got "
@@ -630,9 +621,9 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
     D = alloc((B, H, Nq), np.float32)
     dq, dq_w = empty_words((B, H, Nq, d), dtype, kind, like=q)
     dq_acc = dq_w if dtype == "float32" else alloc((B, H, Nq, d), np.float32)
-    H_kv = words["k"][0].shape[1]
+    H_kv = k_w.shape[1]
     dk, dk_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
     dv, dv_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
-    launch(words["q"][0], words["k"][0], words["v"][0], words["o"][0], lse_d, words["do"][0], dq_w, dk_w, dv_w,
-           dq_acc, D, H, scale, causal, plan.config, plan.precision, extras=extras, seed=opt.seed)
+    launch(q_w, k_w, v_w, o_w, lse_d, do_w, dq_w, dk_w, dv_w, dq_acc, D, H, scale, causal, plan.config,
+           plan.precision, extras=extras, seed=opt.seed)
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
