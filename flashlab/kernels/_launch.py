@@ -88,6 +88,17 @@ def to_device_words(x, name: str, layout: str = "(B, H, N, d)"):
     return dev, kind, dtype  # float32, or a dtype the checks reject with a clear message
 
 
+def all_to_device_words(named, layout: str = "(B, H, N, d)"):
+    """to_device_words on each (name, array) pair, which must all share the first's dtype: ([device arrays],
+    kind, dtype name), kind and dtype the first's. The tensor kernels' inputs (q, k, v; the backward's o, do)."""
+    out = [to_device_words(x, name, layout) for name, x in named]
+    (first, _), dtype = named[0], out[0][2]
+    for (name, _), (_, _, dt) in zip(named[1:], out[1:]):
+        if dt != dtype:
+            raise TypeError(f"{name} has dtype {dt}; expected {first}'s dtype {dtype}")
+    return [w for w, _, _ in out], out[0][1], dtype
+
+
 def _check_pairs(name, shape, last_stride, layout="(B, H, N, d)"):
     if len(shape) != layout.count(",") + 1:
         raise ValueError(f"{name} must have {layout.count(',') + 1} dims {layout}; got shape {shape}")

@@ -63,6 +63,7 @@ def build(d: int, n_q: int, threads: int):
     NS = NQ * BK  # threads that hold one score each
     K_LOADS = (BK * D + T - 1) // T  # K-tile elements each thread copies
     O_PER = (NQ * D + T - 1) // T  # O entries each thread owns
+    tile_step = online_softmax_step(NS, BK)
 
     @cuda.jit(fastmath={"contract", "afn", "arcp"})
     def split(q, k, v, m_part, l_part, o_part, n_k, chunk, scale_log2):
@@ -105,39 +106,7 @@ def build(d: int, n_q: int, threads: int):
                 s = 0.0
                 for x in range(D):
                     s += Qs[qi_s, x] * Ks[j_s, x]
-            if t < NS:
-                Ps[qi_s, j_s] = s
-                red[t] = s
-            cuda.syncthreads()
-            w = BK // 2
-            while w > 0:  # tile max of each query: red[qi * BK]
-                if t < NS and j_s < w:
-                    red[t] = max(red[t], red[t + w])
-                cuda.syncthreads()
-                w //= 2
-            m_old = float32(0.0)
-            m_new = float32(0.0)
-            if t < NS:
-                m_old = Ms[qi_s]
-                m_new = max(m_old, red[qi_s * BK])
-            cuda.syncthreads()  # everyone has read the max before red is reused
-            if t < NS:
-                p = math.exp2(Ps[qi_s, j_s] - m_new)  # masked keys: 2^(-1e30) = 0
-                Ps[qi_s, j_s] = p
-                red[t] = p
-            cuda.syncthreads()
-            w = BK // 2
-            while w > 0:  # tile sum of each query: red[qi * BK]
-                if t < NS and j_s < w:
-                    red[t] += red[t + w]
-                cuda.syncthreads()
-                w //= 2
-            if t < NS and j_s == 0:
-                alpha = math.exp2(m_old - m_new)
-                As[qi_s] = alpha
-                Ls[qi_s] = Ls[qi_s] * alpha + red[t]
-                Ms[qi_s] = m_new
-            cuda.syncthreads()
+            tile_step(s, t, Ps, red, Ms, Ls, As)
             n_keys = min(BK, k_stop - k0)
             for i in range(O_PER):  # O = alpha O + P V, thread owns entries (qi, x) = divmod(i*T + t, D)
                 e = i * T + t
@@ -161,6 +130,58 @@ def build(d: int, n_q: int, threads: int):
 
 
 @functools.lru_cache(maxsize=None)
+def online_softmax_step(NS: int, BK: int):
+    """The online-softmax step of one key tile, shared by this split kernel and kernels/paged.py's: thread
+    t < NS holds the score s of row t // BK and key t % BK (NEG where masked). It writes P = 2^(s - m_new) over s
+    in Ps (0 where masked, even in a row whose keys so far are all masked), and updates the rows' running max Ms
+    and sum Ls, leaving each row's rescale factor alpha = 2^(m_old - m_new) in As for the O update. Tree
+    reductions in shared memory (red, one segment of BK per row; BK a power of two), no warp shuffles, so the
+    simulator runs the same code. Every thread of the block must call it: it synchronises."""
+    global cuda
+    cuda = get_cuda()
+    from numba import float32
+
+    @cuda.jit(device=True, inline=True)
+    def step(s, t, Ps, red, Ms, Ls, As):
+        r_s, j_s = t // BK, t % BK
+        if t < NS:
+            Ps[r_s, j_s] = s
+            red[t] = s
+        cuda.syncthreads()
+        w = BK // 2
+        while w > 0:  # tile max of each row: red[r * BK]
+            if t < NS and j_s < w:
+                red[t] = max(red[t], red[t + w])
+            cuda.syncthreads()
+            w //= 2
+        m_old = float32(0.0)
+        m_new = float32(0.0)
+        if t < NS:
+            m_old = Ms[r_s]
+            m_new = max(m_old, red[r_s * BK])
+        cuda.syncthreads()  # everyone has read the max before red is reused
+        if t < NS:
+            s = Ps[r_s, j_s]
+            p = math.exp2(s - m_new) if s > 0.5 * NEG else float32(0.0)
+            Ps[r_s, j_s] = p
+            red[t] = p
+        cuda.syncthreads()
+        w = BK // 2
+        while w > 0:  # tile sum of each row: red[r * BK]
+            if t < NS and j_s < w:
+                red[t] += red[t + w]
+            cuda.syncthreads()
+            w //= 2
+        if t < NS and j_s == 0:
+            alpha = math.exp2(m_old - m_new)
+            As[r_s] = alpha
+            Ls[r_s] = Ls[r_s] * alpha + red[t]
+            Ms[r_s] = m_new
+        cuda.syncthreads()
+
+    return step
+
+
 def build_merge(d: int, normalised: bool = False):
     """The merge kernel, grid (Nq, H, B), one thread per output dim. Partial states are m_part, l_part
     (B, H, n_splits, Nq) and o_part (B, H, n_splits, Nq, d), float32, m in natural-log units.

@@ -136,15 +136,12 @@ def setup(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, sp
             raise ValueError("plan= already fixes the tile, precision and splits; pass either plan= or the overrides")
         variant = plan.variant
     if variant == "tensor":
-        from ._launch import empty_words, to_device_words
+        from ._launch import all_to_device_words, empty_words
         from .tensor import resolve_precision
 
         if tile is not None:
             raise ValueError("tile= configures the register kernel; for variant='tensor' use block_q / block_k")
-        (q_d, kind, dtype), (k_d, _, k_dtype), (v_d, _, v_dtype) = (to_device_words(x, n) for x, n in
-                                                                     ((q, "q"), (k, "k"), (v, "v")))
-        if not dtype == k_dtype == v_dtype:
-            raise TypeError(f"q, k and v must share one dtype; got q {dtype}, k {k_dtype}, v {v_dtype}")
+        (q_d, k_d, v_d), kind, dtype = all_to_device_words((("q", q), ("k", k), ("v", v)))
         if plan is None:
             precision = resolve_precision(dtype, precision, device_limits()["cc"])
         B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale,

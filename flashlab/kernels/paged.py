@@ -32,7 +32,7 @@ from .._inputs import check_block, check_options
 from ..decoding import check_num_splits, check_paged, chunk_bounds, default_num_splits
 from ..device import device_limits, get_cuda, has_gpu
 from ._launch import empty, like_input, to_device, to_host
-from .decoding import LN2, LOG2E, NEG, build_merge, default_threads, key_tile
+from .decoding import LN2, LOG2E, NEG, build_merge, default_threads, key_tile, online_softmax_step
 
 cuda = None  # numba.cuda, bound when the kernel is first built (see device.py)
 
@@ -53,6 +53,7 @@ def build(d: int, group: int, n_q: int, threads: int):
     NS = R * BK
     K_LOADS = (BK * D + T - 1) // T
     O_PER = (R * D + T - 1) // T
+    tile_step = online_softmax_step(NS, BK)
 
     @cuda.jit(fastmath={"contract", "afn", "arcp"})
     def split(q, k_cache, v_cache, block_table, seqlens, m_part, l_part, o_part, chunk, scale_log2, causal):
@@ -99,41 +100,7 @@ def build(d: int, group: int, n_q: int, threads: int):
                 s = 0.0
                 for x in range(D):
                     s += Qs[r_s, x] * Ks[j_s, x]
-            if t < NS:
-                Ps[r_s, j_s] = s
-                red[t] = s
-            cuda.syncthreads()
-            w = BK // 2
-            while w > 0:
-                if t < NS and j_s < w:
-                    red[t] = max(red[t], red[t + w])
-                cuda.syncthreads()
-                w //= 2
-            m_old = float32(0.0)
-            m_new = float32(0.0)
-            if t < NS:
-                m_old = Ms[r_s]
-                m_new = max(m_old, red[r_s * BK])
-            cuda.syncthreads()
-            if t < NS:
-                s = Ps[r_s, j_s]
-                # a masked key gives 0 even when the whole tile is masked for this row (m_new still NEG)
-                p = math.exp2(s - m_new) if s > 0.5 * NEG else float32(0.0)
-                Ps[r_s, j_s] = p
-                red[t] = p
-            cuda.syncthreads()
-            w = BK // 2
-            while w > 0:
-                if t < NS and j_s < w:
-                    red[t] += red[t + w]
-                cuda.syncthreads()
-                w //= 2
-            if t < NS and j_s == 0:
-                alpha = math.exp2(m_old - m_new)
-                As[r_s] = alpha
-                Ls[r_s] = Ls[r_s] * alpha + red[t]
-                Ms[r_s] = m_new
-            cuda.syncthreads()
+            tile_step(s, t, Ps, red, Ms, Ls, As)
             n_keys = min(BK, k_stop - k0)
             for i in range(O_PER):
                 e = i * T + t
@@ -164,11 +131,10 @@ def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
     Returns (run, o, lse, kind): run() launches both kernels on the prepared arrays, again when called again
     (benchmarks time it apart from the checks and copies of a call, as tensor.prepare does)."""
     from . import tensor
-    from ._launch import to_device_words
+    from ._launch import all_to_device_words
     from .register import grid
 
-    (q_w, kind, _), (k_w, _, _), (v_w, _, _) = (to_device_words(x, n) for x, n in
-                                                ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")))
+    (q_w, k_w, v_w), kind, _ = all_to_device_words((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     B, H, Nq, W = q_w.shape
     pages, page, H_kv, _ = k_w.shape
     rows = H // H_kv * Nq
