@@ -100,6 +100,39 @@ def test_varlen_kernel_on_gpu(rng, d, dtype, variant):
         check(*packed(rng, lens, lens[::-1], 4, 2, d, dtype), tol=tol, variant=variant, **opts)
 
 
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("variant,dtype", [("tensor", "float16"), ("tensor", "bfloat16"), ("register", "float32")])
+def test_prepared_varlen_calls_match_the_general_path(rng, monkeypatch, variant, dtype):
+    """Torch CUDA tensors: the second call with the same shapes, offsets and options takes the prepared path
+    (kernels/_fast.py); it gives the general path's output bit for bit, and a new cu_seqlens is a new entry."""
+    import torch
+
+    from flashlab.kernels import _fast
+
+    lens_q, lens_k = [1, 300, 0, 777, 64], [5, 300, 9, 700, 0]
+    q, k, v, cu_q, cu_k = packed(rng, lens_q, lens_k, 4, 2, 64)
+    q, k, v = (torch.from_numpy(x).to("cuda", getattr(torch, dtype)) for x in (q, k, v))
+    opts = dict(causal=True, align="bottom_right", window_size=(100, 0), softcap=5.0,
+                alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625]), variant=variant)
+    monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
+    want = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **opts)
+    monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
+    before = len(_fast._CALLS)
+    for _ in range(2):  # the first call prepares, the second only launches
+        got = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **opts)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+    assert len(_fast._CALLS) == before + 1
+    cu_k2 = cu_k.copy()
+    cu_k2[1:] = np.minimum(cu_k2[1:] + 3, cu_k[-1])  # other key lengths: a new prepared call, the right output
+    got = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k2, **opts)
+    assert len(_fast._CALLS) == before + 2
+    monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
+    want = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k2, **opts)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 def test_varlen_kernels_forward_then_backward(rng):
     """The forward kernel's (o, lse) feed the backward kernel as they come (lse (H, total_q)): the gradients match
     the NumPy varlen backward in float64."""

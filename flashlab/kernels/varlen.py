@@ -11,9 +11,12 @@ tensor.build(varlen=True)) launches one block per entry and head: grid (table ro
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..device import get_cuda
+from . import _fast
 from ._launch import empty, like_input, shell, to_device, to_host
 
 
@@ -36,19 +39,111 @@ def block_table(cu_q, cu_k, block_q: int, block_k: int, causal: bool, bottom_rig
 
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
-    """`flashlab.flash_attention_varlen` in one kernel launch. Returns (o, lse). See prepare for the arguments."""
+    """`flashlab.flash_attention_varlen` in one kernel launch. Returns (o, lse). See prepare for the arguments.
+
+    Torch CUDA tensors take kernels/_fast.py's prepared path (without dropout, whose seed changes every step):
+    the first call with given shapes, offsets and options does the checks, plan, block table and its copy to the
+    GPU and keeps them; a later call with the same ones only allocates the outputs and launches."""
+    key = _fast_key(q, k, v, cu_seqlens_q, cu_seqlens_k, options)
+    if key is not None:
+        call = _fast.lookup(key)
+        if call is None:
+            call = _fast.store(key, PreparedVarlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options))
+        return call(q, k, v)
     run, o, lse, kind = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
     run()
     return like_input(o, kind), like_input(lse, kind)
 
 
-def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=False, scale=None,
-            window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0,
-            variant=None, precision=None, block_q=None, block_k=None):
+def _fast_key(q, k, v, cu_q, cu_k, options):
+    """The prepared call's key, or None for calls that go the general way (not torch CUDA tensors, dropout)."""
+    if options.get("dropout_p") or not _fast.available():
+        return None
+    key = _fast.torch_key(q, k, v)
+    if key is None:
+        return None
+    try:
+        opts = tuple(sorted((n, _hashable(x)) for n, x in options.items()))
+        hash(opts)
+    except TypeError:
+        return None
+    cu_q, cu_k = to_host(cu_q), to_host(cu_k)
+    return "varlen", key, cu_q.dtype.str, cu_q.tobytes(), cu_k.dtype.str, cu_k.tobytes(), opts
+
+
+def _hashable(x):
+    if isinstance(x, list):
+        return tuple(x)
+    if x is not None and not isinstance(x, (str, bytes, int, float, tuple)):  # arrays: ALiBi slopes
+        a = to_host(x)
+        return a.dtype.str, a.shape, a.tobytes()
+    return x
+
+
+class PreparedVarlen:
+    """One varlen launch for torch tensors of one key: the general path's kernel, grid and scalars, with the
+    block table and offsets kept on the GPU, launched through _fast.PreparedKernel."""
+
+    def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
+        import torch
+
+        _, launch = _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
+        total_q, H, d = q.shape
+        self.shapes, self.dtype, self.kernel = ((total_q, H, d), (H, total_q)), q.dtype, None
+        if launch is None:  # no query rows
+            return
+        # kept alive here: the kernel reads them on every call
+        self.tables = [torch.from_numpy(x).to(q.device) for x in launch.tables]
+        ins = [_fast.torch_spec(x) for x in (q, k, v)]
+        o = _fast.Spec.contiguous((total_q, H, d), ins[0].dtype)
+        if launch.variant == "tensor" and q.dtype != torch.float32:  # 16-bit values as uint32 pairs
+            ins, o = [x.words() for x in ins], o.words()
+        lse = _fast.Spec.contiguous((H, total_q), np.float32)
+        tables = [_fast.Spec.contiguous(x.shape, np.int32) for x in launch.tables]
+        self.kernel = _fast.PreparedKernel(launch.kernel, launch.grid, launch.threads,
+                                           ins + [o, lse] + tables + list(launch.scalars))
+
+    def __call__(self, q, k, v):
+        import torch
+
+        o = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
+        lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
+        if self.kernel is not None:  # no query rows: nothing to launch
+            self.kernel.launch(_fast.current_stream(q), [q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                                         lse.data_ptr()] + [t.data_ptr() for t in self.tables])
+        return o, lse
+
+
+def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     """Everything flash_attention_varlen does before the launch (checks, plan, the block table, copies of the
     tables to the device, the outputs): returns (run, o, lse, kind), where run() launches the kernel on them and
     can be called again (benchmarks time it alone, without the host's work per call), o and lse are device arrays
-    and kind says how the inputs came, for _launch.like_input.
+    and kind says how the inputs came, for _launch.like_input. The arguments are _setup's."""
+    (q_d, k_d, v_d, o, o_words, lse, kind), launch = _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
+    run = lambda: None  # noqa: E731 (no query rows: nothing to launch)
+    if launch is not None:
+        cuda = get_cuda()
+        table, cu = (cuda.to_device(x) for x in launch.tables)
+        go = launch.kernel[launch.grid, launch.threads]
+        run = lambda: go(q_d, k_d, v_d, o_words, lse, table, cu, *launch.scalars)  # noqa: E731
+    return run, o, lse, kind
+
+
+class Launch(NamedTuple):
+    """The varlen launch beyond q, k, v, o and lse: kernel[grid, threads](q, k, v, o, lse, *tables, *scalars)."""
+    kernel: object
+    grid: tuple
+    threads: int
+    variant: str
+    tables: tuple  # (block table, cu_seqlens_q and _k stacked), int32 NumPy arrays, for the device
+    scalars: tuple  # (H, scale * log2(e), dropout seed)
+
+
+def _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=False, scale=None,
+           window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0,
+           variant=None, precision=None, block_q=None, block_k=None):
+    """The checks, plan and block table: ((q, k, v as device arrays, o, o's 32-bit words (tensor variant) or o,
+    lse, kind), Launch or None when there are no query rows).
 
     q: (total_q, H, d); k, v: (total_k, H_kv, d) with H_kv dividing H; NumPy arrays, numba device arrays or
     torch CUDA tensors (the outputs come back the same way). cu_seqlens_q, cu_seqlens_k: (batch + 1,) integers
@@ -65,13 +160,10 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqle
     if variant not in ("register", "tensor"):
         raise ValueError(f"variant must be 'register' or 'tensor' for varlen; got {variant!r}")
     if variant == "tensor":
-        from ._launch import empty_words, to_device_words
+        from ._launch import all_to_device_words, empty_words
         from .tensor import resolve_precision
 
-        (q_d, kind, dtype), (k_d, _, k_dtype), (v_d, _, v_dtype) = (to_device_words(x, n, "(total, heads, d)")
-                                                                     for x, n in ((q, "q"), (k, "k"), (v, "v")))
-        if not dtype == k_dtype == v_dtype:
-            raise TypeError(f"q, k and v must share one dtype; got q {dtype}, k {k_dtype}, v {v_dtype}")
+        (q_d, k_d, v_d), kind, dtype = all_to_device_words((("q", q), ("k", k), ("v", v)), "(total, heads, d)")
         words = 1 if dtype == "float32" else 2  # values per 32-bit word of the last axis
     else:
         if precision is not None:
@@ -114,12 +206,8 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqle
     else:
         o = o_words = empty((total_q, H, d), q_d.dtype, kind, like=q)
     lse = empty((H, total_q), np.float32, kind, like=q)
-    run = lambda: None  # noqa: E731 (no query rows: nothing to launch)
+    arrays, launch = (q_d, k_d, v_d, o, o_words, lse, kind), None
     if len(table):
-        cuda = get_cuda()
-        cu = cuda.to_device(np.stack([cu_q, cu_k]).astype(np.int32))
-        args = (q_d, k_d, v_d, o_words, lse, cuda.to_device(table), cu, H, np.float32(opt.scale * LOG2E),
-                np.int64(opt.seed))
         if variant == "tensor":
             from .tensor import build as build_tensor
 
@@ -128,6 +216,7 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqle
             from .register import build
 
             kernel = build(d, tile, opt.causal, gqa=H_kv != H, extras=extras, varlen=True)
-        launch = kernel[(len(table), H, 1), tile.threads]
-        run = lambda: launch(*args)  # noqa: E731
-    return run, o, lse, kind
+        launch = Launch(kernel, (len(table), H, 1), tile.threads, variant,
+                        (table, np.stack([cu_q, cu_k]).astype(np.int32)), (H, np.float32(opt.scale * LOG2E),
+                                                                           np.int64(opt.seed)))
+    return arrays, launch
