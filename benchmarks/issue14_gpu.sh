@@ -3,6 +3,7 @@
 #   bash benchmarks/issue14_gpu.sh tests     # GPU tests: paged decoding, GQA kernels, flashlab.torch options
 #   bash benchmarks/issue14_gpu.sh sanitize memcheck|racecheck|backward  # paged and varlen tensor kernels; backward d128
 #   bash benchmarks/issue14_gpu.sh bench     # GQA-decoding, sliding-window and varlen bars -> benchmarks/results/*.json
+#   bash benchmarks/issue14_gpu.sh options   # each option's cost, tensor forward and backward -> results/options.json
 # Set OUT to a folder to keep the logs (default: benchmarks/results/logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ case "${1:-}" in
     timeout "${2:-500}" $PY -m pytest -q -m gpu "${XDIST[@]}" -p no:cacheprovider -W ignore -rf tests/test_paged_kernel.py \
       tests/test_register_options.py tests/test_gqa_kernels.py tests/test_torch_integration.py tests/test_varlen_kernels.py \
       tests/test_varlen_kernels_backward.py tests/test_torch_varlen.py tests/test_kernel_dropout.py tests/test_tensor_options.py \
-      tests/test_tensor_backward_options.py 2>&1 | tee "$OUT/tests14.txt" | tail -15 ;;
+      tests/test_tensor_backward_options.py tests/test_tensor_dropout.py tests/test_decoding.py 2>&1 | tee "$OUT/tests14.txt" | tail -15 ;;
   sanitize)
     # sanitize memcheck|racecheck [timeout]: the paged kernel's GPU test (its tensor and register builds) and the varlen
     # tensor forward's; sanitize backward: issue 13's tensor backward at d = 128 under memcheck. Serial on purpose:
@@ -37,5 +38,6 @@ case "${1:-}" in
     for args in "" "--causal" "--variant register" "--seqs 256 --min 32 --max 1024"; do
       $PY benchmarks/bench_varlen.py $args --json benchmarks/results/varlen.json 2>&1 | tee -a "$OUT/bench14.txt" | tail -9
     done ;;
+  options) $PY benchmarks/bench_options.py --json benchmarks/results/options.json 2>&1 | tee "$OUT/options14.txt" ;;
   *) sed -n 2,6p "$0"; exit 2 ;;
 esac
