@@ -129,7 +129,6 @@ def build(d: int, n_q: int, threads: int):
     return split, build_merge(d)
 
 
-@functools.lru_cache(maxsize=None)
 def online_softmax_step(NS: int, BK: int):
     """The online-softmax step of one key tile, shared by this split kernel and kernels/paged.py's: thread
     t < NS holds the score s of row t // BK and key t % BK (NEG where masked). It writes P = 2^(s - m_new) over s
@@ -182,6 +181,7 @@ def online_softmax_step(NS: int, BK: int):
     return step
 
 
+@functools.lru_cache(maxsize=None)
 def build_merge(d: int, normalised: bool = False):
     """The merge kernel, grid (Nq, H, B), one thread per output dim. Partial states are m_part, l_part
     (B, H, n_splits, Nq) and o_part (B, H, n_splits, Nq, d), float32, m in natural-log units.
