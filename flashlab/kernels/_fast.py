@@ -253,6 +253,27 @@ def lookup(key):
     return _CALLS.get(key)
 
 
+def options_key(options: dict):
+    """A hashable key for the library's options (arrays such as ALiBi slopes by their bytes), or None when one of
+    them cannot be keyed (the call then goes the general way)."""
+    from ._launch import to_host
+
+    def value(x):
+        if isinstance(x, list):
+            return tuple(x)
+        if x is not None and not isinstance(x, (str, bytes, int, float, tuple)):
+            a = to_host(x)
+            return a.dtype.str, a.shape, a.tobytes()
+        return x
+
+    try:
+        key = tuple(sorted((name, value(x)) for name, x in options.items()))
+        hash(key)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return key
+
+
 def store(key, call):
     if len(_CALLS) >= MAX_CALLS:
         _CALLS.pop(next(iter(_CALLS)))
@@ -263,9 +284,9 @@ def store(key, call):
 # ---------------------------------------------------------------------------------------------- forward
 class PreparedForward:
     """flash_attention for torch tensors of one key: torch allocates the outputs, then one launch (or the
-    split kernel and the merge)."""
+    split kernel and the merge). extras: the library's options (register.Extras) without dropout, or None."""
 
-    def __init__(self, plan, scale, q, k, v):
+    def __init__(self, plan, scale, q, k, v, extras=None):
         import torch
 
         from .decoding import build_merge
@@ -286,7 +307,7 @@ class PreparedForward:
         scalars = (p.Nq, p.Nk, p.H, np.float32(scale * LOG2E))
         if plan.variant in ("register", "tensor"):
             scalars += (0,)  # the dropout seed: prepared calls have no dropout
-        kernel = self._kernel()
+        kernel = self._kernel(extras)
         threads = plan.threads
         if plan.splits == 1:
             self.kernels = [PreparedKernel(kernel, plan.grid, threads, ins + [o, lse, *scalars])]
@@ -300,17 +321,18 @@ class PreparedForward:
                             PreparedKernel(build_merge(p.d, normalised=True), (p.Nq, p.H, p.B), p.d,
                                            [lse_part, lse_part, o_part, out, lse, S])]
 
-    def _kernel(self):
+    def _kernel(self, extras):
         plan, p = self.plan, self.plan.problem
         split = plan.splits > 1
         if plan.variant == "register":
             from .register import build
 
-            return build(p.d, plan.config, p.causal, split=split, heavy_first=plan.heavy_first)
+            return build(p.d, plan.config, p.causal, split=split, heavy_first=plan.heavy_first, extras=extras)
         if plan.variant == "tensor":
             from .tensor import build
 
-            return build(p.d, plan.config, p.causal, plan.precision, split=split, heavy_first=plan.heavy_first)
+            return build(p.d, plan.config, p.causal, plan.precision, split=split, heavy_first=plan.heavy_first,
+                         extras=extras)
         from .shared import build
 
         return build(p.d, *plan.config, p.causal)

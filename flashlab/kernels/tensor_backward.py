@@ -591,10 +591,47 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
              plan=None, window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0,
              seed=0):
     """flash_attention_backward(..., variant="tensor"): (dq, dk, dv) in q's dtype and kind of array. The library
-    options as in the forward (pass the same values): checked by flashlab._inputs.check_options, compiled in."""
+    options as in the forward (pass the same values): checked by flashlab._inputs.check_options, compiled in.
+    Torch CUDA tensors take a prepared path (PreparedBackward) unless plan= or dropout is given."""
+    from . import _fast
+
+    library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap)
+    if _fast.available() and plan is None and not dropout_p:  # dropout: a new seed each step, the general path
+        key, opts = _fast.torch_key(q, k, v, o, lse, do), _fast.options_key(library)
+        if key is not None and opts is not None:
+            key = ("tensor backward", key, causal, scale, precision, block_q, block_k, opts)
+            call = _fast.lookup(key)
+            if call is None:
+                call = _fast.store(key, PreparedBackward(q, k, v, o, lse, do, causal=causal, scale=scale,
+                                                         precision=precision, block_q=block_q, block_k=block_k,
+                                                         **library))
+            return call(q, k, v, o, lse, do)
+    s = _setup(q, k, v, o, lse, do, causal=causal, scale=scale, precision=precision, block_q=block_q,
+               block_k=block_k, plan=plan, dropout_p=dropout_p, seed=seed, **library)
+    from ._launch import empty, empty_words, like_input
+
+    B, H, Nq, Nk, d, H_kv, kind, dtype = s.B, s.H, s.Nq, s.Nk, s.d, s.H_kv, s.kind, s.dtype
+    q_w, k_w, v_w, o_w, lse_d, do_w = s.arrays
+    alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
+    D = alloc((B, H, Nq), np.float32)
+    dq, dq_w = empty_words((B, H, Nq, d), dtype, kind, like=q)
+    dq_acc = dq_w if dtype == "float32" else alloc((B, H, Nq, d), np.float32)
+    dk, dk_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
+    dv, dv_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
+    launch(q_w, k_w, v_w, o_w, lse_d, do_w, dq_w, dk_w, dv_w, dq_acc, D, H, s.scale, s.causal, s.plan.config,
+           s.plan.precision, extras=s.extras, seed=s.seed)
+    return tuple(like_input(x, kind) for x in (dq, dk, dv))
+
+
+def _setup(q, k, v, o, lse, do, *, causal, scale, precision, block_q, block_k, plan, window_size, align,
+           alibi_slopes, softcap, dropout_p, seed):
+    """backward's checks and plan: a SimpleNamespace of the device arrays (q, k, v, o, lse, do; 16-bit ones as
+    uint32 words), kind, dtype, B, H, Nq, Nk, d, H_kv, causal, scale, plan, extras and seed."""
+    from types import SimpleNamespace
+
     from .._inputs import check_options
     from .register import Extras
-    from ._launch import all_to_device_words, check_kernel_inputs, empty, empty_words, like_input, to_device
+    from ._launch import all_to_device_words, check_kernel_inputs, to_device
     from .plan import plan as make_plan
     from .tensor import resolve_precision
     from ..device import device_limits
@@ -617,13 +654,62 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
         precision = resolve_precision(dtype, precision, device_limits()["cc"])
         plan = make_plan((B, H, Nq, Nk, d), variant="tensor", direction="backward", causal=causal, dtype=dtype,
                          block_q=block_q, block_k=block_k, precision=precision)
-    alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
-    D = alloc((B, H, Nq), np.float32)
-    dq, dq_w = empty_words((B, H, Nq, d), dtype, kind, like=q)
-    dq_acc = dq_w if dtype == "float32" else alloc((B, H, Nq, d), np.float32)
-    H_kv = k_w.shape[1]
-    dk, dk_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
-    dv, dv_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
-    launch(q_w, k_w, v_w, o_w, lse_d, do_w, dq_w, dk_w, dv_w, dq_acc, D, H, scale, causal, plan.config,
-           plan.precision, extras=extras, seed=opt.seed)
-    return tuple(like_input(x, kind) for x in (dq, dk, dv))
+    return SimpleNamespace(arrays=(q_w, k_w, v_w, o_w, lse_d, do_w), kind=kind, dtype=dtype, B=B, H=H, Nq=Nq, Nk=Nk,
+                           d=d, H_kv=k_w.shape[1], causal=causal, scale=scale, plan=plan, extras=extras, seed=opt.seed)
+
+
+class PreparedBackward:
+    """The tensor backward for torch CUDA tensors of one key (shapes, strides, dtypes, options; no dropout): the
+    checks, plan and argument lists once (kernels/_fast.py), then each call allocates the gradients and launches
+    preprocess, main and (16-bit) the dQ cast, as launch() does."""
+
+    def __init__(self, q, k, v, o, lse, do, **options):
+        import torch
+
+        from . import _fast
+        from ._fast import Spec
+
+        s = _setup(q, k, v, o, lse, do, plan=None, dropout_p=0.0, seed=0, **options)
+        B, H, Nq, Nk, d, H_kv, tile = s.B, s.H, s.Nq, s.Nk, s.d, s.H_kv, s.plan.config
+        preprocess, main, cast = build(d, tile, s.causal, s.plan.precision, gqa=H_kv != H, extras=s.extras)
+        self.wide = s.dtype == "float32"
+        ins = [_fast.torch_spec(x) for x in (q, k, v, o, lse, do)]
+        if not self.wide:  # 16-bit values as uint32 pairs (lse stays float32)
+            ins = [x if i == 4 else x.words() for i, x in enumerate(ins)]
+        q_s, k_s, v_s, o_s, lse_s, do_s = ins
+        self.dtype, self.q_shape, self.k_shape = q.dtype, (B, H, Nq, d), (B, H_kv, Nk, d)
+        D = Spec.contiguous((B, H, Nq), np.float32)
+        dq_acc = Spec.contiguous(self.q_shape, np.float32)
+        grads = [Spec.contiguous(x, {torch.float32: np.float32, torch.float16: np.float16,
+                                     torch.bfloat16: np.uint16}[q.dtype]) for x in (self.k_shape, self.k_shape)]
+        if not self.wide:
+            grads = [x.words() for x in grads]
+        rows = 128
+        self.kernels = [
+            _fast.PreparedKernel(preprocess, (-(-Nq // rows), B * H), rows, [o_s, do_s, D, dq_acc, H]),
+            _fast.PreparedKernel(main, (-(-Nk // tile.block_k), B * H_kv), tile.threads,
+                                 [q_s, k_s, v_s, do_s, lse_s, D, dq_acc, *grads, H, np.float32(s.scale),
+                                  np.float32(s.scale * LOG2E), np.int64(0)])]
+        if not self.wide:  # dQ, accumulated in float32, to the input's 16-bit type
+            n = B * H * Nq * d
+            self.kernels.append(_fast.PreparedKernel(cast, (-(-(n // 2) // 256),), 256,
+                                                     [Spec.contiguous((n,), np.float32),
+                                                      Spec.contiguous((n // 2,), np.uint32)]))
+
+    def __call__(self, q, k, v, o, lse, do):
+        import torch
+
+        from ._fast import current_stream
+
+        stream = current_stream(q)
+        new = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=q.device)  # noqa: E731
+        D = new(self.q_shape[:3], torch.float32)
+        dq = new(self.q_shape, self.dtype)
+        dq_acc = dq if self.wide else new(self.q_shape, torch.float32)
+        dk, dv = new(self.k_shape, self.dtype), new(self.k_shape, self.dtype)
+        self.kernels[0].launch(stream, [o.data_ptr(), do.data_ptr(), D.data_ptr(), dq_acc.data_ptr()])
+        self.kernels[1].launch(stream, [q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(),
+                                        D.data_ptr(), dq_acc.data_ptr(), dk.data_ptr(), dv.data_ptr()])
+        if not self.wide:
+            self.kernels[2].launch(stream, [dq_acc.data_ptr(), dq.data_ptr()])
+        return dq, dk, dv

@@ -59,25 +59,11 @@ def _fast_key(q, k, v, cu_q, cu_k, options):
     """The prepared call's key, or None for calls that go the general way (not torch CUDA tensors, dropout)."""
     if options.get("dropout_p") or not _fast.available():
         return None
-    key = _fast.torch_key(q, k, v)
-    if key is None:
-        return None
-    try:
-        opts = tuple(sorted((n, _hashable(x)) for n, x in options.items()))
-        hash(opts)
-    except TypeError:
+    key, opts = _fast.torch_key(q, k, v), _fast.options_key(options)
+    if key is None or opts is None:
         return None
     cu_q, cu_k = to_host(cu_q), to_host(cu_k)
     return "varlen", key, cu_q.dtype.str, cu_q.tobytes(), cu_k.dtype.str, cu_k.tobytes(), opts
-
-
-def _hashable(x):
-    if isinstance(x, list):
-        return tuple(x)
-    if x is not None and not isinstance(x, (str, bytes, int, float, tuple)):  # arrays: ALiBi slopes
-        a = to_host(x)
-        return a.dtype.str, a.shape, a.tobytes()
-    return x
 
 
 class PreparedVarlen:
