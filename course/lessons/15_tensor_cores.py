@@ -620,9 +620,12 @@ else:
     print("no benchmark data found (flashlab/data/tensor_backward.json is missing from this install)")
 
 # %% [markdown]
-# About a fifth of SDPA's speed, a little more under causal masking. The registers tell part of the story:
-# an SM has 64K of them, so a tile that needs close to 200 a thread fits one or two blocks, a handful of
-# warps, per SM, too few to hide the latency of the shared-memory loads between the `mma`. FA2's backward
+# From a fifth to over a third of SDPA's speed at N = 4096: d = 64 does better than d = 128, and causal
+# masking better than none. These are whole calls, host included: the checks, the plan and numba's typing of
+# three kernels' arguments happen once per shape and options, and later calls only allocate the gradients and
+# launch (`kernels/_fast.py`; `docs/gpu-runs-issue13.md` shows what that saved). The registers tell part of
+# the story: an SM has 64K of them, so a tile that needs close to 200 a thread fits one or two blocks, a
+# handful of warps, per SM, too few to hide the latency of the shared-memory loads between the `mma`. FA2's backward
 # keeps bigger tiles in more shared memory than numba-cuda's static 48 KB allows (section 9). The atomics'
 # price is visible too: dQ moves in its last bits between identical calls, while dK and dV come out bit for
 # bit the same.
