@@ -201,6 +201,11 @@ def check_options(q_shape, *, causal=False, scale=None, window_size=(-1, -1), al
     dropout_p = _check_real(dropout_p, "dropout_p", "a number in [0, 1)")
     if not 0 <= dropout_p < 1:
         raise ValueError(f"dropout_p must be in [0, 1); got {dropout_p}")
+    return AttentionOptions(causal, scale, window, align, alibi, softcap, dropout_p, check_seed(seed))
+
+
+def check_seed(seed) -> int:
+    """The dropout seed as an int in [0, 2**63), or a ValueError naming it."""
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2 ** 63:
         raise ValueError(f"seed must be an integer in [0, 2**63); got {seed!r}")
-    return AttentionOptions(causal, scale, window, align, alibi, softcap, dropout_p, int(seed))
+    return int(seed)

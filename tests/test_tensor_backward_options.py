@@ -150,30 +150,34 @@ def test_gpu_tensor_backward_options(rng, d):
 def test_prepared_calls_match_the_general_path(rng, monkeypatch, dtype):
     """Torch CUDA tensors: the forward with options and the tensor backward take prepared paths
     (kernels/_fast.py) from their first call; they give what the general path gives: o, lse, dK and dV bit for bit,
-    dQ to its float32 atomics' run-to-run rounding. One prepared entry per key, reused by the second call."""
+    dQ to its float32 atomics' rounding. One prepared entry per key, reused by later calls, and a new dropout
+    seed is passed to the launch, not a new entry."""
     import torch
 
     from flashlab.kernels import _fast, flash_attention
 
+    monkeypatch.setattr(_fast, "_CALLS", {})  # counted below: no entries from other tests, none evicted
     B, H, H_kv, N, d = 2, 4, 2, 300, 64
     t = lambda *shape: torch.from_numpy(rng.standard_normal(shape)).to("cuda", getattr(torch, dtype))  # noqa: E731
     q, k, v, do = t(B, H, N, d), t(B, H_kv, N, d), t(B, H_kv, N, d), t(B, H, N, d)
-    for opts in (dict(), dict(causal=True, window_size=(64, 0), softcap=20.0, alibi_slopes=np.linspace(0.1, 0.4, H))):
-        kk, vv = (x.repeat_interleave(H // H_kv, dim=1) for x in (k, v))  # the prepared forward takes MHA only
-        monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
-        o, lse = flash_attention(q, kk, vv, variant="tensor", **opts)
-        want = flash_attention_backward(q, k, v, o, lse, do, variant="tensor", **opts)
-        monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
+    kk, vv = (x.repeat_interleave(H // H_kv, dim=1) for x in (k, v))  # the prepared forward takes MHA only
+    option_sets = (dict(), dict(causal=True, window_size=(64, 0), softcap=20.0, alibi_slopes=np.linspace(0.1, 0.4, H)),
+                   dict(dropout_p=0.2, causal=True))
+    for opts in option_sets:
         before = len(_fast._CALLS)
-        for _ in range(2):
-            o2, lse2 = flash_attention(q, kk, vv, variant="tensor", **opts)
+        for seed in (7, 2 ** 40 + 8):  # the second call reuses the entries with another seed
+            monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
+            o, lse = flash_attention(q, kk, vv, variant="tensor", seed=seed, **opts)
+            want = flash_attention_backward(q, k, v, o, lse, do, variant="tensor", seed=seed, **opts)
+            monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
+            o2, lse2 = flash_attention(q, kk, vv, variant="tensor", seed=seed, **opts)
             assert torch.equal(o2, o) and torch.equal(lse2, lse), opts
-            got = flash_attention_backward(q, k, v, o, lse, do, variant="tensor", **opts)
+            got = flash_attention_backward(q, k, v, o, lse, do, variant="tensor", seed=seed, **opts)
             for name, g, w in zip(("dq", "dk", "dv"), got, want):
                 assert g.dtype == w.dtype and g.shape == w.shape
                 if name == "dq":
                     err = ((g.float() - w.float()).abs().max() / w.float().abs().max()).item()
                     assert err < (1e-2 if dtype == "bfloat16" else 1e-3 if dtype == "float16" else 1e-6), (name, err)
                 else:
-                    assert torch.equal(g, w), (name, opts)
-        assert len(_fast._CALLS) == before + 2  # one forward and one backward entry
+                    assert torch.equal(g, w), (name, opts, seed)
+        assert len(_fast._CALLS) == before + 2, opts  # one forward and one backward entry

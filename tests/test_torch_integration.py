@@ -234,12 +234,9 @@ def test_cuda_16bit_options_backward_runs_on_tensor_cores(rng, monkeypatch, dtyp
     """Options through autograd in 16 bits: the backward runs on the tensor backward with the options compiled in
     (and the forward on the tensor kernel), against float64 autograd on the same rounded inputs."""
     import flashlab.kernels.backward as kb
-    import flashlab.kernels.tensor_backward as tb
 
     monkeypatch.setattr(kb, "TENSOR_DEFAULT", True)
-    calls = []
-    real = tb.launch
-    monkeypatch.setattr(tb, "launch", lambda *a, **kw: calls.append((a[-1], kw.get("extras"))) or real(*a, **kw))
+    calls = spy_tensor_backward_builds(monkeypatch)
     opts = dict(softcap=5.0, window_size=(6, 6), alibi_slopes=np.full(4, 0.3))
     opts.update(dropout_p=0.2, seed=2 ** 40 + 7)
     q, k, v = qkv(rng, (2, 4, 150, 64), 170, logit_scale=3.0)
@@ -398,17 +395,26 @@ def test_cuda_bfloat16_on_tensor_cores_with_autograd(rng):
 @gpu
 def test_cuda_16bit_backward_runs_on_tensor_cores(rng, monkeypatch):
     import flashlab.kernels.backward as kb
-    import flashlab.kernels.tensor_backward as tb
 
     monkeypatch.setattr(kb, "TENSOR_DEFAULT", True)  # the default; set here so the test holds if it is turned off
 
-    calls = []
-    real = tb.launch
-    monkeypatch.setattr(tb, "launch", lambda *a, **kw: calls.append(a[-1]) or real(*a, **kw))
+    calls = spy_tensor_backward_builds(monkeypatch)
     for dtype, precision in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
         q, k, v = qkv(rng, (1, 2, 150, 64), 150, dtype=dtype, device="cuda")
         sdpa(q, k, v, is_causal=True).sum().backward()  # do is a stride-0 broadcast: made contiguous first
-        assert calls[-1] == precision and q.grad.dtype == dtype and torch.isfinite(q.grad).all()
+        assert calls and calls[-1][0] == precision and q.grad.dtype == dtype and torch.isfinite(q.grad).all()
+
+
+def spy_tensor_backward_builds(monkeypatch):
+    """A list that gets (precision, extras) for each tensor-backward build the calls ask for: the general path
+    (launch) and the prepared one (PreparedBackward, emptied here so it prepares again) both call build."""
+    import flashlab.kernels.tensor_backward as tb
+    from flashlab.kernels import _fast
+
+    monkeypatch.setattr(_fast, "_CALLS", {})
+    calls, real = [], tb.build
+    monkeypatch.setattr(tb, "build", lambda *a, **kw: calls.append((a[3], kw.get("extras"))) or real(*a, **kw))
+    return calls
 
 
 @pytest.mark.gpu

@@ -104,12 +104,13 @@ def test_varlen_kernel_on_gpu(rng, d, dtype, variant):
 @gpu
 @pytest.mark.parametrize("variant,dtype", [("tensor", "float16"), ("tensor", "bfloat16"), ("register", "float32")])
 def test_prepared_varlen_calls_match_the_general_path(rng, monkeypatch, variant, dtype):
-    """Torch CUDA tensors: the second call with the same shapes, offsets and options takes the prepared path
-    (kernels/_fast.py); it gives the general path's output bit for bit, and a new cu_seqlens is a new entry."""
+    """Torch CUDA tensors take the prepared path (kernels/_fast.py): it gives the general path's output bit for
+    bit; a new cu_seqlens is a new entry, a new dropout seed is not."""
     import torch
 
     from flashlab.kernels import _fast
 
+    monkeypatch.setattr(_fast, "_CALLS", {})  # counted below: no entries from other tests, none evicted
     lens_q, lens_k = [1, 300, 0, 777, 64], [5, 300, 9, 700, 0]
     q, k, v, cu_q, cu_k = packed(rng, lens_q, lens_k, 4, 2, 64)
     q, k, v = (torch.from_numpy(x).to("cuda", getattr(torch, dtype)) for x in (q, k, v))
@@ -131,6 +132,14 @@ def test_prepared_varlen_calls_match_the_general_path(rng, monkeypatch, variant,
     monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
     want = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k2, **opts)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+    for seed in (3, 2 ** 40 + 1):  # dropout: one more entry, and each call's seed reaches the kernel
+        drop = dict(opts, dropout_p=0.25, seed=seed)
+        monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
+        want = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **drop)
+        monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
+        got = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **drop)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), seed
+    assert len(_fast._CALLS) == before + 3
 
 
 def test_varlen_kernels_forward_then_backward(rng):

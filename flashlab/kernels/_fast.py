@@ -154,13 +154,16 @@ class PreparedKernel:
         self.kernel = kernel
         self.direct = _DirectLaunch.make(kernel, grid, block, self.template, self.slots)
 
-    def launch(self, stream: int, pointers):
-        """Launch on the CUDA stream with this handle (torch's current stream)."""
+    def launch(self, stream: int, pointers, seed=None):
+        """Launch on the CUDA stream with this handle (torch's current stream). seed: a new value for the last
+        argument, the kernels' dropout seed (an int64), so that a new seed needs no new preparation."""
         if self.direct is not None:
-            return self.direct(stream, pointers)
+            return self.direct(stream, pointers, seed)
         args = list(self.template)
         for slot, ptr in zip(self.slots, pointers):
             args[slot] = ptr
+        if seed is not None:
+            args[-1] = ctypes.c_int64(seed)
         self._launch(stream_for(stream), self.config, self.function, *args)
 
 
@@ -194,9 +197,11 @@ class _DirectLaunch:
             return None
         return cls(driver, kernel._codelibrary.get_cufunc().handle, grid, block, template, slots)
 
-    def __call__(self, stream: int, pointers):
+    def __call__(self, stream: int, pointers, seed=None):
         for holder, ptr in zip(self.pointers, pointers):
             holder.value = ptr
+        if seed is not None:  # the last argument: the dropout seed
+            self.values[-1].value = seed
         gx, gy, gz = self.grid
         err, = self.driver.cuLaunchKernel(self.handle, gx, gy, gz, self.block, 1, 1, 0, _cu_stream(stream),
                                           self.address, 0)
@@ -284,7 +289,8 @@ def store(key, call):
 # ---------------------------------------------------------------------------------------------- forward
 class PreparedForward:
     """flash_attention for torch tensors of one key: torch allocates the outputs, then one launch (or the
-    split kernel and the merge). extras: the library's options (register.Extras) without dropout, or None."""
+    split kernel and the merge). extras: the library's options (register.Extras), or None; call(q, k, v, seed)
+    passes the dropout seed to the kernel."""
 
     def __init__(self, plan, scale, q, k, v, extras=None):
         import torch
@@ -306,7 +312,7 @@ class PreparedForward:
             ins, o = [s.words() for s in ins], o.words()
         scalars = (p.Nq, p.Nk, p.H, np.float32(scale * LOG2E))
         if plan.variant in ("register", "tensor"):
-            scalars += (0,)  # the dropout seed: prepared calls have no dropout
+            scalars += (np.int64(0),)  # the dropout seed, set on each call that has dropout
         kernel = self._kernel(extras)
         threads = plan.threads
         if plan.splits == 1:
@@ -337,7 +343,7 @@ class PreparedForward:
 
         return build(p.d, *plan.config, p.causal)
 
-    def __call__(self, q, k, v):
+    def __call__(self, q, k, v, seed=None):
         import torch
 
         stream = current_stream(q)
@@ -345,11 +351,11 @@ class PreparedForward:
         lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
         ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr()]
         if len(self.kernels) == 1:
-            self.kernels[0].launch(stream, ptrs + [o.data_ptr(), lse.data_ptr()])
+            self.kernels[0].launch(stream, ptrs + [o.data_ptr(), lse.data_ptr()], seed)
         else:
             o_part = torch.empty(self.part_shapes[0], dtype=torch.float32, device=q.device)
             lse_part = torch.empty(self.part_shapes[1], dtype=torch.float32, device=q.device)
-            self.kernels[0].launch(stream, ptrs + [o_part.data_ptr(), lse_part.data_ptr()])
+            self.kernels[0].launch(stream, ptrs + [o_part.data_ptr(), lse_part.data_ptr()], seed)
             self.kernels[1].launch(stream, [lse_part.data_ptr(), lse_part.data_ptr(), o_part.data_ptr(),
                                             o.data_ptr(), lse.data_ptr()])
         return o, lse

@@ -100,16 +100,17 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
 def _with_extras(q, k, v, options, library):
     """flash_attention with window / align / ALiBi / softcap / dropout: the register or tensor kernel with those
     compiled in."""
-    from .._inputs import check_options
+    from .._inputs import check_options, check_seed
     from .register import Extras
 
     key = None
-    if _fast.available() and not is_gqa(q, k) and not library["dropout_p"]:  # a new seed each call: general path
-        key, opts = _fast.torch_key(q, k, v), _fast.options_key(library)
+    if _fast.available() and not is_gqa(q, k):  # the seed is not in the key: it is passed to each launch
+        key = _fast.torch_key(q, k, v)
+        opts = _fast.options_key({n: x for n, x in library.items() if n != "seed"})
         key = None if key is None or opts is None else ("forward", key, options, opts)
         call = _fast.lookup(key) if key is not None else None
         if call is not None:
-            return call(q, k, v)
+            return call(q, k, v, check_seed(library["seed"]))
     plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options)
     B, H, Nq, d = plan.problem.B, plan.problem.H, plan.problem.Nq, plan.problem.d
     opt = check_options((B, H, Nq, d), causal=plan.problem.causal, scale=scale, **library)
@@ -118,7 +119,7 @@ def _with_extras(q, k, v, options, library):
         raise NotImplementedError(f"window_size, align, alibi_slopes, softcap and dropout_p run on variant="
                                   f"'register' or 'tensor' so far; got variant={plan.variant!r}")
     if key is not None:  # checked: prepare this key's launch once, as plain calls do
-        return _fast.store(key, _fast.PreparedForward(plan, scale, q, k, v, extras))(q, k, v)
+        return _fast.store(key, _fast.PreparedForward(plan, scale, q, k, v, extras))(q, k, v, opt.seed)
     alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
     common = dict(splits=plan.splits, heavy_first=plan.heavy_first, section=plan.section, alloc=alloc, extras=extras,
                   seed=opt.seed)

@@ -592,11 +592,13 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
              seed=0):
     """flash_attention_backward(..., variant="tensor"): (dq, dk, dv) in q's dtype and kind of array. The library
     options as in the forward (pass the same values): checked by flashlab._inputs.check_options, compiled in.
-    Torch CUDA tensors take a prepared path (PreparedBackward) unless plan= or dropout is given."""
+    Torch CUDA tensors take a prepared path (PreparedBackward) unless plan= is given."""
+    from .._inputs import check_seed
     from . import _fast
 
-    library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap)
-    if _fast.available() and plan is None and not dropout_p:  # dropout: a new seed each step, the general path
+    library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
+                   dropout_p=dropout_p)
+    if _fast.available() and plan is None:  # the seed is not in the key: it is passed to each launch
         key, opts = _fast.torch_key(q, k, v, o, lse, do), _fast.options_key(library)
         if key is not None and opts is not None:
             key = ("tensor backward", key, causal, scale, precision, block_q, block_k, opts)
@@ -604,10 +606,10 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
             if call is None:
                 call = _fast.store(key, PreparedBackward(q, k, v, o, lse, do, causal=causal, scale=scale,
                                                          precision=precision, block_q=block_q, block_k=block_k,
-                                                         **library))
-            return call(q, k, v, o, lse, do)
+                                                         seed=seed, **library))
+            return call(q, k, v, o, lse, do, check_seed(seed))
     s = _setup(q, k, v, o, lse, do, causal=causal, scale=scale, precision=precision, block_q=block_q,
-               block_k=block_k, plan=plan, dropout_p=dropout_p, seed=seed, **library)
+               block_k=block_k, plan=plan, seed=seed, **library)
     from ._launch import empty, empty_words, like_input
 
     B, H, Nq, Nk, d, H_kv, kind, dtype = s.B, s.H, s.Nq, s.Nk, s.d, s.H_kv, s.kind, s.dtype
@@ -659,9 +661,9 @@ def _setup(q, k, v, o, lse, do, *, causal, scale, precision, block_q, block_k, p
 
 
 class PreparedBackward:
-    """The tensor backward for torch CUDA tensors of one key (shapes, strides, dtypes, options; no dropout): the
+    """The tensor backward for torch CUDA tensors of one key (shapes, strides, dtypes, options but the seed): the
     checks, plan and argument lists once (kernels/_fast.py), then each call allocates the gradients and launches
-    preprocess, main and (16-bit) the dQ cast, as launch() does."""
+    preprocess, main (with the call's dropout seed) and (16-bit) the dQ cast, as launch() does."""
 
     def __init__(self, q, k, v, o, lse, do, **options):
         import torch
@@ -669,7 +671,7 @@ class PreparedBackward:
         from . import _fast
         from ._fast import Spec
 
-        s = _setup(q, k, v, o, lse, do, plan=None, dropout_p=0.0, seed=0, **options)
+        s = _setup(q, k, v, o, lse, do, plan=None, **options)
         B, H, Nq, Nk, d, H_kv, tile = s.B, s.H, s.Nq, s.Nk, s.d, s.H_kv, s.plan.config
         preprocess, main, cast = build(d, tile, s.causal, s.plan.precision, gqa=H_kv != H, extras=s.extras)
         self.wide = s.dtype == "float32"
@@ -696,7 +698,7 @@ class PreparedBackward:
                                                      [Spec.contiguous((n,), np.float32),
                                                       Spec.contiguous((n // 2,), np.uint32)]))
 
-    def __call__(self, q, k, v, o, lse, do):
+    def __call__(self, q, k, v, o, lse, do, seed=0):
         import torch
 
         from ._fast import current_stream
@@ -709,7 +711,7 @@ class PreparedBackward:
         dk, dv = new(self.k_shape, self.dtype), new(self.k_shape, self.dtype)
         self.kernels[0].launch(stream, [o.data_ptr(), do.data_ptr(), D.data_ptr(), dq_acc.data_ptr()])
         self.kernels[1].launch(stream, [q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(),
-                                        D.data_ptr(), dq_acc.data_ptr(), dk.data_ptr(), dv.data_ptr()])
+                                        D.data_ptr(), dq_acc.data_ptr(), dk.data_ptr(), dv.data_ptr()], seed)
         if not self.wide:
             self.kernels[2].launch(stream, [dq_acc.data_ptr(), dq.data_ptr()])
         return dq, dk, dv

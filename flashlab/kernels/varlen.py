@@ -41,25 +41,27 @@ def block_table(cu_q, cu_k, block_q: int, block_k: int, causal: bool, bottom_rig
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     """`flashlab.flash_attention_varlen` in one kernel launch. Returns (o, lse). See prepare for the arguments.
 
-    Torch CUDA tensors take kernels/_fast.py's prepared path (without dropout, whose seed changes every step):
-    the first call with given shapes, offsets and options does the checks, plan, block table and its copy to the
-    GPU and keeps them; a later call with the same ones only allocates the outputs and launches."""
+    Torch CUDA tensors take kernels/_fast.py's prepared path: the first call with given shapes, offsets and
+    options (all but the dropout seed, which each launch takes) does the checks, plan, block table and its copy
+    to the GPU and keeps them; a later call with the same ones only allocates the outputs and launches."""
     key = _fast_key(q, k, v, cu_seqlens_q, cu_seqlens_k, options)
     if key is not None:
+        from .._inputs import check_seed
+
         call = _fast.lookup(key)
         if call is None:
             call = _fast.store(key, PreparedVarlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options))
-        return call(q, k, v)
+        return call(q, k, v, check_seed(options.get("seed", 0)))
     run, o, lse, kind = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
     run()
     return like_input(o, kind), like_input(lse, kind)
 
 
 def _fast_key(q, k, v, cu_q, cu_k, options):
-    """The prepared call's key, or None for calls that go the general way (not torch CUDA tensors, dropout)."""
-    if options.get("dropout_p") or not _fast.available():
+    """The prepared call's key, or None for calls that go the general way (not torch CUDA tensors)."""
+    if not _fast.available():
         return None
-    key, opts = _fast.torch_key(q, k, v), _fast.options_key(options)
+    key, opts = _fast.torch_key(q, k, v), _fast.options_key({n: x for n, x in options.items() if n != "seed"})
     if key is None or opts is None:
         return None
     cu_q, cu_k = to_host(cu_q), to_host(cu_k)
@@ -89,14 +91,14 @@ class PreparedVarlen:
         self.kernel = _fast.PreparedKernel(launch.kernel, launch.grid, launch.threads,
                                            ins + [o, lse] + tables + list(launch.scalars))
 
-    def __call__(self, q, k, v):
+    def __call__(self, q, k, v, seed=0):
         import torch
 
         o = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
         lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
         if self.kernel is not None:  # no query rows: nothing to launch
             self.kernel.launch(_fast.current_stream(q), [q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                                                         lse.data_ptr()] + [t.data_ptr() for t in self.tables])
+                                                         lse.data_ptr()] + [t.data_ptr() for t in self.tables], seed)
         return o, lse
 
 
