@@ -202,7 +202,6 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     GQA = bool(gqa)
     EXTRA = extras is not None
     ex = extras or Extras()
-    WL, WR, BRA = I(ex.left), I(ex.right), bool(ex.bottom_right)
     CAPL = float32(ex.softcap * LOG2E)  # softcap in log2 units: S is kept scaled by log2(e)
     ALIBI, PER_B = ex.slopes is not None, bool(ex.per_batch)
     SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))
@@ -218,6 +217,7 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
 
     d_start, d_mix, d_keep = device_functions(ex.dropout_p)
     capped, outside = score_functions(ex, causal)
+    query_block, key_range = block_functions(ex, causal, EXTRA, BR, BC, HEAVY, SPLIT)
     ZR = RM if DROP else 1
 
     @cuda.jit(fastmath=FASTMATH, **options)
@@ -226,16 +226,7 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
         t = U(cuda.threadIdx.x)
         ty = t // UTC
         tx = t % UTC
-        if HEAVY:  # grid (g, query blocks, sections x splits): in each section of g heads, the heaviest blocks first
-            q0 = U(cuda.gridDim.y - 1 - cuda.blockIdx.y) * UBR
-            section, part, n_parts = U(cuda.blockIdx.z), U(0), U(1)
-            if SPLIT:  # z = part * sections + section
-                sections = U(q.shape[0]) * U(n_heads) // U(cuda.gridDim.x)
-                section, part, n_parts = section % sections, section // sections, U(cuda.gridDim.z) // sections
-            bh = section * U(cuda.gridDim.x) + U(cuda.blockIdx.x)
-        else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
-            bh, part, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
-            q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBR
+        q0, bh, part, n_parts = query_block(q.shape[0], n_heads)
         if VARLEN:  # block x: (sequence b, first row q0) from the table; its rows and keys from cu_seqlens
             b, h = U(n_q[cuda.blockIdx.x, 0]), bh
             q0, cq, ck = U(n_q[cuda.blockIdx.x, 1]), U(n_k[0, b]), U(n_k[1, b])
@@ -282,26 +273,9 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
             for i in range(URM):
                 zrow[i] = d_mix(zh, q0 + ((i // UVM) * UTR + ty) * UVM + i % UVM)
 
-        k_begin, k_end = U(0), nk
-        if SPLIT:  # this block's chunk of keys: a multiple of Bc keys (plan.split_chunk computes the same)
-            chunk = ((nk + n_parts - U(1)) // n_parts + UBC - U(1)) // UBC * UBC
-            k_begin = part * chunk
-            k_end = min(nk, k_begin + chunk)
-        if CAUSAL and not EXTRA:
-            k_end = min(k_end, q0 + UBR)  # key tiles after the block's last query are skipped
-        off = I(0)
+        k_begin, k_end, off = key_range(q0, part, n_parts, nq, nk)  # the chunk, cut to causal or the band
         slope = float32(0.0)
-        if EXTRA:  # skip the key tiles entirely outside the band of this block's rows (signed positions)
-            if BRA:
-                off = I(nk) - I(nq)  # query i sits at position i + Nk - Nq
-            if WL >= I(0):
-                lo = I(q0) + off - WL
-                if lo > I(k_begin):
-                    k_begin = U(lo) // UBC * UBC  # chunks start on tile boundaries, so this stays in the chunk
-            if RIGHT >= I(0):
-                hi = I(q0) + I(UBR) + off + RIGHT  # one past the last key the block's last row may see
-                if hi < I(k_end):
-                    k_end = U(max(hi, I(0)))
+        if EXTRA:
             if ALIBI:
                 if GQA or VARLEN:
                     bb, hh = b, h
@@ -513,6 +487,57 @@ def score_functions(ex: Extras, causal: bool):
         return col >= nk or (WL >= I(0) and col < pos - WL) or (right >= I(0) and col > pos + right)
 
     return capped, outside
+
+
+def block_functions(ex: Extras, causal: bool, extra: bool, block_q: int, block_k: int, heavy: bool, split: bool):
+    """(query_block, key_range): where a forward thread block works, shared by this kernel and kernels/tensor.py.
+
+    query_block(batch, n_heads) -> (q0, bh, part, n_parts): the block's first query row, its (batch, head) index,
+    and its key chunk among n_parts (split-KV), from the grid (see `grid`: heaviest blocks first).
+    key_range(q0, part, n_parts, nq, nk) -> (k_begin, k_end, off): the keys the block visits, cut to its chunk,
+    to causal attention's triangle, or (extra: the library's options) to the band of its rows, and off, the
+    alignment's shift of query positions (Nk - Nq bottom-right, else 0). Tiles outside the range are skipped."""
+    WL, BRA, RIGHT = I(ex.left), bool(ex.bottom_right), I(ex.right_bound(causal))
+    UBQ, UBK, HEAVY, SPLIT, CAUSAL, EXTRA = U(block_q), U(block_k), bool(heavy), bool(split), bool(causal), extra
+
+    @cuda.jit(device=True, inline=True)
+    def query_block(batch, n_heads):
+        if HEAVY:  # grid (g, query blocks, sections x splits): in each section of g heads, the heaviest blocks first
+            q0 = U(cuda.gridDim.y - 1 - cuda.blockIdx.y) * UBQ
+            section, part, n_parts = U(cuda.blockIdx.z), U(0), U(1)
+            if SPLIT:  # z = part * sections + section
+                sections = U(batch) * U(n_heads) // U(cuda.gridDim.x)
+                section, part, n_parts = section % sections, section // sections, U(cuda.gridDim.z) // sections
+            bh = section * U(cuda.gridDim.x) + U(cuda.blockIdx.x)
+        else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
+            bh, part, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
+            q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBQ
+        return q0, bh, part, n_parts
+
+    @cuda.jit(device=True, inline=True)
+    def key_range(q0, part, n_parts, nq, nk):
+        k_begin, k_end = U(0), nk
+        if SPLIT:  # this block's chunk of keys: a multiple of block_k keys (split_chunk computes the same)
+            chunk = ((nk + n_parts - U(1)) // n_parts + UBK - U(1)) // UBK * UBK
+            k_begin = part * chunk
+            k_end = min(nk, k_begin + chunk)
+        if CAUSAL and not EXTRA:
+            k_end = min(k_end, q0 + UBQ)  # key tiles after the block's last query are skipped
+        off = I(0)
+        if EXTRA:  # skip the key tiles entirely outside the band of this block's rows (signed positions)
+            if BRA:
+                off = I(nk) - I(nq)  # query i sits at position i + Nk - Nq
+            if WL >= I(0):
+                lo = I(q0) + off - WL
+                if lo > I(k_begin):
+                    k_begin = U(lo) // UBK * UBK  # chunks start on tile boundaries, so this stays in the chunk
+            if RIGHT >= I(0):
+                hi = I(q0) + I(UBQ) + off + RIGHT  # one past the last key the block's last row may see
+                if hi < I(k_end):
+                    k_end = U(max(hi, I(0)))
+        return k_begin, k_end, off
+
+    return query_block, key_range
 
 
 def split_chunk(nk: int, splits: int, block_k: int) -> tuple:

@@ -165,7 +165,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     VARLEN = bool(varlen)
     if VARLEN and (SPLIT_KV or HEAVY or PAGED):
         raise ValueError("the varlen build orders its blocks itself and does not split the keys or page them")
-    from .register import Extras, score_functions
+    from .register import Extras, block_functions, score_functions
 
     ex = extras or Extras()
     EXTRA = ex._replace(dropout_p=0.0) != Extras()  # window, alignment, ALiBi or softcap: S is transformed, masked
@@ -177,8 +177,8 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
 
     d_start, d_mix, d_keep = device_functions(ex.dropout_p)
     capped, outside = score_functions(ex, causal)
+    query_block, key_range = block_functions(ex, causal, EXTRA, BQ, BK, HEAVY, SPLIT_KV)
     I = np.int64
-    WL, BRA = I(ex.left), bool(ex.bottom_right)
     RIGHT = I(ex.right_bound(causal))  # the furthest key to the right a row may see, as in register.py
     ALIBI, PER_B = ex.slopes is not None, bool(ex.per_batch)
     CAP_LOG2 = float32(ex.softcap * LOG2E)
@@ -199,16 +199,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)  # quad (row group) and lane within the quad
-        if HEAVY:  # grid (g, query blocks, sections x splits): in each section of g heads, the heaviest blocks first
-            q0 = U(cuda.gridDim.y - 1 - cuda.blockIdx.y) * UBQ
-            section, kpart, n_parts = U(cuda.blockIdx.z), U(0), U(1)
-            if SPLIT_KV:  # z = part * sections + section
-                sections = U(q.shape[0]) * U(n_heads) // U(cuda.gridDim.x)
-                section, kpart, n_parts = section % sections, section // sections, U(cuda.gridDim.z) // sections
-            bh = section * U(cuda.gridDim.x) + U(cuda.blockIdx.x)
-        else:  # grid (query blocks, B*H, splits): the last (heaviest, under causal) blocks of a head first
-            bh, kpart, n_parts = U(cuda.blockIdx.y), U(cuda.blockIdx.z), U(cuda.gridDim.z)
-            q0 = U(cuda.gridDim.x - 1 - cuda.blockIdx.x) * UBQ
+        q0, bh, kpart, n_parts = query_block(q.shape[0], n_heads)
         b, h = bh // U(n_heads), bh % U(n_heads)
         if VARLEN:  # block x: (sequence b, first row q0) from the table; its rows and keys from cu_seqlens
             b, h = U(n_q[cuda.blockIdx.x, 0]), U(cuda.blockIdx.y)
@@ -254,25 +245,9 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
             zh = d_start(seed, b, h)
             zrow[0], zrow[1] = d_mix(zh, r_lo), d_mix(zh, r_hi)
 
-        k_begin, k_end = U(0), nk
-        if SPLIT_KV:  # this block's chunk of keys: a multiple of block_k keys (plan.split_chunk computes the same)
-            chunk = ((nk + n_parts - U(1)) // n_parts + UBK - U(1)) // UBK * UBK
-            k_begin = kpart * chunk
-            k_end = min(nk, k_begin + chunk)
-        if CAUSAL and not EXTRA:
-            k_end = min(k_end, q0 + UBQ)  # key tiles after the block's last query are skipped
-        off, capr, slope = I(0), float32(0.0), float32(0.0)
-        if EXTRA:  # skip the key tiles outside the band of this block's rows (signed positions), as register.py
-            if BRA:
-                off = I(nk) - I(nq)  # query i sits at position i + Nk - Nq
-            if WL >= I(0):
-                lo = I(q0) + off - WL
-                if lo > I(k_begin):
-                    k_begin = U(lo) // UBK * UBK  # chunks start on tile boundaries, so this stays in the chunk
-            if RIGHT >= I(0):
-                hi = I(q0) + I(UBQ) + off + RIGHT  # one past the last key the block's last row may see
-                if hi < I(k_end):
-                    k_end = U(max(hi, I(0)))
+        k_begin, k_end, off = key_range(q0, kpart, n_parts, nq, nk)  # the chunk, cut to causal or the band
+        capr, slope = float32(0.0), float32(0.0)
+        if EXTRA:
             # S stays in raw units (scale is applied in exp2): softcap and slopes are divided by the scale
             capr = CAP_LOG2 / scale_log2
             if ALIBI:
