@@ -8,6 +8,11 @@ and options does all of that once and records a `PreparedCall`: the plan, the co
 each kernel's argument list with the data pointers left blank. A later call with the same key only reads
 the tensors' pointers, allocates the outputs with torch and launches.
 
+Who uses it: the forward, plain (PreparedForward here) and with the library's options (forward._with_extras);
+the register backward (PreparedBackward here); the tensor backward (tensor_backward.PreparedBackward); varlen
+(varlen.PreparedVarlen). The dropout seed is not part of a key: each launch writes it into the kernel's last
+argument (PreparedKernel.launch(..., seed)), so a new seed every training step stays on this path.
+
 The argument list is the one numba-cuda builds (`_Kernel._prepare_args`): per array (meminfo 0, parent 0,
 size, itemsize, pointer, shape..., strides in bytes...), int64 as ctypes.c_int64, float32 as ctypes.c_float;
 tests/test_plan.py checks the two agree. Launches go to torch's current stream. This path needs numba-cuda's
