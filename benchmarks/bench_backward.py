@@ -390,8 +390,9 @@ def _tensor_main(args, torch):
     if args.json:
         ours = [r for r in rows if r["impl"] == "flashlab tensor"]
         summary = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "heads": args.heads,
-                   "repeats": args.repeats, "rows": [{k: r[k] for k in ("dtype", "n", "d", "causal", "tflops",
-                                                                         "vs_sdpa", "config")} for r in ours],
+                   "repeats": args.repeats, "rows": [{k: r[k] for k in ("dtype", "n", "d", "causal", "ms", "tflops",
+                                                                         "vs_sdpa", "config", "regs", "local_bytes",
+                                                                         "smem_bytes")} for r in ours],
                    "sdpa": [{k: r[k] for k in ("dtype", "n", "d", "causal", "tflops")} for r in rows
                             if r["impl"] == "torch SDPA"],
                    "dq_run_to_run": dq_run_to_run(heads=args.heads)}
