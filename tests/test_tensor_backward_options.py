@@ -150,8 +150,8 @@ def test_gpu_tensor_backward_options(rng, d):
 def test_prepared_calls_match_the_general_path(rng, monkeypatch, dtype):
     """Torch CUDA tensors: the forward with options and the tensor backward take prepared paths
     (kernels/_fast.py) from their first call; they give what the general path gives: o, lse, dK and dV bit for bit,
-    dQ to its float32 atomics' rounding. One prepared entry per key, reused by later calls, and a new dropout
-    seed is passed to the launch, not a new entry."""
+    dQ to its float32 atomics' rounding, under GQA. One prepared entry per key, reused by later calls, and a new
+    dropout seed is passed to the launch, not a new entry."""
     import torch
 
     from flashlab.kernels import _fast, flash_attention
@@ -160,18 +160,22 @@ def test_prepared_calls_match_the_general_path(rng, monkeypatch, dtype):
     B, H, H_kv, N, d = 2, 4, 2, 300, 64
     t = lambda *shape: torch.from_numpy(rng.standard_normal(shape)).to("cuda", getattr(torch, dtype))  # noqa: E731
     q, k, v, do = t(B, H, N, d), t(B, H_kv, N, d), t(B, H_kv, N, d), t(B, H, N, d)
-    kk, vv = (x.repeat_interleave(H // H_kv, dim=1) for x in (k, v))  # the prepared forward takes MHA only
     option_sets = (dict(), dict(causal=True, window_size=(64, 0), softcap=20.0, alibi_slopes=np.linspace(0.1, 0.4, H)),
                    dict(dropout_p=0.2, causal=True))
     for opts in option_sets:
         before = len(_fast._CALLS)
         for seed in (7, 2 ** 40 + 8):  # the second call reuses the entries with another seed
             monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
-            o, lse = flash_attention(q, kk, vv, variant="tensor", seed=seed, **opts)
+            o, lse = flash_attention(q, k, v, variant="tensor", seed=seed, **opts)  # GQA: 2 query heads a K/V head
             want = flash_attention_backward(q, k, v, o, lse, do, variant="tensor", seed=seed, **opts)
+            if dtype != "bfloat16":  # the register forward takes float16 and float32
+                o_reg = flash_attention(q, k, v, variant="register", seed=seed, **opts)
             monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
-            o2, lse2 = flash_attention(q, kk, vv, variant="tensor", seed=seed, **opts)
+            o2, lse2 = flash_attention(q, k, v, variant="tensor", seed=seed, **opts)
             assert torch.equal(o2, o) and torch.equal(lse2, lse), opts
+            if dtype != "bfloat16":
+                assert all(torch.equal(a, b) for a, b in zip(flash_attention(q, k, v, variant="register", seed=seed,
+                                                                             **opts), o_reg)), opts
             got = flash_attention_backward(q, k, v, o, lse, do, variant="tensor", seed=seed, **opts)
             for name, g, w in zip(("dq", "dk", "dv"), got, want):
                 assert g.dtype == w.dtype and g.shape == w.shape
@@ -180,4 +184,4 @@ def test_prepared_calls_match_the_general_path(rng, monkeypatch, dtype):
                     assert err < (1e-2 if dtype == "bfloat16" else 1e-3 if dtype == "float16" else 1e-6), (name, err)
                 else:
                     assert torch.equal(g, w), (name, opts, seed)
-        assert len(_fast._CALLS) == before + 2, opts  # one forward and one backward entry
+        assert len(_fast._CALLS) == before + (2 if dtype == "bfloat16" else 3), opts  # forwards and a backward

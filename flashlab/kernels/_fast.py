@@ -8,7 +8,8 @@ and options does all of that once and records a `PreparedCall`: the plan, the co
 each kernel's argument list with the data pointers left blank. A later call with the same key only reads
 the tensors' pointers, allocates the outputs with torch and launches.
 
-Who uses it: the forward, plain (PreparedForward here) and with the library's options (forward._with_extras);
+Who uses it: the forward, plain (PreparedForward here, GQA included) and with the library's options
+(forward._with_extras);
 the register backward (PreparedBackward here); the tensor backward (tensor_backward.PreparedBackward); varlen
 (varlen.PreparedVarlen). The dropout seed is not part of a key: each launch writes it into the kernel's last
 argument (PreparedKernel.launch(..., seed)), so a new seed every training step stays on this path.
@@ -294,8 +295,9 @@ def store(key, call):
 # ---------------------------------------------------------------------------------------------- forward
 class PreparedForward:
     """flash_attention for torch tensors of one key: torch allocates the outputs, then one launch (or the
-    split kernel and the merge). extras: the library's options (register.Extras), or None; call(q, k, v, seed)
-    passes the dropout seed to the kernel."""
+    split kernel and the merge). k and v may have fewer heads (GQA: the build that maps query heads to K/V heads).
+    extras: the library's options (register.Extras), or None; call(q, k, v, seed) passes the dropout seed to the
+    kernel."""
 
     def __init__(self, plan, scale, q, k, v, extras=None):
         import torch
@@ -318,7 +320,7 @@ class PreparedForward:
         scalars = (p.Nq, p.Nk, p.H, np.float32(scale * LOG2E))
         if plan.variant in ("register", "tensor"):
             scalars += (np.int64(0),)  # the dropout seed, set on each call that has dropout
-        kernel = self._kernel(extras)
+        kernel = self._kernel(extras, gqa=k.shape[1] != q.shape[1])
         threads = plan.threads
         if plan.splits == 1:
             self.kernels = [PreparedKernel(kernel, plan.grid, threads, ins + [o, lse, *scalars])]
@@ -332,21 +334,22 @@ class PreparedForward:
                             PreparedKernel(build_merge(p.d, normalised=True), (p.Nq, p.H, p.B), p.d,
                                            [lse_part, lse_part, o_part, out, lse, S])]
 
-    def _kernel(self, extras):
+    def _kernel(self, extras, gqa):
         plan, p = self.plan, self.plan.problem
         split = plan.splits > 1
         if plan.variant == "register":
             from .register import build
 
-            return build(p.d, plan.config, p.causal, split=split, heavy_first=plan.heavy_first, extras=extras)
+            return build(p.d, plan.config, p.causal, split=split, heavy_first=plan.heavy_first, gqa=gqa,
+                         extras=extras)
         if plan.variant == "tensor":
             from .tensor import build
 
             return build(p.d, plan.config, p.causal, plan.precision, split=split, heavy_first=plan.heavy_first,
-                         extras=extras)
+                         gqa=gqa, extras=extras)
         from .shared import build
 
-        return build(p.d, *plan.config, p.causal)
+        return build(p.d, *plan.config, p.causal, gqa=gqa)
 
     def __call__(self, q, k, v, seed=None):
         import torch

@@ -7,7 +7,7 @@ from .._inputs import check_block
 from ..device import device_limits
 from . import _fast
 from . import plan as planner
-from ._launch import check_dropout_variant, check_kernel_inputs, empty, is_gqa, like_input, to_device
+from ._launch import check_dropout_variant, check_kernel_inputs, empty, like_input, to_device
 
 VARIANTS = ("shared", "register", "tensor")
 
@@ -68,7 +68,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
                           allowed=("register", "tensor"))
     if not plain:
         return _with_extras(q, k, v, options, library)
-    if _fast.available() and not is_gqa(q, k):  # GQA: the general path (the prepared calls hold MHA builds)
+    if _fast.available():
         key = _fast.torch_key(q, k, v)
         if key is not None:
             key = ("forward", key, options)
@@ -104,7 +104,7 @@ def _with_extras(q, k, v, options, library):
     from .register import Extras
 
     key = None
-    if _fast.available() and not is_gqa(q, k):  # the seed is not in the key: it is passed to each launch
+    if _fast.available():  # the seed is not in the key: it is passed to each launch
         key = _fast.torch_key(q, k, v)
         opts = _fast.options_key({n: x for n, x in library.items() if n != "seed"})
         key = None if key is None or opts is None else ("forward", key, options, opts)
