@@ -264,6 +264,16 @@ def lookup(key):
     return _CALLS.get(key)
 
 
+def prepared_key(name: str, tensors, *parts, options: dict):
+    """The key of a prepared call with the library's options: (name, the tensors' torch_key, parts...,
+    options_key of the options but the dropout seed, which each launch takes), or None where the call goes the
+    general way (the path is off, the tensors are not all CUDA tensors, or an option cannot be keyed)."""
+    if not available():
+        return None
+    key, opts = torch_key(*tensors), options_key({n: x for n, x in options.items() if n != "seed"})
+    return None if key is None or opts is None else (name, key, *parts, opts)
+
+
 def options_key(options: dict):
     """A hashable key for the library's options (arrays such as ALiBi slopes by their bytes), or None when one of
     them cannot be keyed (the call then goes the general way)."""

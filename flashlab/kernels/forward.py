@@ -103,14 +103,10 @@ def _with_extras(q, k, v, options, library):
     from .._inputs import check_options, check_seed
     from .register import Extras
 
-    key = None
-    if _fast.available():  # the seed is not in the key: it is passed to each launch
-        key = _fast.torch_key(q, k, v)
-        opts = _fast.options_key({n: x for n, x in library.items() if n != "seed"})
-        key = None if key is None or opts is None else ("forward", key, options, opts)
-        call = _fast.lookup(key) if key is not None else None
-        if call is not None:
-            return call(q, k, v, check_seed(library["seed"]))
+    key = _fast.prepared_key("forward", (q, k, v), options, options=library)
+    call = _fast.lookup(key) if key is not None else None
+    if call is not None:
+        return call(q, k, v, check_seed(library["seed"]))
     plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options)
     B, H, Nq, d = plan.problem.B, plan.problem.H, plan.problem.Nq, plan.problem.d
     opt = check_options((B, H, Nq, d), causal=plan.problem.causal, scale=scale, **library)

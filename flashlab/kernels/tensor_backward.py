@@ -568,6 +568,9 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     return preprocess, main, cast
 
 
+PREPROCESS_ROWS = 128  # query rows (threads) per block of the preprocess kernel
+
+
 def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, tile: BackwardTile, precision: str,
            *, extras=None, seed=0):
     """Launch the three kernels on device arrays: q, k, v, o, do, dq, dk, dv as (B, H, N, d/2) uint32 pairs
@@ -576,7 +579,7 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, t
     B, H, Nq, w = q.shape
     d = w if precision in ("3xtf32", "tf32") else 2 * w
     preprocess, main, cast = build(d, tile, causal, precision, gqa=k.shape[1] != H, extras=extras)
-    rows = 128
+    rows = PREPROCESS_ROWS
     preprocess[(-(-Nq // rows), B * H), rows](o, do, D, dq_acc, n_heads)
     grid = (-(-k.shape[2] // tile.block_k), B * k.shape[1])  # key blocks x (batch, K/V head)
     main[grid, tile.threads](q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, np.float32(scale), np.float32(scale * LOG2E),
@@ -598,16 +601,15 @@ def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, b
 
     library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
                    dropout_p=dropout_p)
-    if _fast.available() and plan is None:  # the seed is not in the key: it is passed to each launch
-        key, opts = _fast.torch_key(q, k, v, o, lse, do), _fast.options_key(library)
-        if key is not None and opts is not None:
-            key = ("tensor backward", key, causal, scale, precision, block_q, block_k, opts)
-            call = _fast.lookup(key)
-            if call is None:
-                call = _fast.store(key, PreparedBackward(q, k, v, o, lse, do, causal=causal, scale=scale,
-                                                         precision=precision, block_q=block_q, block_k=block_k,
-                                                         seed=seed, **library))
-            return call(q, k, v, o, lse, do, check_seed(seed))
+    key = None if plan is not None else _fast.prepared_key("tensor backward", (q, k, v, o, lse, do), causal, scale,
+                                                           precision, block_q, block_k, options=library)
+    if key is not None:
+        call = _fast.lookup(key)
+        if call is None:
+            call = _fast.store(key, PreparedBackward(q, k, v, o, lse, do, causal=causal, scale=scale,
+                                                     precision=precision, block_q=block_q, block_k=block_k,
+                                                     seed=seed, **library))
+        return call(q, k, v, o, lse, do, check_seed(seed))
     s = _setup(q, k, v, o, lse, do, causal=causal, scale=scale, precision=precision, block_q=block_q,
                block_k=block_k, plan=plan, seed=seed, **library)
     from ._launch import empty, empty_words, like_input
@@ -666,8 +668,6 @@ class PreparedBackward:
     preprocess, main (with the call's dropout seed) and (16-bit) the dQ cast, as launch() does."""
 
     def __init__(self, q, k, v, o, lse, do, **options):
-        import torch
-
         from . import _fast
         from ._fast import Spec
 
@@ -682,11 +682,10 @@ class PreparedBackward:
         self.dtype, self.q_shape, self.k_shape = q.dtype, (B, H, Nq, d), (B, H_kv, Nk, d)
         D = Spec.contiguous((B, H, Nq), np.float32)
         dq_acc = Spec.contiguous(self.q_shape, np.float32)
-        grads = [Spec.contiguous(x, {torch.float32: np.float32, torch.float16: np.float16,
-                                     torch.bfloat16: np.uint16}[q.dtype]) for x in (self.k_shape, self.k_shape)]
+        grads = [Spec.contiguous(self.k_shape, _fast.torch_spec(q).dtype)] * 2  # dk, dv
         if not self.wide:
             grads = [x.words() for x in grads]
-        rows = 128
+        rows = PREPROCESS_ROWS
         self.kernels = [
             _fast.PreparedKernel(preprocess, (-(-Nq // rows), B * H), rows, [o_s, do_s, D, dq_acc, H]),
             _fast.PreparedKernel(main, (-(-Nk // tile.block_k), B * H_kv), tile.threads,

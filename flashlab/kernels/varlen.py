@@ -44,7 +44,11 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     Torch CUDA tensors take kernels/_fast.py's prepared path: the first call with given shapes, offsets and
     options (all but the dropout seed, which each launch takes) does the checks, plan, block table and its copy
     to the GPU and keeps them; a later call with the same ones only allocates the outputs and launches."""
-    key = _fast_key(q, k, v, cu_seqlens_q, cu_seqlens_k, options)
+    key = None
+    if _fast.available():  # the prepared path's key holds the offsets themselves
+        cu_q, cu_k = to_host(cu_seqlens_q), to_host(cu_seqlens_k)
+        key = _fast.prepared_key("varlen", (q, k, v), cu_q.dtype.str, cu_q.tobytes(), cu_k.dtype.str, cu_k.tobytes(),
+                                 options=options)
     if key is not None:
         from .._inputs import check_seed
 
@@ -55,17 +59,6 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     run, o, lse, kind = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
     run()
     return like_input(o, kind), like_input(lse, kind)
-
-
-def _fast_key(q, k, v, cu_q, cu_k, options):
-    """The prepared call's key, or None for calls that go the general way (not torch CUDA tensors)."""
-    if not _fast.available():
-        return None
-    key, opts = _fast.torch_key(q, k, v), _fast.options_key({n: x for n, x in options.items() if n != "seed"})
-    if key is None or opts is None:
-        return None
-    cu_q, cu_k = to_host(cu_q), to_host(cu_k)
-    return "varlen", key, cu_q.dtype.str, cu_q.tobytes(), cu_k.dtype.str, cu_k.tobytes(), opts
 
 
 class PreparedVarlen:
