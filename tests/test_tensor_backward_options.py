@@ -185,3 +185,39 @@ def test_prepared_calls_match_the_general_path(rng, monkeypatch, dtype):
                 else:
                     assert torch.equal(g, w), (name, opts, seed)
         assert len(_fast._CALLS) == before + (2 if dtype == "bfloat16" else 3), opts  # forwards and a backward
+
+
+def test_prepared_paths_key_without_the_seed(monkeypatch):
+    """The prepared-call wiring, on the CPU with the GPU-only pieces faked: the forward with options, the tensor
+    backward and varlen each prepare once per key and pass each call's dropout seed to the launch (the GPU test
+    above checks what the launches compute)."""
+    import flashlab.kernels._fast as fast
+    from flashlab.kernels import forward, tensor_backward, varlen
+
+    calls = []
+
+    class Fake:
+        def __init__(self, *args, **kwargs):
+            calls.append(("prepare", type(self).__name__))
+
+        def __call__(self, *args):
+            calls.append(("call", args[-1]))
+            return "prepared"
+
+    monkeypatch.setattr(fast, "available", lambda: True)
+    monkeypatch.setattr(fast, "torch_key", lambda *tensors: tuple(x.shape for x in tensors))
+    monkeypatch.setattr(fast, "_CALLS", {})
+    for module, name in ((fast, "PreparedForward"), (tensor_backward, "PreparedBackward"), (varlen, "PreparedVarlen")):
+        monkeypatch.setattr(module, name, type(name, (Fake,), {}))
+    q, lse = np.zeros((1, 2, 16, 16), np.float32), np.zeros((1, 2, 16), np.float32)
+    qv, cu = np.zeros((16, 2, 16), np.float32), np.array([0, 7, 16], np.int32)
+    for seed in (3, 4):
+        assert forward.flash_attention(q, q, q, variant="register", softcap=2.0, dropout_p=0.1, seed=seed) == "prepared"
+    for seed in (5, 6):
+        assert tensor_backward.backward(q, q, q, q, lse, q, dropout_p=0.1, seed=seed) == "prepared"
+    for seed in (7, 2 ** 40):
+        assert varlen.flash_attention_varlen(qv, qv, qv, cu, cu, dropout_p=0.2, seed=seed) == "prepared"
+    assert calls == [("prepare", "PreparedForward"), ("call", 3), ("call", 4), ("prepare", "PreparedBackward"),
+                     ("call", 5), ("call", 6), ("prepare", "PreparedVarlen"), ("call", 7), ("call", 2 ** 40)]
+    with pytest.raises(ValueError, match="seed must be an integer"):  # a later call's seed is still checked
+        varlen.flash_attention_varlen(qv, qv, qv, cu, cu, dropout_p=0.2, seed=-1)
