@@ -214,11 +214,17 @@ def check(ds=(16, 32, 64, 128), progress=print):
 # ------------------------------------------------------------------------------ variant="tensor"
 TENSOR_DTYPES = ("float16", "bfloat16", "float32")
 # (block_q, block_k) the tile sweep tries; choose_tile adds two stages where 48 KB allow them
-TENSOR_TILES = [(16, 64), (32, 64), (64, 64), (16, 32), (32, 32), (64, 32), (16, 128), (32, 128)]
+# (block_q, block_k); (None, None) is the default tile. Tiles past 48 KB of shared memory run where the GPU's
+# opt-in allows (the tensor backward's shared memory is dynamic).
+TENSOR_TILES = [(None, None), (16, 64), (32, 64), (64, 64), (16, 32), (32, 32), (64, 32), (16, 128), (32, 128),
+                (64, 128)]
 
 
-def bench_tensor(q, k, v, do, causal, repeats, block_q=None, block_k=None, precision=None):
-    """variant="tensor" on torch CUDA tensors (o, lse from flashlab's tensor forward): ms, TFLOP/s, MiB."""
+def bench_tensor(q, k, v, do, causal, repeats, block_q=None, block_k=None, precision=None, tile=None):
+    """variant="tensor" on torch CUDA tensors (o, lse from flashlab's tensor forward): ms, TFLOP/s, MiB.
+    tile: a tensor_backward.BackwardTile to time as if it were the default (stages and v_shared included)."""
+    if tile is not None:
+        return _as_default_tile(tile, q, lambda: bench_tensor(q, k, v, do, causal, repeats, precision=precision))
     from flashlab.kernels import flash_attention, flash_attention_backward
     from flashlab.kernels.plan import plan
 
@@ -232,7 +238,8 @@ def bench_tensor(q, k, v, do, causal, repeats, block_q=None, block_k=None, preci
              block_q=block_q, block_k=block_k, precision=precision)
     return dict(impl="flashlab tensor", dtype=dtype, n=N, d=d, causal=causal, ms=ms,
                 tflops=backward_flops(B, H, N, N, d, causal) / ms / 1e9, peak_mib=peak_mib(call),
-                config=f"{p.config.block_q}x{p.config.block_k} {p.config.stages}st {p.precision}",
+                config=f"{p.config.block_q}x{p.config.block_k} {p.config.stages}st{' vsh' if p.config.v_shared else ''} "
+                       f"{p.precision}",
                 regs=p.registers, local_bytes=p.spill_bytes, smem_bytes=p.shared_bytes)
 
 
@@ -263,18 +270,69 @@ def run_tensor_bench(ns=(1024, 4096, 16384), ds=(64, 128), batch=1, heads=16, ca
     return rows
 
 
-def tensor_tiles(ds=(64, 128), n=4096, heads=16, dtypes=("float16", "float32"), repeats=10, progress=print):
-    """Time every tile of TENSOR_TILES that fits, non-causal; returns rows, fastest first per (d, dtype)."""
+def _shared_limit() -> int:
+    from flashlab.kernels.plan import current_device
+
+    return current_device().dynamic_shared_per_block
+
+
+def _precision(dtype: str) -> str:
+    return {"float16": "f16", "bfloat16": "bf16", "float32": "3xtf32"}[dtype]
+
+
+def _as_default_tile(tile, q, run):
+    """run() with tile as the tensor backward's default for q's dtype and d (prepared calls forgotten before and
+    after, since their keys do not name the tile)."""
+    from flashlab.kernels import _fast, plan, tensor_backward as tb
+
+    kind = "float32" if q.dtype == _torch().float32 else "16-bit"
+    d, saved = q.shape[-1], dict(tb.DEFAULT_TILES[kind])
+    tb.DEFAULT_TILES[kind][d] = (tile.warps, tile.block_q, tile.stages, tile.v_shared)
+    forget = lambda: (_fast._CALLS.clear(), plan._cached_plan.cache_clear(), plan._plan.cache_clear())  # noqa: E731
+    forget()
+    try:
+        return run()
+    finally:
+        tb.DEFAULT_TILES[kind].clear()
+        tb.DEFAULT_TILES[kind].update(saved)
+        forget()
+
+
+def parse_tile(text):
+    """'default' -> (None, None); 'BQxBK' -> (block_q, block_k), the first tile of that shape that fits;
+    'BQxBKv' / 'BQxBKs1' / 'BQxBKvs1': a BackwardTile with V in shared memory and / or one stage."""
+    import re
+
+    if text == "default":
+        return None, None
+    m = re.fullmatch(r"(\d+)x(\d+)(v?)(?:s([12]))?", text)
+    if not m:
+        raise SystemExit(f"--tile {text!r}: expected 'default', BQxBK, BQxBKv, BQxBKs1 or BQxBKvs1")
+    bq, bk = int(m[1]), int(m[2])
+    if not m[3] and not m[4]:
+        return bq, bk
+    from flashlab.kernels.tensor_backward import BackwardTile
+
+    return BackwardTile(bk // 16, bq, int(m[4] or 2), bool(m[3]))
+
+
+def tensor_tiles(ds=(64, 128), n=4096, heads=16, dtypes=("float16", "float32"), repeats=10, progress=print,
+                 tiles=TENSOR_TILES):
+    """Time every tile of tiles ((block_q, block_k) pairs) that fits, non-causal; returns rows in tile order."""
     torch = _torch()
     rows = []
     for d in ds:
         for dt in dtypes:
             q, k, v, do = _inputs(1, heads, n, d, getattr(torch, dt))
-            for bq, bk in TENSOR_TILES:
+            for t in tiles:
+                full = not isinstance(t, tuple)
                 try:
-                    r = bench_tensor(q, k, v, do, False, repeats, block_q=bq, block_k=bk)
+                    if full:
+                        r = bench_tensor(q, k, v, do, False, repeats, tile=t.check(d, _precision(dt), _shared_limit()))
+                    else:
+                        r = bench_tensor(q, k, v, do, False, repeats, block_q=t[0], block_k=t[1])
                 except ValueError as exc:
-                    progress(f"skip d={d} {dt} {bq}x{bk}: {str(exc)[:90]}")
+                    progress(f"skip d={d} {dt} {t}: {str(exc)[:90]}")
                     continue
                 rows.append(r)
                 progress(_fmt(r))
@@ -349,6 +407,8 @@ def main(argv=None):
     ap.add_argument("--tensor", action="store_true", help='variant="tensor" in float16, bfloat16 and float32')
     ap.add_argument("--dtypes", nargs="+", default=list(TENSOR_DTYPES), help="with --tensor")
     ap.add_argument("--tiles", action="store_true", help="with --tensor: time the tiles at N=4096")
+    ap.add_argument("--tile", nargs="+", metavar="BQxBK", help="with --tiles: only these (default: TENSOR_TILES; "
+                                                                  "'default' is the default tile)")
     ap.add_argument("--json", help="with --tensor: write the bars and dQ's run-to-run difference here")
     args = ap.parse_args(argv)
     if args.check:
@@ -377,7 +437,8 @@ def _tensor_main(args, torch):
     import json
 
     if args.tiles:
-        rows = tensor_tiles(args.d, heads=args.heads, dtypes=args.dtypes, repeats=args.repeats)
+        tiles = TENSOR_TILES if not args.tile else [parse_tile(t) for t in args.tile]
+        rows = tensor_tiles(args.d, heads=args.heads, dtypes=args.dtypes, repeats=args.repeats, tiles=tiles)
     else:
         rows = run_tensor_bench(args.n, args.d, heads=args.heads, causal=(False, True) if args.causal else (False,),
                                 repeats=args.repeats, dtypes=args.dtypes)

@@ -70,11 +70,14 @@ def compile_one(key):
     stack = re.search(r"(\d+) bytes stack frame", out)  # local memory per thread: spills and local arrays
     smem = re.search(r"(\d+) bytes smem", out)
     threads = getattr(config, "threads", None) or (config[2] if direction == "backward" else config[0])
+    static = int(smem.group(1)) if smem else 0
+    if variant == "tensor" and direction == "backward":  # its shared memory is dynamic, sized at launch
+        static += 4 * config.shared_words(d, precision)
     return {"variant": variant, "direction": direction, "d": d, "dtype": dtype, "precision": precision or "",
             "tile": plan.config_text(variant, direction, config), "causal": int(causal), "split": int(split),
             "heavy_first": int(heavy), "cc": f"{cc[0]}.{cc[1]}", "registers": regs,
             "spill_bytes": max(int(spill.group(1)) if spill else 0, int(stack.group(1)) if stack else 0),
-            "shared_bytes": int(smem.group(1)) if smem else 0, "threads": threads}
+            "shared_bytes": static, "threads": threads}
 
 
 def _init():

@@ -129,10 +129,18 @@ def get_cuda():
 _LIMITS = {}  # device id -> its limits
 
 
+def _optin(dev) -> int:
+    """Shared memory a block may use once its kernel opts in (the driver's attribute; 48 KB where it is missing)."""
+    try:
+        return int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    except Exception:  # an old driver or binding without the attribute
+        return 48 * 1024
+
+
 def device_limits() -> dict:
     """The limits tile shapes are chosen from. On the simulator: those of a T4-class GPU (48 KB/block)."""
     if not has_gpu():
-        return {"name": "CUDA simulator", "cc": None, "sms": 1, "shared_per_block": 48 * 1024,
+        return {"name": "CUDA simulator", "cc": None, "sms": 1, "shared_per_block": 48 * 1024, "shared_optin": 64 * 1024,
                 "shared_per_sm": 64 * 1024, "regs_per_sm": 65536, "regs_per_block": 65536,
                 "max_threads_per_sm": 1024, "max_blocks_per_sm": 16, "warp": 32}
     dev = get_cuda().get_current_device()
@@ -143,8 +151,10 @@ def device_limits() -> dict:
         "name": dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name),
         "cc": cc,
         "sms": dev.MULTIPROCESSOR_COUNT,
-        # numba-cuda launches with static shared memory only, so 48 KB per block is the ceiling.
+        # static shared memory: 48 KB a block at most. Past that a kernel needs dynamic shared memory and an
+        # opt-in (kernels/_launch.allow_dynamic_shared), up to shared_optin (227 KB on an H100).
         "shared_per_block": min(dev.MAX_SHARED_MEMORY_PER_BLOCK, 48 * 1024),
+        "shared_optin": _optin(dev),
         "shared_per_sm": dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
         "regs_per_sm": dev.MAX_REGISTERS_PER_MULTIPROCESSOR,
         "regs_per_block": dev.MAX_REGISTERS_PER_BLOCK,
@@ -243,7 +253,8 @@ def doctor(file=None) -> dict:
         if has_gpu():
             lim = device_limits()
             say("gpu", f"{lim['name']} (compute capability {lim['cc'][0]}.{lim['cc'][1]}, {lim['sms']} SMs)")
-            say("shared/block", f"{lim['shared_per_block'] // 1024} KB usable by numba-cuda kernels")
+            say("shared/block", f"{lim['shared_per_block'] // 1024} KB static, {lim['shared_optin'] // 1024} KB "
+                                "with the dynamic opt-in")
             try:
                 rt = cuda.runtime.get_version()
                 say("CUDA toolkit", f"{rt[0]}.{rt[1]} (numba-cuda's NVRTC)")

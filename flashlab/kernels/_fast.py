@@ -139,8 +139,11 @@ def scalar_type(value):
 class PreparedKernel:
     """One kernel launch with its argument list built once; launch(stream, pointers) fills in the pointers."""
 
-    def __init__(self, dispatcher, grid, block, args):
+    def __init__(self, dispatcher, grid, block, args, shared=0):
+        """shared: bytes of dynamic shared memory per block (the kernel opts in where it passes 48 KB)."""
         from numba.cuda import dispatcher as nd
+
+        from ._launch import allow_dynamic_shared
 
         types_ = tuple(a.numba_type if isinstance(a, Spec) else scalar_type(a) for a in args)
         dispatcher.compile(types_)
@@ -152,13 +155,14 @@ class PreparedKernel:
             slot = marshal(a, t, self.template)
             if slot is not None:
                 self.slots.append(slot)
+        allow_dynamic_shared(kernel, shared)
         self.function = kernel._codelibrary.get_cufunc().kernel
-        options = {"grid": tuple(grid), "block": int(block), "shmem_size": 0}
+        options = {"grid": tuple(grid), "block": int(block), "shmem_size": int(shared)}
         options["is_cooperative" if nd.CUDA_CORE_GE_1_0 else "cooperative_launch"] = False
         self.config = nd.LaunchConfig(**options)
         self._launch = nd.launch
         self.kernel = kernel
-        self.direct = _DirectLaunch.make(kernel, grid, block, self.template, self.slots)
+        self.direct = _DirectLaunch.make(kernel, grid, block, self.template, self.slots, shared)
 
     def launch(self, stream: int, pointers, seed=None):
         """Launch on the CUDA stream with this handle (torch's current stream). seed: a new value for the last
@@ -178,7 +182,7 @@ class _DirectLaunch:
     call only writes the data pointers into theirs. cuda.core's launch instead converts every argument on
     every call (an attention call has about 70: each array is 5 + 2 * ndim words)."""
 
-    def __init__(self, driver, handle, grid, block, template, slots):
+    def __init__(self, driver, handle, grid, block, template, slots, shared=0):
         def value(a):
             if isinstance(a, bool):
                 return ctypes.c_bool(a)
@@ -190,10 +194,10 @@ class _DirectLaunch:
         # numba-cuda loads kernels as CUkernel handles; cuLaunchKernel takes one in place of a CUfunction
         self.driver, self.handle = driver, driver.CUfunction(int(handle))
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
-        self.block = int(block)
+        self.block, self.shared = int(block), int(shared)
 
     @classmethod
-    def make(cls, kernel, grid, block, template, slots):
+    def make(cls, kernel, grid, block, template, slots, shared=0):
         """None where cuda.bindings is missing: the caller then launches through cuda.core."""
         if os.environ.get("FLASHLAB_DIRECT_LAUNCH", "1").strip() in ("0", "false", "no"):
             return None
@@ -201,7 +205,7 @@ class _DirectLaunch:
             from cuda.bindings import driver
         except ImportError:
             return None
-        return cls(driver, kernel._codelibrary.get_cufunc().handle, grid, block, template, slots)
+        return cls(driver, kernel._codelibrary.get_cufunc().handle, grid, block, template, slots, shared)
 
     def __call__(self, stream: int, pointers, seed=None):
         for holder, ptr in zip(self.pointers, pointers):
@@ -209,7 +213,7 @@ class _DirectLaunch:
         if seed is not None:  # the last argument: the dropout seed
             self.values[-1].value = seed
         gx, gy, gz = self.grid
-        err, = self.driver.cuLaunchKernel(self.handle, gx, gy, gz, self.block, 1, 1, 0, _cu_stream(stream),
+        err, = self.driver.cuLaunchKernel(self.handle, gx, gy, gz, self.block, 1, 1, self.shared, _cu_stream(stream),
                                           self.address, 0)
         if err != self.driver.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuLaunchKernel failed: {err!r}")

@@ -255,3 +255,35 @@ def check_kernel_backward_inputs(q, k, v, o, lse, do, *, causal=False, scale=Non
     if shells["lse"].dtype != np.float32:
         raise TypeError(f"lse has dtype {shells['lse'].dtype}; expected float32 (as returned by the forward)")
     return B, H, Nq, Nk, d, causal, scale
+
+
+# ------------------------------------------------------------------------------------- dynamic shared memory
+STATIC_SHARED = 48 * 1024  # what a block may use without opting in (CUDA C++ Programming Guide, "Shared Memory")
+_OPTED_IN = {}  # (kernel handle, device id) -> bytes allowed
+
+
+def allow_dynamic_shared(compiled, nbytes: int):
+    """Let a compiled numba kernel launch with nbytes of dynamic shared memory. Above 48 KB a kernel must opt
+    in (the driver's MAX_DYNAMIC_SHARED_SIZE_BYTES attribute), up to the device's opt-in limit (227 KB on an
+    H100, 99 KB on cc 8.6/8.9, 64 KB on a T4). numba-cuda has dynamic shared arrays (cuda.shared.array(0, dtype))
+    but no API for the opt-in; its driver wrapper has the call. Nothing to do at or under 48 KB."""
+    if nbytes <= STATIC_SHARED:
+        return
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    f = compiled._codelibrary.get_cufunc()
+    key = (int(f.handle), f.device.id)
+    if _OPTED_IN.get(key, 0) >= nbytes:
+        return
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, int(nbytes), f.handle, f.device.id)
+    _OPTED_IN[key] = nbytes
+
+
+def launch_with_shared(kernel, grid, block, nbytes: int, *args):
+    """kernel[grid, block, 0, nbytes](*args), opting in first where nbytes > 48 KB (the simulator has no limit)."""
+    from numba import config
+
+    if nbytes > STATIC_SHARED and not config.ENABLE_CUDASIM:
+        allow_dynamic_shared(kernel.compile(tuple(kernel.typeof_pyval(a) for a in args)), nbytes)
+    kernel[grid, block, 0, nbytes](*args)

@@ -70,7 +70,7 @@ class Device:
 
     name: str
     sms: int
-    shared_per_block: int  # bytes a numba-cuda kernel may use (static shared memory: 48 KB at most)
+    shared_per_block: int  # bytes of static shared memory a kernel may use (48 KB at most)
     shared_per_sm: int
     regs_per_sm: int
     max_threads_per_sm: int
@@ -80,6 +80,7 @@ class Device:
     l2_bytes: int = 0  # L2 cache size; 0: unknown
     warp: int = 32
     simulated: bool = False
+    shared_optin: int = 0  # bytes a block may use with dynamic shared memory and the opt-in; 0: shared_per_block
 
     def __post_init__(self):
         for name in ("sms", "shared_per_block", "shared_per_sm", "regs_per_sm", "max_threads_per_sm",
@@ -87,13 +88,18 @@ class Device:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"Device {name} must be a positive integer; got {value!r}")
-        for name in ("reserved_shared_per_block", "l2_bytes"):
+        for name in ("reserved_shared_per_block", "l2_bytes", "shared_optin"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"Device {name} must be a non-negative integer; got {value!r}")
         if self.cc is not None and (not isinstance(self.cc, tuple) or len(self.cc) != 2
                                     or not all(isinstance(x, numbers.Integral) for x in self.cc)):
             raise ValueError(f"Device cc must be None or a (major, minor) tuple of ints, e.g. (7, 5); got {self.cc!r}")
+
+    @property
+    def dynamic_shared_per_block(self) -> int:
+        """What a kernel with dynamic shared memory may ask for (the tensor backward's tiles)."""
+        return max(self.shared_optin, self.shared_per_block)
 
     @property
     def limits(self) -> dict:
@@ -111,15 +117,15 @@ class Device:
 
 
 # Vendor specifications (CUDA C++ Programming Guide, "Compute Capabilities"; the Turing, A100 and H100
-# architecture whitepapers for SM counts and L2 sizes). shared_per_block is numba-cuda's 48 KB of static
-# shared memory on all three.
+# architecture whitepapers for SM counts and L2 sizes). shared_per_block is the 48 KB of static shared memory
+# on all three; shared_optin what a block may have with the opt-in (64, 163 and 227 KB).
 T4 = Device("Tesla T4", sms=40, shared_per_block=48 * 1024, shared_per_sm=64 * 1024, regs_per_sm=65536,
             max_threads_per_sm=1024, max_blocks_per_sm=16, cc=(7, 5), reserved_shared_per_block=0,
-            l2_bytes=4 * 2**20)
+            l2_bytes=4 * 2**20, shared_optin=64 * 1024)
 A100 = Device("A100 SXM", sms=108, shared_per_block=48 * 1024, shared_per_sm=164 * 1024, regs_per_sm=65536,
-              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(8, 0), l2_bytes=40 * 2**20)
+              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(8, 0), l2_bytes=40 * 2**20, shared_optin=163 * 1024)
 H100 = Device("H100 SXM", sms=132, shared_per_block=48 * 1024, shared_per_sm=228 * 1024, regs_per_sm=65536,
-              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(9, 0), l2_bytes=50 * 2**20)
+              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(9, 0), l2_bytes=50 * 2**20, shared_optin=227 * 1024)
 DEVICES = {"T4": T4, "A100": A100, "H100": H100}
 RESOURCE_CCS = ((7, 5), (8, 0), (9, 0))  # kernel_resources.csv has builds for these
 
@@ -145,7 +151,7 @@ def current_device() -> Device:
                   shared_per_sm=lim["shared_per_sm"], regs_per_sm=lim["regs_per_sm"],
                   max_threads_per_sm=lim["max_threads_per_sm"], max_blocks_per_sm=lim["max_blocks_per_sm"],
                   cc=tuple(lim["cc"]) if lim["cc"] else None, reserved_shared_per_block=reserved, l2_bytes=l2,
-                  warp=lim["warp"], simulated=not has_gpu())
+                  warp=lim["warp"], simulated=not has_gpu(), shared_optin=lim.get("shared_optin", 0))
 
 
 def _device(device) -> Device:
@@ -230,7 +236,7 @@ def _choose_config(p: Problem, variant: str, dev: Device, block_q, block_k, tile
         from . import tensor, tensor_backward
 
         precision = tensor.resolve_precision(p.dtype, precision, dev.cc)
-        config = tensor_backward.choose_tile(d, precision, block_q, block_k)
+        config = tensor_backward.choose_tile(d, precision, block_q, block_k, dev.dynamic_shared_per_block)
         return config, precision, config.threads, 4 * config.shared_words(d, precision), config.block_q, config.block_k
     if p.direction == "backward":
         from . import backward

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from numba import config, float32, uint32
+from numba import float32, uint32
 
 from ..device import get_cuda
 from . import mma
@@ -97,7 +97,9 @@ class BackwardTile:
         return ((2 if self.v_shared else 1) * self.block_k * rs + 2 * self.stages * self.block_q * rs
                 + self.block_k * (ds + 4) + 2 * self.stages * self.block_q)
 
-    def check(self, d: int, precision: str):
+    def check(self, d: int, precision: str, limit: int = SHARED_LIMIT):
+        """self, or a ValueError naming what is wrong. limit: shared bytes a block may use (the device's opt-in
+        limit: the kernel's shared memory is dynamic)."""
         for name in ("warps", "block_q", "stages"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -109,42 +111,48 @@ class BackwardTile:
         if self.stages not in (1, 2) or (self.stages == 2 and async_stages(precision) == 1):
             raise ValueError(f"stages must be 1 or 2 (1 for precision 'k8', which has no cp.async); got {self.stages}")
         need = 4 * self.shared_words(d, precision)
-        if need > SHARED_LIMIT:
+        if need > limit:
             raise ValueError(f"tile {self} needs {need} bytes of shared memory at d={d} ({precision}); the limit "
-                             f"per block is {SHARED_LIMIT} bytes: use a smaller block_q, fewer warps or stages=1")
+                             f"per block is {limit} bytes: use a smaller block_q, fewer warps or stages=1")
         return self
 
 
-# Default tiles (warps, block_q, stages, v_shared). 16-bit d64 and d128: the fastest of
-# `bench_backward.py --tensor --tiles` on an H100 (B1 H16 N4096; benchmarks/results/logs13/tiles64.txt, tiles128.txt):
-# 32x128 beat 32x64 by 11% at d64, 16x64 beat 16x32 by 42% at d128. The others come from `ptxas -v` for sm_80 and
-# sm_90: the largest tiles that compile without spilling, or with the least (flashlab/data/kernel_resources.csv).
-# 3xTF32 d64 keeps its spill-free 16x64 (32x64 was 4% faster in one run but spills 8 bytes).
+# Default tiles (warps, block_q, stages, v_shared). d64 and d128 (16-bit and 3xTF32): the fastest of
+# `bench_backward.py --tensor --tiles` on an H100 (B1 H16 N4096; benchmarks/results/logs13/tiles*.txt). Since the
+# shared memory became dynamic (past 48 KB with the opt-in), 128-key blocks of 8 warps win for 16-bit: 32x128
+# (78 KB) ran 1.33x the old 48 KB tile (16x64) at d128, 64x128 (73 KB) 1.10x 32x128 at d64. 3xTF32 keeps V in
+# shared memory and takes two stages: 32x64 (78 KB) 1.16x the old 16x64 at d64, 16x64 (104 KB) 1.35x the old
+# 16x32 at d128. Where a device's opt-in limit is smaller, choose_tile falls back to the first tile that fits.
+# d16 / d32 and "k8" (sm_75): `ptxas -v` for sm_80 and sm_90, the largest tiles that compile without spilling
+# (flashlab/data/kernel_resources.csv).
 DEFAULT_TILES = {
-    "16-bit": {16: (4, 64, 2, False), 32: (4, 64, 2, False), 64: (8, 32, 2, False), 128: (4, 16, 2, False)},
+    "16-bit": {16: (4, 64, 2, False), 32: (4, 64, 2, False), 64: (8, 64, 2, False), 128: (8, 32, 2, False)},
     "k8": {16: (4, 64, 1, False), 32: (4, 64, 1, False), 64: (4, 32, 1, False), 128: (2, 16, 1, False)},
-    "float32": {16: (4, 64, 2, False), 32: (4, 32, 2, False), 64: (4, 16, 1, True), 128: (2, 16, 1, False)},
+    "float32": {16: (4, 64, 2, False), 32: (4, 32, 2, False), 64: (4, 32, 2, True), 128: (4, 16, 2, True)},
 }
 
 
-def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> BackwardTile:
-    """DEFAULT_TILES for (precision, d); with block_q / block_k given, the first of 4, 2, 1 warps (or
-    block_k / 16), two stages, then V in shared memory, that fits in 48 KB."""
+def choose_tile(d: int, precision: str, block_q=None, block_k=None, limit: int = SHARED_LIMIT) -> BackwardTile:
+    """DEFAULT_TILES for (precision, d) where it fits in limit bytes of shared memory (the device's, with the
+    opt-in: plan passes it); otherwise, or with block_q / block_k given, the first of 4, 2, 1 warps (or
+    block_k / 16), two stages, then V in shared memory, that fits."""
     if block_k is not None and (block_k % 16 or block_k < 16):
         raise ValueError(f"block_k must be a positive multiple of 16 for the tensor backward (16 keys per warp); "
                          f"got {block_k}")
     kind = "float32" if precision in ("3xtf32", "tf32") else "k8" if precision == "k8" else "16-bit"
     if block_q is None and block_k is None and d in DEFAULT_TILES[kind]:
-        return BackwardTile(*DEFAULT_TILES[kind][d]).check(d, precision)
+        tile = BackwardTile(*DEFAULT_TILES[kind][d])
+        if 4 * tile.shared_words(d, precision) <= limit:
+            return tile.check(d, precision, limit)
     two = async_stages(precision) == 2
     for warps in ((block_k // 16,) if block_k else (4, 2, 1)):
         for bq in ((block_q,) if block_q else (32, 16, 64)):
             for st in ((2, 1) if two else (1,)):
                 for v_shared in (False, True):
                     tile = BackwardTile(warps, bq, st, v_shared)
-                    if 4 * tile.shared_words(d, precision) <= SHARED_LIMIT:
-                        return tile.check(d, precision)
-    return BackwardTile(block_k // 16 if block_k else 1, block_q or 16, 1).check(d, precision)  # raises: too big
+                    if 4 * tile.shared_words(d, precision) <= limit:
+                        return tile.check(d, precision, limit)
+    return BackwardTile(block_k // 16 if block_k else 1, block_q or 16, 1).check(d, precision, limit)  # raises
 
 
 @lru_cache(maxsize=None)
@@ -174,9 +182,19 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     while 2 * DQ_NP <= min(NPAIR, QG * NPAIR // NW) and NPAIR % (2 * DQ_NP) == 0:
         DQ_NP *= 2
     DQ_UNITS, DQ_NT = QG * NPAIR // DQ_NP, 2 * DQ_NP
-    # array sizes must be plain constants (Numba does not fold products of them while typing)
+    # Shared memory is one dynamic array (sized at launch: tile.shared_words), so that tiles may pass 48 KB
+    # where the device allows (_launch.allow_dynamic_shared). Its regions, in 32-bit words, each a multiple of
+    # 16 bytes (ldmatrix and cp.async need 16-byte-aligned rows): K_j, V_j (v_shared only), the Q_i and dO_i
+    # stages, dS^T, then lse_i and D_i per stage.
     K_WORDS, QD_WORDS, DS_WORDS, STATS = BK * RS, NST * BQ * RS, BK * DRS, NST * BQ
-    V_WORDS, VREGS = (BK * RS, 1) if VSH else (1, 4 * KSTEPS)
+    V_WORDS, VREGS = (BK * RS, 1) if VSH else (0, 4 * KSTEPS)
+    V_AT = K_WORDS
+    Q_AT = V_AT + V_WORDS
+    DO_AT = Q_AT + QD_WORDS
+    DS_AT = DO_AT + QD_WORDS
+    L_AT = DS_AT + DS_WORDS
+    D_AT = L_AT + STATS
+    assert D_AT + STATS == tile.shared_words(d, precision)
     NT = 32 * NW
     ASYNC = NST == 2
     LAG = 1 if ASYNC else 0
@@ -184,7 +202,6 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     Q_CHUNKS, K_CHUNKS = BQ * CPR, BK * CPR
     URS, UDRS, UBQ, UBK = U(RS), U(DRS), U(BQ), U(BK)
     CAUSAL = causal
-    ALIGN = None if config.ENABLE_CUDASIM else 16
     DT = float32 if WIDE else uint32
     mma16 = {"f16": mma.mma_f16_m16n8k16, "bf16": mma.mma_bf16_m16n8k16, "k8": mma.mma_f16_m16n8k8x2}.get(precision)
     pack = mma.pack_bf16x2 if BF16 else mma.pack_f16x2
@@ -254,13 +271,15 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
 
     @cuda.jit(fastmath=FASTMATH)
     def main(q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, scale, scale_log2, seed):
-        Ks = cuda.shared.array(K_WORDS, DT, alignment=ALIGN)
-        Vs = cuda.shared.array(V_WORDS, DT, alignment=ALIGN)  # v_shared only
-        Qs = cuda.shared.array(QD_WORDS, DT, alignment=ALIGN)
-        dOs = cuda.shared.array(QD_WORDS, DT, alignment=ALIGN)
-        dSs = cuda.shared.array(DS_WORDS, DT, alignment=ALIGN)  # dS^T, rows = the block's keys
-        Ls = cuda.shared.array(STATS, float32)  # lse * log2(e) of the tile's queries
-        Ds = cuda.shared.array(STATS, float32)
+        words = cuda.shared.array(0, DT)  # the dynamic shared memory; floats: the same bytes as float32
+        floats = cuda.shared.array(0, float32)
+        Ks = words[:K_WORDS]
+        Vs = words[V_AT:Q_AT]  # v_shared only
+        Qs = words[Q_AT:DO_AT]
+        dOs = words[DO_AT:DS_AT]
+        dSs = words[DS_AT:L_AT]  # dS^T, rows = the block's keys
+        Ls = floats[L_AT:D_AT]  # lse * log2(e) of the tile's queries
+        Ds = floats[D_AT:D_AT + STATS]
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)
@@ -576,14 +595,16 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, t
     """Launch the three kernels on device arrays: q, k, v, o, do, dq, dk, dv as (B, H, N, d/2) uint32 pairs
     (16-bit precisions) or float32 (B, H, N, d); lse, D float32 (B, H, Nq); dq_acc float32 (B, H, Nq, d),
     which is dq itself for float32. extras: register.Extras (or None); seed: the dropout seed."""
+    from ._launch import launch_with_shared
+
     B, H, Nq, w = q.shape
     d = w if precision in ("3xtf32", "tf32") else 2 * w
     preprocess, main, cast = build(d, tile, causal, precision, gqa=k.shape[1] != H, extras=extras)
     rows = PREPROCESS_ROWS
     preprocess[(-(-Nq // rows), B * H), rows](o, do, D, dq_acc, n_heads)
     grid = (-(-k.shape[2] // tile.block_k), B * k.shape[1])  # key blocks x (batch, K/V head)
-    main[grid, tile.threads](q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, np.float32(scale), np.float32(scale * LOG2E),
-                             np.int64(seed))
+    launch_with_shared(main, grid, tile.threads, 4 * tile.shared_words(d, precision), q, k, v, do, lse, D, dq_acc,
+                       dk, dv, n_heads, np.float32(scale), np.float32(scale * LOG2E), np.int64(seed))
     if dq is not dq_acc:
         n = B * H * Nq * w
         cast[-(-n // 256), 256](dq_acc.reshape(B * H * Nq * d), dq.reshape(n))
@@ -690,7 +711,8 @@ class PreparedBackward:
             _fast.PreparedKernel(preprocess, (-(-Nq // rows), B * H), rows, [o_s, do_s, D, dq_acc, H]),
             _fast.PreparedKernel(main, (-(-Nk // tile.block_k), B * H_kv), tile.threads,
                                  [q_s, k_s, v_s, do_s, lse_s, D, dq_acc, *grads, H, np.float32(s.scale),
-                                  np.float32(s.scale * LOG2E), np.int64(0)])]
+                                  np.float32(s.scale * LOG2E), np.int64(0)],
+                                 shared=4 * tile.shared_words(d, s.plan.precision))]
         if not self.wide:  # dQ, accumulated in float32, to the input's 16-bit type
             n = B * H * Nq * d
             self.kernels.append(_fast.PreparedKernel(cast, (-(-(n // 2) // 256),), 256,
