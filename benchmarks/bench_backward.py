@@ -213,7 +213,6 @@ def check(ds=(16, 32, 64, 128), progress=print):
 
 # ------------------------------------------------------------------------------ variant="tensor"
 TENSOR_DTYPES = ("float16", "bfloat16", "float32")
-# (block_q, block_k) the tile sweep tries; choose_tile adds two stages where 48 KB allow them
 # (block_q, block_k); (None, None) is the default tile. Tiles past 48 KB of shared memory run where the GPU's
 # opt-in allows (the tensor backward's shared memory is dynamic).
 TENSOR_TILES = [(None, None), (16, 64), (32, 64), (64, 64), (16, 32), (32, 32), (64, 32), (16, 128), (32, 128),

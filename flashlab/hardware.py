@@ -37,7 +37,7 @@ class GPU:
     max_blocks_per_sm: int
     l1_shared_per_sm: int  # the unified L1 data cache / shared memory, bytes
     shared_per_sm: int  # the largest shared-memory carve-out
-    shared_per_block: int  # with the dynamic opt-in; 48 KB without it (all numba-cuda can ask for)
+    shared_per_block: int  # with the dynamic opt-in (kernels/_launch.allow_dynamic_shared); 48 KB static
     l2_bytes: int
     memory: str
     bandwidth: float  # bytes/s

@@ -169,6 +169,50 @@ def test_tiles_fit_and_default_variant():
         assert default_variant(np.zeros(2, np.float16)) == "register"  # the simulator keeps the FP32-unit kernel
 
 
+def test_default_tiles_follow_the_devices_shared_memory_limit():
+    """The defaults past 48 KB (dynamic shared memory) are taken where the opt-in limit allows them, and a device
+    with less gets the first tile that fits: the planner passes each device's limit."""
+    from flashlab.kernels.plan import A100, H100, T4, plan
+
+    big = tb.choose_tile(128, "f16", limit=227 * 1024)
+    assert (big.warps, big.block_q) == tb.DEFAULT_TILES["16-bit"][128][:2]
+    assert 4 * big.shared_words(128, "f16") > tb.SHARED_LIMIT  # the reason for the dynamic array
+    small = tb.choose_tile(128, "f16")  # 48 KB: the fallback search
+    assert 4 * small.shared_words(128, "f16") <= tb.SHARED_LIMIT and small != big
+    for device in (T4, A100, H100):
+        for dtype in ("float16", "float32"):
+            if device is T4 and dtype == "float32":
+                continue  # no tf32 on sm_75
+            p = plan((1, 4, 1024, 1024, 128), variant="tensor", direction="backward", dtype=dtype, device=device)
+            assert p.shared_bytes <= device.dynamic_shared_per_block, (device.name, dtype)
+    assert H100.dynamic_shared_per_block == 227 * 1024 and T4.dynamic_shared_per_block == 64 * 1024
+    with pytest.raises(ValueError, match="limit per block is 49152 bytes"):
+        big.check(128, "f16")
+
+
+def test_dynamic_shared_opt_in_is_asked_once_past_48_kb(monkeypatch):
+    """_launch.allow_dynamic_shared: nothing at or under 48 KB; above, one driver call per kernel and device with
+    the bytes asked (a smaller request later needs no call). benchmarks/probe_dynamic_shared.py checks the call
+    itself on a GPU."""
+    from types import SimpleNamespace
+
+    from flashlab.kernels import _launch
+
+    calls = []
+    monkeypatch.setattr(_launch, "_opt_in", lambda *a: calls.append(a))
+    monkeypatch.setattr(_launch, "_OPTED_IN", {})
+    cufunc = SimpleNamespace(handle=1234, device=SimpleNamespace(id=0))
+    compiled = SimpleNamespace(_codelibrary=SimpleNamespace(get_cufunc=lambda: cufunc))
+    _launch.allow_dynamic_shared(compiled, 48 * 1024)
+    assert calls == []
+    _launch.allow_dynamic_shared(compiled, 80_384)
+    _launch.allow_dynamic_shared(compiled, 60_000)
+    assert len(calls) == 1
+    assert calls[0] == (1234, 0, 80_384)
+    _launch.allow_dynamic_shared(compiled, 100_000)
+    assert len(calls) == 2 and calls[1][2] == 100_000
+
+
 def test_planner_knows_the_tensor_backward():
     from flashlab.kernels.plan import plan
 

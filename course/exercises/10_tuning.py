@@ -24,7 +24,7 @@ import flashlab
 #
 # 1. the threads divide the tile evenly: `tr` divides `block_q`, `tc` divides `block_k` and `d`;
 # 2. `tr * tc <= 1024` threads per block;
-# 3. its shared memory fits (`<=`) in `shared_limit` bytes (48 KB: all numba-cuda can ask for), where it
+# 3. its shared memory fits (`<=`) in `shared_limit` bytes (48 KB: static shared memory, which this kernel uses), where it
 #    needs, in float32 (4 bytes) units,
 #    `d*(block_q+4) + max(d*(block_k+4), block_k*(block_q+4)) + block_k*(d+8) + tc*(block_q+4)`
 #    (Q tile, K tile that is later reused for P, V tile, the row-reduction buffer; the +4 and +8 pad rows

@@ -116,8 +116,8 @@ if ON_GPU:
 # capability 7.x and 9.0: units, 4 warp schedulers and the L1/shared capacity per SM); the Hopper and Turing
 # Tuning Guides ("Occupancy"; H100's 50 MB L2); the H100 and Turing architecture whitepapers, which draw
 # each partition with its scheduler and a 16,384 x 32-bit register file; the H100 SXM and T4 datasheets
-# (SM counts, memory, bandwidth). The shared memory per block above 48 KB needs an opt-in that numba-cuda
-# does not expose, so the course's kernels stay within 48 KB.
+# (SM counts, memory, bandwidth). Shared memory per block above 48 KB needs dynamic shared memory and an
+# opt-in (next section); most of the course's kernels stay within 48 KB.
 #
 # ## Warps, and how an SM hides waiting
 #
@@ -226,10 +226,15 @@ for lanes_per_row in (32, 16, 8, 4, 2, 1):
 # (*static* shared memory) get at most 48 KB per block on every GPU; beyond that a kernel must use
 # *dynamic* shared memory and opt in explicitly, and then an H100 gives one block up to 227 KB (CUDA C++
 # Programming Guide, "Technical Specifications per Compute Capability"; NVIDIA Hopper Tuning Guide).
-# Real FlashAttention kernels use that room for bigger tiles and more pipeline stages. numba-cuda's
-# `cuda.shared.array` is static and it has no public call for the opt-in (numba-cuda issue #94), so
-# flashlab's kernels size their tiles to fit 48 KB, which also lets the same code run on a T4 and in the
-# simulator.
+# Real FlashAttention kernels use that room for bigger tiles and more pipeline stages. In numba-cuda,
+# `cuda.shared.array(n, dtype)` with a constant n > 0 is static; with n = 0 it is dynamic, sized by the
+# launch's fourth argument (`kernel[grid, block, stream, nbytes]`). numba-cuda has no public call for the
+# opt-in, but its driver wrapper has the one CUDA uses (`cuKernelSetAttribute` with
+# `MAX_DYNAMIC_SHARED_SIZE_BYTES`): `flashlab.kernels._launch.allow_dynamic_shared` calls it, and
+# `benchmarks/probe_dynamic_shared.py` shows an H100 refusing a 100 KB block without it and running it with
+# it. Most of flashlab's kernels still size their tiles to fit 48 KB of static shared memory, which keeps
+# them simple and lets the same code run on a T4; the tensor-core backward of lesson 15 is the one that
+# needs more.
 #
 # When one thread reads what another wrote, the write must happen first. `cuda.syncthreads()` is a
 # barrier: no thread of the block passes it until all have reached it. The classic use is a sum over a

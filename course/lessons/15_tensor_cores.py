@@ -620,23 +620,28 @@ else:
     print("no benchmark data found (flashlab/data/tensor_backward.json is missing from this install)")
 
 # %% [markdown]
-# From a fifth to over a third of SDPA's speed at N = 4096: d = 64 does better than d = 128, and causal
-# masking better than none. These are whole calls, host included: the checks, the plan and numba's typing of
-# three kernels' arguments happen once per shape and options, and later calls only allocate the gradients and
-# launch (`kernels/_fast.py`; `docs/gpu-runs-issue13.md` shows what that saved). The registers tell part of
-# the story: an SM has 64K of them, so a tile that needs close to 200 a thread fits one or two blocks, a
-# handful of warps, per SM, too few to hide the latency of the shared-memory loads between the `mma`. FA2's backward
-# keeps bigger tiles in more shared memory than numba-cuda's static 48 KB allows (section 9). The atomics'
-# price is visible too: dQ moves in its last bits between identical calls, while dK and dV come out bit for
-# bit the same.
+# Read the printed rows for this run's numbers. On the H100 the 16-bit backward runs at about a third of
+# SDPA's speed at N = 4096 (more under causal masking), and 3xTF32 at d = 64 at about SDPA's own float32
+# speed (less at d = 128). These are whole calls, host included: the checks, the plan and numba's typing of
+# three kernels' arguments happen once per shape and options, and later calls only allocate the gradients
+# and launch (`kernels/_fast.py`; `docs/gpu-runs-issue13.md` shows what that saved).
+#
+# **Bigger tiles need more than 48 KB.** The kernel's shared memory is one *dynamic* array (lesson 7), sized
+# at launch, and the kernel opts in to more than 48 KB where the device allows it. That is what lets a block
+# own 128 keys (8 warps) at d = 128: 78 KB, where the 48 KB tile held 64 keys. Each block then streams Q_i and
+# dO_i and adds its dQ atomics once for twice as many keys, and the run that chose these tiles measured 1.37x
+# at d = 128 (`benchmarks/results/logs13/tiles_dynamic_h100.txt`). The registers tell the rest of the story:
+# an SM has 64K of them, so a tile that needs close to 255 a thread fits 8 warps per SM, too few to hide all
+# of the latency of the shared-memory loads between the `mma`. The atomics' price is visible too: dQ moves in
+# its last bits between identical calls, while dK and dV come out bit for bit the same.
 #
 # ## 9. Where this kernel differs from FlashAttention-2 and -3
 #
 # - **Tile sizes.** FA2 gives a thread block 128 query rows with several 16-row m-tiles per warp, so each K
 #   and V fragment loaded from shared memory feeds more `mma`. Ours gives each warp one m-tile of 16 rows.
-# - **Shared memory.** numba-cuda allocates shared memory statically, which caps a block at 48 KB; an H100
-#   block may use up to 227 KB with the dynamic opt-in (`flashlab.hardware`). Bigger tiles and deeper
-#   pipelines need that room.
+# - **Shared memory.** The forward here uses static shared memory, which caps a block at 48 KB; an H100
+#   block may use up to 227 KB with the dynamic opt-in (`flashlab.hardware`), which only our backward uses
+#   (up to 104 KB). FA2 and FA3 use that room for bigger tiles and deeper pipelines in both passes.
 # - **Layouts.** FA2 (through CUTLASS's CuTe) *swizzles* its shared-memory layouts, permuting 16-byte chunks
 #   by XOR so that neither the copies nor `ldmatrix` conflict on banks; we pad each row by 16 bytes, which
 #   costs a little memory.
@@ -645,14 +650,16 @@ else:
 # - **Hopper.** FlashAttention-3 replaces `mma.sync` with `wgmma` (a warpgroup of 4 warps, operands read
 #   from shared memory, asynchronous) and `cp.async` with TMA (one thread copies a whole tile), and splits
 #   warps into producers and consumers (lesson 11). That is how it gets past `mma.sync`'s ceiling.
-# - **The backward pass** (section 8) uses blocks of 16 to 64 keys where FA2 uses up to 128 with about
-#   100 KB of shared memory, and keeps V's fragments in registers or re-reads them, where FA2 tunes this
-#   per head dimension.
+# - **The backward pass** (section 8) gives each warp 16 keys and all of a query tile, so a block of 128
+#   keys needs 8 warps. FA2's d = 128 backward on sm80 also has 8 warps for 128 keys x 64 queries, but lays
+#   them out 4 x 2 over dK and dV's keys and dimensions (its `Flash_bwd_kernel_traits`), so each warp holds
+#   32 keys x 64 dimensions of them, where ours holds 16 keys x 128. Ours keeps V's fragments in registers (16-bit) or in shared
+#   memory (3xTF32), where FA2 tunes this per head dimension.
 
 # %%
 print(tensor.__doc__.split("Where FlashAttention-2 itself goes further:")[1].strip())
 print(f"\nshared memory per block: H100 {GPUS['H100'].shared_per_block // 1024} KB with the opt-in, "
-      f"{GPUS['H100'].static_shared_per_block // 1024} KB static (what numba-cuda can ask for)")
+      f"{GPUS['H100'].static_shared_per_block // 1024} KB static (what the forward kernels use)")
 
 # %% [markdown]
 # ## Summary

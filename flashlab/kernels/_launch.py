@@ -269,15 +269,20 @@ def allow_dynamic_shared(compiled, nbytes: int):
     but no API for the opt-in; its driver wrapper has the call. Nothing to do at or under 48 KB."""
     if nbytes <= STATIC_SHARED:
         return
-    from numba.cuda.cudadrv.driver import binding, driver
-
     f = compiled._codelibrary.get_cufunc()
     key = (int(f.handle), f.device.id)
     if _OPTED_IN.get(key, 0) >= nbytes:
         return
-    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    driver.cuKernelSetAttribute(attr, int(nbytes), f.handle, f.device.id)
+    _opt_in(f.handle, f.device.id, int(nbytes))
     _OPTED_IN[key] = nbytes
+
+
+def _opt_in(handle, device_id: int, nbytes: int):
+    """The driver call (raises numba's CudaAPIError if the device refuses, e.g. past its limit)."""
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, nbytes, handle, device_id)
 
 
 def launch_with_shared(kernel, grid, block, nbytes: int, *args):

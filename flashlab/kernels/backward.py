@@ -35,7 +35,7 @@ from ._launch import check_kernel_backward_inputs, empty, is_gqa, like_input, to
 # global rather than a closure variable, because the simulator swaps in its fake `cuda` through globals.
 cuda = None
 
-SMEM_LIMIT = 48 * 1024  # bytes of static shared memory per block that numba-cuda can use
+SMEM_LIMIT = 48 * 1024  # bytes of static shared memory per block (more needs dynamic shared memory)
 
 # (block_q, block_k, threads) per d on a GPU. d = 64 and 128: the fastest of the tile sweep in
 # docs/gpu-runs-backward.md (H200); d = 16 and 32 were not swept.

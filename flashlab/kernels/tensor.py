@@ -34,7 +34,7 @@ kernels/varlen.py). Every build takes the dropout seed as its last argument (a r
 needs no new compile); builds without dropout ignore it.
 
 Where FlashAttention-2 itself goes further: 128-row tiles with more rows per warp (fewer shared-memory
-reads per mma), up to 227 KB of shared memory per block (numba-cuda exposes 48 KB), and CUDA C++ compiled
+reads per mma), up to 227 KB of shared memory per block (this forward uses 48 KB of static shared memory), and CUDA C++ compiled
 ahead of time; on Hopper, FA3 replaces mma.sync with wgmma and cp.async with TMA.
 """
 from __future__ import annotations

@@ -7,9 +7,11 @@ Three launches, as in kernels/backward.py (the FP32-unit version); none holds an
    K and V) the block walks the query tiles of each of the H / H_kv query heads that read its K/V head, so
    dK_j and dV_j add up over them in registers. A block owns block_k = 16 * warps keys
    and warp w owns 16 of them, so dK_j and dV_j stay in registers as C fragments (rows = keys) for the
-   whole loop. V's A fragments sit in registers too; K_j is in shared memory (it is an operand twice). The
-   block walks over the query tiles that can see its keys (causal: from the diagonal on), copying Q_i, dO_i,
-   lse_i and D_i to shared memory (cp.async, one tile ahead, where 48 KB allow two stages). For each tile
+   whole loop. V's A fragments sit in registers too (or V_j in shared memory: v_shared); K_j is in shared
+   memory (it is an operand twice). The block walks over the query tiles that can see its keys (causal: from
+   the diagonal on), copying Q_i, dO_i, lse_i and D_i to shared memory (cp.async, one tile ahead). The shared
+   memory is dynamic, so a tile may take more than 48 KB where the GPU allows (78 KB for 128 keys at d128,
+   _launch.allow_dynamic_shared). For each tile
    a warp computes, for its 16 keys, the transposes of the forward's view:
 
        S^T  = K Q^T      A: K (ldmatrix)                  B: Q (ldmatrix)
@@ -46,9 +48,9 @@ through registers), "3xtf32" (float32 inputs, each product as three tf32 mma on 
 "tf32" (one tf32 mma). tf32 reads 32-bit words from shared memory instead of ldmatrix; its C -> A reuse
 renumbers the k index (column t <- row 2t, column t + 4 <- row 2t + 1) on both operands, as in the forward.
 
-Where FlashAttention-2's own backward differs: blocks of 128 keys with ~100 KB of shared memory (numba-cuda
-gives a block 48 KB of static shared memory), dQ's atomics issued from a dedicated shared-memory tile, and
-CUDA C++ compiled ahead of time.
+Where FlashAttention-2's own backward differs: its 8 warps share a 128-key block in two dimensions (4 x 2 over
+dK and dV's keys and dims at d128), where each of ours owns 16 keys and all d dims, which takes more registers;
+dQ's atomics are issued from a dedicated shared-memory tile; and it is CUDA C++ compiled ahead of time.
 """
 from __future__ import annotations
 
@@ -120,9 +122,9 @@ class BackwardTile:
 # Default tiles (warps, block_q, stages, v_shared). d64 and d128 (16-bit and 3xTF32): the fastest of
 # `bench_backward.py --tensor --tiles` on an H100 (B1 H16 N4096; benchmarks/results/logs13/tiles*.txt). Since the
 # shared memory became dynamic (past 48 KB with the opt-in), 128-key blocks of 8 warps win for 16-bit: 32x128
-# (78 KB) ran 1.33x the old 48 KB tile (16x64) at d128, 64x128 (73 KB) 1.10x 32x128 at d64. 3xTF32 keeps V in
-# shared memory and takes two stages: 32x64 (78 KB) 1.16x the old 16x64 at d64, 16x64 (104 KB) 1.35x the old
-# 16x32 at d128. Where a device's opt-in limit is smaller, choose_tile falls back to the first tile that fits.
+# (78 KB) ran 1.37x the old 48 KB tile (16x64) at d128, 64x128 (73 KB) 1.10x 32x128 at d64. 3xTF32 keeps V in
+# shared memory and takes two stages: 32x64 (78 KB) 1.16x the old 16x64 at d64, 16x64 (104 KB) 1.34x the old
+# 16x32 at d128 (docs/gpu-runs-issue13.md, "Fourth session"). Where a device's opt-in limit is smaller, choose_tile falls back to the first tile that fits.
 # d16 / d32 and "k8" (sm_75): `ptxas -v` for sm_80 and sm_90, the largest tiles that compile without spilling
 # (flashlab/data/kernel_resources.csv).
 DEFAULT_TILES = {
