@@ -223,18 +223,25 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     capped, outside = score_functions(ex, causal)
 
     @cuda.jit(device=True, inline=True)
-    def mma_tf(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        """c + a @ b on tf32 tensor cores: one mma, or (3xTF32) small*big + big*small + big*big."""
+    def split(x):
+        """3xTF32: x as big + small, both tf32; tf32: x itself (the mma reads its top 19 bits) and 0."""
+        if not SPLIT:
+            return x, float32(0.0)
+        big = mma.round_tf32(x)
+        return big, mma.round_tf32(x - big)
+
+    @cuda.jit(device=True, inline=True)
+    def mma_tf(a0, a1, a2, a3, s0, s1, s2, s3, b0, b1, c0, c1, c2, c3):
+        """c + a @ b on tf32 tensor cores, A already split (a: big halves, s: small ones; split() once per
+        fragment, since a warp's A fragment meets several B fragments): one mma, or (3xTF32) small*big +
+        big*small + big*big."""
         if not SPLIT:
             return mma.mma_tf32_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-        a0b, a1b, a2b, a3b = mma.round_tf32(a0), mma.round_tf32(a1), mma.round_tf32(a2), mma.round_tf32(a3)
         b0b, b1b = mma.round_tf32(b0), mma.round_tf32(b1)
-        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(mma.round_tf32(a0 - a0b), mma.round_tf32(a1 - a1b),
-                                              mma.round_tf32(a2 - a2b), mma.round_tf32(a3 - a3b),
-                                              b0b, b1b, c0, c1, c2, c3)
-        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0b, a1b, a2b, a3b, mma.round_tf32(b0 - b0b),
-                                              mma.round_tf32(b1 - b1b), c0, c1, c2, c3)
-        return mma.mma_tf32_m16n8k8(a0b, a1b, a2b, a3b, b0b, b1b, c0, c1, c2, c3)
+        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(s0, s1, s2, s3, b0b, b1b, c0, c1, c2, c3)
+        c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(a0, a1, a2, a3, mma.round_tf32(b0 - b0b), mma.round_tf32(b1 - b1b),
+                                              c0, c1, c2, c3)
+        return mma.mma_tf32_m16n8k8(a0, a1, a2, a3, b0b, b1b, c0, c1, c2, c3)
 
     @cuda.jit(device=True, inline=True)
     def p_ds(x, dpx, lse2, Di, i, key, nq, nk, off, capr, slope, zq, scale_log2):
@@ -428,12 +435,16 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                             v0, v1, v2, v3 = Vs[kb], Vs[kb + U(8) * URS], Vs[kb + U(4)], Vs[kb + U(8) * URS + U(4)]
                         else:
                             v0, v1, v2, v3 = vf[4 * ks], vf[4 * ks + 1], vf[4 * ks + 2], vf[4 * ks + 3]
+                        (a0, e0), (a1, e1), (a2, e2), (a3, e3) = split(a0), split(a1), split(a2), split(a3)
+                        (v0, w0), (v1, w1), (v2, w2), (v3, w3) = split(v0), split(v1), split(v2), split(v3)
                         for n in range(NTQ):  # b0 = Q[query 8n+g][dim 8ks+t], b1 = ... dim + 4
                             base = QO + (U(8 * n) + g) * URS + U(8 * ks) + t
-                            s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_tf(a0, a1, a2, a3, Qs[base], Qs[base + U(4)],
-                                                                        s[n, 0], s[n, 1], s[n, 2], s[n, 3])
-                            dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma_tf(v0, v1, v2, v3, dOs[base], dOs[base + U(4)],
-                                                                            dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3])
+                            s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_tf(a0, a1, a2, a3, e0, e1, e2, e3, Qs[base],
+                                                                        Qs[base + U(4)], s[n, 0], s[n, 1], s[n, 2],
+                                                                        s[n, 3])
+                            dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma_tf(v0, v1, v2, v3, w0, w1, w2, w3, dOs[base],
+                                                                            dOs[base + U(4)], dp[n, 0], dp[n, 1],
+                                                                            dp[n, 2], dp[n, 3])
                     else:
                         # K's A fragment: lane 8i + r gives row r of matrix i = key kw + (i%2)*8 + r, words 8ks + (i//2)*4
                         key = kw - k0 + (lane // U(8)) % U(2) * U(8) + lane % U(8)
@@ -490,16 +501,20 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                                 for c in range(4):
                                     part[nn, c] = 0.0
                             for kk in range(QSTEPS):  # b0 = X[query 8kk+2t][dim 8n+g], b1 = X[query 8kk+2t+1][..]
+                                if which == 0:
+                                    a0, a1, a2, a3 = s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3]
+                                else:
+                                    a0, a1, a2, a3 = dp[kk, 0], dp[kk, 2], dp[kk, 1], dp[kk, 3]
+                                (a0, e0), (a1, e1), (a2, e2), (a3, e3) = split(a0), split(a1), split(a2), split(a3)
                                 for nn in range(NG):
                                     base = QO + (U(8 * kk) + U(2) * t) * URS + U(8 * (n0 + nn)) + g
                                     if which == 0:
-                                        a0, a1, a2, a3, b0, b1 = s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3], dOs[base], \
-                                            dOs[base + URS]
+                                        b0, b1 = dOs[base], dOs[base + URS]
                                     else:
-                                        a0, a1, a2, a3, b0, b1 = dp[kk, 0], dp[kk, 2], dp[kk, 1], dp[kk, 3], Qs[base], \
-                                            Qs[base + URS]
+                                        b0, b1 = Qs[base], Qs[base + URS]
                                     part[nn, 0], part[nn, 1], part[nn, 2], part[nn, 3] = mma_tf(
-                                        a0, a1, a2, a3, b0, b1, part[nn, 0], part[nn, 1], part[nn, 2], part[nn, 3])
+                                        a0, a1, a2, a3, e0, e1, e2, e3, b0, b1, part[nn, 0], part[nn, 1], part[nn, 2],
+                                        part[nn, 3])
                             for nn in range(NG):  # fp32 adds: a tensor-core sum over many tiles drifts (tensor.py)
                                 for c in range(4):
                                     if which == 0:
@@ -548,10 +563,12 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                     if WIDE:  # a0 = dS[query g][key 2t] = dS^T[2t][g], renumbered as in dV's products
                         ab = (U(8 * kk) + U(2) * t) * UDRS + rg * U(16) + g
                         a0, a1, a2, a3 = dSs[ab], dSs[ab + U(8)], dSs[ab + UDRS], dSs[ab + UDRS + U(8)]
+                        (a0, e0), (a1, e1), (a2, e2), (a3, e3) = split(a0), split(a1), split(a2), split(a3)
                         for n in range(2 * DQ_NP):  # b0 = K[key 8kk+2t][dim 8n+g], b1 = K[key 8kk+2t+1][..]
                             base = (U(8 * kk) + U(2) * t) * URS + (np0 * U(2) + U(n)) * U(8) + g
-                            dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3] = mma_tf(a0, a1, a2, a3, Ks[base], Ks[base + URS],
-                                                                            dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3])
+                            dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3] = mma_tf(a0, a1, a2, a3, e0, e1, e2, e3, Ks[base],
+                                                                            Ks[base + URS], dq[n, 0], dq[n, 1],
+                                                                            dq[n, 2], dq[n, 3])
                     else:
                         # ldmatrix.trans of dS^T: lane 8i + r gives stored row (key) 16kk + (i//2)*8 + r, query words
                         # rg*8 + (i%2)*4; transposed on the way, the four matrices are dS's A fragment a0..a3.
