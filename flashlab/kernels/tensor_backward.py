@@ -44,7 +44,8 @@ run in whatever order blocks finish, so dQ changes in its last bits from run to 
 
 Precisions as in kernels/tensor.py: "f16" / "bf16" (m16n8k16, fp32 accumulation; P^T and dS^T are rounded to
 16 bits for their products, as in FlashAttention-2), "k8" (float16 on sm_75: two m16n8k8 per step, copies
-through registers), "3xtf32" (float32 inputs, each product as three tf32 mma on big + small halves) and
+through registers), "3xtf32" (float32 inputs, each product as three tf32 mma on big + small halves; an A fragment is split once
+for all the B fragments it meets) and
 "tf32" (one tf32 mma). tf32 reads 32-bit words from shared memory instead of ldmatrix; its C -> A reuse
 renumbers the k index (column t <- row 2t, column t + 4 <- row 2t + 1) on both operands, as in the forward.
 
