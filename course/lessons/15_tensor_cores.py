@@ -635,6 +635,34 @@ else:
 # of the latency of the shared-memory loads between the `mma`. The atomics' price is visible too: dQ moves in
 # its last bits between identical calls, while dK and dV come out bit for bit the same.
 #
+# How much shared memory each tile needs, against what a block may have (bars: `BackwardTile.shared_words`,
+# the layout the kernel uses; lines: static shared memory, and the opt-in limits of a T4 and an H100):
+
+# %%
+from flashlab.kernels import tensor_backward as tb
+
+tiles = [("16-bit d128, 16x64 (the old default)", 128, "f16", tb.BackwardTile(4, 16, 2)),
+         ("16-bit d128, 32x128 (default)", 128, "f16", tb.BackwardTile(*tb.DEFAULT_TILES["16-bit"][128])),
+         ("16-bit d64, 32x128 (the old default)", 64, "f16", tb.BackwardTile(8, 32, 2)),
+         ("16-bit d64, 64x128 (default)", 64, "f16", tb.BackwardTile(*tb.DEFAULT_TILES["16-bit"][64])),
+         ("3xTF32 d64, 32x64 V shared (default)", 64, "3xtf32", tb.BackwardTile(*tb.DEFAULT_TILES["float32"][64])),
+         ("3xTF32 d128, 16x64 V shared (default)", 128, "3xtf32", tb.BackwardTile(*tb.DEFAULT_TILES["float32"][128]))]
+kib = [4 * tile.shared_words(d, prec) / 1024 for _, d, prec, tile in tiles]
+fig, ax = plt.subplots(figsize=(8, 3.2))
+ax.barh([name for name, *_ in tiles], kib, color="tab:blue")
+for x, label, style in ((48, "48 KB: static shared memory", ":"), (64, "64 KB: a T4's opt-in limit", "--"),
+                        (GPUS["H100"].shared_per_block / 1024, "227 KB: an H100's opt-in limit", "-")):
+    ax.axvline(x, color="tab:red", linestyle=style, label=label)
+ax.legend(loc="center right", fontsize=8)
+ax.invert_yaxis()
+ax.set_xlabel("shared memory per block (KB)")
+ax.set_title("The tensor backward's tiles (block_q x block_k)")
+plt.tight_layout()
+plt.show()
+for (name, *_), k in zip(tiles, kib):
+    print(f"{name:40s} {k:6.1f} KB {'fits 48 KB' if k <= 48 else 'needs the opt-in'}")
+
+# %% [markdown]
 # ## 9. Where this kernel differs from FlashAttention-2 and -3
 #
 # - **Tile sizes.** FA2 gives a thread block 128 query rows with several 16-row m-tiles per warp, so each K
