@@ -12,7 +12,7 @@ from flashlab.device import has_gpu
 from flashlab.grading import EXERCISES, check
 
 STEM = "15_tensor_cores"
-NUMPY_EXERCISES = ("fragment_position", "warp_mma", "split_tf32", "matmul_3xtf32", "ds_source")
+NUMPY_EXERCISES = ("fragment_position", "warp_mma", "split_tf32", "matmul_3xtf32", "ds_source", "backward_tile_bytes")
 SEEDS = (1, 2, 3)
 SOLUTIONS = load_exercise(STEM)
 MUTANTS = {}  # exercise -> [(what the learner got wrong, function, words the verdict must contain)]
@@ -261,6 +261,56 @@ def ds_source_own_g_t_swapped(lane, i):
     query, key = g + 8 * ((i // 2) % 2), 2 * t + i % 2 + 8 * (i // 4)
     col = query % 8
     return query // 8, 4 * (key % 8) + col // 2, col % 2 + 2 * (key // 8)
+
+
+# -- 7: the backward tile's shared memory -------------------------------------------------------------
+@mutant("backward_tile_bytes", "return bytes")
+def tile_words_not_bytes(d, block_q, block_k, stages, v_shared, wide):
+    """the sum in 32-bit words, never multiplied by 4"""
+    return SOLUTIONS["backward_tile_bytes"](d, block_q, block_k, stages, v_shared, wide) // 4
+
+
+@mutant("backward_tile_bytes", "rows are not padded")
+def tile_without_padding(d, block_q, block_k, stages, v_shared, wide):
+    """rows of d values (and of block_q) without the 4 words of padding"""
+    row, ds_row = (d if wide else d // 2), (block_q if wide else block_q // 2)
+    return 4 * ((2 if v_shared else 1) * block_k * row + 2 * stages * block_q * row + block_k * ds_row
+                + 2 * stages * block_q)
+
+
+@mutant("backward_tile_bytes", "a copy per stage")
+def tile_statistics_once(d, block_q, block_k, stages, v_shared, wide):
+    """lse and D counted once, not per stage"""
+    return SOLUTIONS["backward_tile_bytes"](d, block_q, block_k, stages, v_shared, wide) - 8 * (stages - 1) * block_q
+
+
+@mutant("backward_tile_bytes", "only when v_shared")
+def tile_always_v(d, block_q, block_k, stages, v_shared, wide):
+    """V_j counted in shared memory whether or not v_shared"""
+    return SOLUTIONS["backward_tile_bytes"](d, block_q, block_k, stages, True, wide)
+
+
+@mutant("backward_tile_bytes", "two to a 32-bit word")
+def tile_16_bit_as_words(d, block_q, block_k, stages, v_shared, wide):
+    """16-bit inputs counted a word per value (dS^T still packed)"""
+    extra = 0 if wide else (2 if v_shared else 1) * block_k * (d // 2) + 2 * stages * block_q * (d // 2)
+    return SOLUTIONS["backward_tile_bytes"](d, block_q, block_k, stages, v_shared, wide) + 4 * extra
+
+
+def test_the_tile_checkers_formula_is_the_kernels():
+    """The checker's count of shared memory is BackwardTile.shared_words, for every build the kernel has."""
+    from flashlab.grading.l15_tensor_cores import tile_words
+    from flashlab.kernels.tensor_backward import BackwardTile
+
+    for d in (16, 32, 64, 128):
+        for precision, wide in (("f16", False), ("bf16", False), ("3xtf32", True), ("tf32", True)):
+            for warps in (1, 2, 4, 8):
+                for bq in (16, 32, 64):
+                    for stages in (1, 2):
+                        for v_shared in (False, True):
+                            tile = BackwardTile(warps, bq, stages, v_shared)
+                            assert tile_words(d, bq, tile.block_k, stages, v_shared, wide) == \
+                                tile.shared_words(d, precision), (d, precision, tile)
 
 
 def test_the_ds_checkers_map_is_the_lessons():

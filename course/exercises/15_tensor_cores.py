@@ -285,7 +285,51 @@ print(f"{stay} of 256 values are already in the right lane")
 flashlab.check("ds_source", ds_source)
 
 # %% [markdown]
-# ## 7. Think about it
+# ## 7. Will the tile fit? The backward's shared memory
+#
+# A block of the tensor backward (lesson section 8) keeps five regions in shared memory, counted in 32-bit
+# words. In 16-bit precisions two values share a word; in float32 (3xTF32) each value takes one:
+#
+# - K_j: `block_k` rows of d values. Every row is padded by 4 words (16 bytes), so that the 8 rows one
+#   `ldmatrix` reads start in different banks;
+# - V_j, the same, but only with `v_shared` (otherwise its fragments stay in registers);
+# - Q_i and dO_i: `block_q` padded rows each, once per stage (2 stages: the next tile is copied while this one
+#   is used);
+# - dSᵀ: `block_k` rows (keys) of `block_q` values (queries), packed like the inputs, plus 4 words of padding;
+# - lse_i and D_i: `block_q` float32 each, once per stage.
+#
+# Write `backward_tile_bytes(d, block_q, block_k, stages, v_shared, wide)`, the bytes a block needs (`wide`:
+# float32 inputs). Then see which of the default tiles fit in 48 KB of static shared memory and which need
+# the opt-in of lesson 7.
+
+# %%
+def backward_tile_bytes(d, block_q, block_k, stages, v_shared, wide):
+    """Bytes of shared memory one block of the tensor backward needs."""
+    ### BEGIN SOLUTION
+    row = (d if wide else d // 2) + 4  # words in a padded row of K, V, Q or dO
+    ds_row = (block_q if wide else block_q // 2) + 4  # a padded row of dS^T
+    words = ((2 if v_shared else 1) * block_k * row + 2 * stages * block_q * row + block_k * ds_row
+             + 2 * stages * block_q)
+    return 4 * words
+    ### END SOLUTION
+
+
+# %%
+# The default tiles (warps, block_q, stages, v_shared) per kind of input and d; a warp owns 16 keys
+from flashlab.kernels.tensor_backward import DEFAULT_TILES
+
+for kind, wide in (("16-bit", False), ("float32", True)):
+    for d in (64, 128):
+        warps, block_q, stages, v_shared = DEFAULT_TILES[kind][d]
+        nbytes = backward_tile_bytes(d, block_q, 16 * warps, stages, v_shared, wide)
+        print(f"{kind:8s} d={d:3d} tile {block_q}x{16 * warps}: {nbytes / 1024:6.1f} KB, "
+              f"{'fits 48 KB' if nbytes <= 48 * 1024 else 'needs the opt-in'}")
+
+# %%
+flashlab.check("backward_tile_bytes", backward_tile_bytes)
+
+# %% [markdown]
+# ## 8. Think about it
 #
 # - In exercise 5 every lane reads its Q words again for every n-tile. How many 32-bit registers would it
 #   take to keep a lane's Q fragments for all k-steps at d = 64, and d = 128? The tensor kernel keeps them
@@ -299,3 +343,6 @@ flashlab.check("ds_source", ds_source)
 #   Why? (Which columns of A and which rows of B trade places?) And why does it go wrong for A alone?
 # - In exercise 1, C's layout and the f16 A layout line up so that P can stay in registers. Does the same
 #   hold between C and the f16 **B** layout? What would the kernel have to do to compute Oᵀ = Vᵀ Pᵀ instead?
+# - With exercise 7: an H100 SM has 228 KB of shared memory. How many blocks of each default tile fit on one
+#   SM by shared memory alone? The registers allow 8 warps an SM for the 16-bit tiles; which of the two limits
+#   binds? Keeping V in shared memory saves d / 2 registers a thread in float32: what does it cost?

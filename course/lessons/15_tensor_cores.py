@@ -705,5 +705,6 @@ print(f"\nshared memory per block: H100 {GPUS['H100'].shared_per_block // 1024} 
 #
 # **Exercises:** [15_tensor_cores](../exercises/15_tensor_cores.ipynb): write the fragment map, emulate a
 # warp's mma in NumPy from packed registers, split float32 into tf32 parts and build a 3xTF32 product,
-# write the S = QKᵀ step of one warp as a Numba kernel on `mma.sync`, graded in the simulator, and find
-# where each value of the backward's dS fragment sits in the warp's dSᵀ.
+# write the S = QKᵀ step of one warp as a Numba kernel on `mma.sync`, graded in the simulator, find
+# where each value of the backward's dS fragment sits in the warp's dSᵀ, and count the shared memory a
+# backward tile needs (which tiles fit 48 KB, and which need the opt-in).

@@ -437,3 +437,71 @@ def check_ds_source(t, fn):
     raise t.fail(f"{len(bad)} of the 256 places are wrong; e.g. lane {L}, element {i}: you said "
                  f"{tuple(int(x) for x in got[L, i])}, the value is at {tuple(int(x) for x in want[L, i])} "
                  "(n_tile, source_lane, c)")
+
+
+# ------------------------------------------------------------------------------------- backward tile bytes
+def tile_words(d, block_q, block_k, stages, v_shared, wide, pad=4, pack_ds=True, stage_stats=True, v_rows=None,
+               pack=True):
+    """32-bit words of the tensor backward's shared memory (kernels/tensor_backward.BackwardTile.shared_words);
+    the keyword arguments turn on one slip each, for the checker's verdicts."""
+    row = (d if wide or not pack else d // 2) + pad  # a padded row of K, V, Q or dO
+    ds_row = (block_q if wide or not pack_ds else block_q // 2) + pad  # a padded row of dS^T (rows = keys)
+    v = v_shared if v_rows is None else v_rows
+    return ((2 if v else 1) * block_k * row + 2 * stages * block_q * row + block_k * ds_row
+            + 2 * (stages if stage_stats else 1) * block_q)
+
+
+def _tile_cases(rng):
+    """(d, block_q, block_k, stages, v_shared, wide): every combination of the flags, random sizes."""
+    cases = []
+    for wide in (False, True):
+        for v_shared in (False, True):
+            for stages in (1, 2):
+                for _ in range(3):
+                    cases.append((int(rng.choice([16, 32, 64, 128])), 16 * int(rng.integers(1, 5)),
+                                  16 * int(rng.integers(1, 9)), stages, v_shared, wide))
+    return cases
+
+
+_TILE_SLIPS = [
+    (dict(pad=0), "rows are not padded: every row of K, V, Q, dO and dS^T takes 4 more words (16 bytes), so that "
+                  "the 8 rows one ldmatrix reads start in different banks"),
+    (dict(pack=False), "16-bit values go two to a 32-bit word: a row of K, V, Q or dO is d / 2 words in 16 bits, d "
+                       "words in float32"),
+    (dict(pack_ds=False), "dS^T is stored like the inputs: in 16 bits two queries share a word (block_q / 2 words a "
+                          "row), in float32 one"),
+    (dict(stage_stats=False), "lse_i and D_i have a copy per stage, like Q_i and dO_i: the next tile's are copied "
+                              "while this one's are used"),
+    (dict(v_rows=True), "V_j is in shared memory only when v_shared; otherwise its fragments stay in registers"),
+    (dict(v_rows=False), "with v_shared, V_j takes block_k padded rows in shared memory, like K_j"),
+]
+
+
+@exercise("backward_tile_bytes", lesson=LESSON,
+          hint="Add up the regions in 32-bit words, then multiply by 4. A row of K, V, Q or dO holds d values: d / 2 "
+               "words in 16 bits, d in float32, plus 4 words of padding. K_j (and V_j with v_shared) has block_k "
+               "rows; Q_i and dO_i have block_q rows per stage; dS^T has block_k rows of block_q values (packed "
+               "like the inputs) plus 4; lse_i and D_i are block_q floats each, per stage.")
+def check_backward_tile_bytes(t, fn):
+    cases = _tile_cases(t.rng)
+    t.case(f"{len(cases)} tiles: d 16-128, block_q 16-64, block_k 16-128, 1 or 2 stages, V in shared memory or "
+           "not, 16-bit or float32")
+    got = []
+    for d, bq, bk, stages, v_shared, wide in cases:
+        out = t.call(d, bq, bk, stages, v_shared, wide)
+        if isinstance(out, bool) or not isinstance(out, (int, np.integer)):
+            raise t.fail(f"return the bytes as an int; for d={d}, block_q={bq}, block_k={bk} you returned {out!r:.60}")
+        got.append(int(out))
+    want = [4 * tile_words(*c) for c in cases]
+    if got == want:
+        return
+    if got == [w // 4 for w in want]:
+        raise t.fail("you returned 32-bit words; return bytes (4 per word)")
+    for slip, why in _TILE_SLIPS:
+        if got == [4 * tile_words(*c, **slip) for c in cases]:
+            raise t.fail(why)
+    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    d, bq, bk, stages, v_shared, wide = cases[i]
+    raise t.fail(f"{sum(g != w for g, w in zip(got, want))} of {len(cases)} tiles are wrong; e.g. d={d}, "
+                 f"block_q={bq}, block_k={bk}, stages={stages}, v_shared={v_shared}, wide={wide}: you said {got[i]} "
+                 f"bytes, the kernel takes {want[i]}")
