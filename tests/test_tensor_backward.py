@@ -186,6 +186,8 @@ def test_default_tiles_follow_the_devices_shared_memory_limit():
             p = plan((1, 4, 1024, 1024, 128), variant="tensor", direction="backward", dtype=dtype, device=device)
             assert p.shared_bytes <= device.dynamic_shared_per_block, (device.name, dtype)
     assert H100.dynamic_shared_per_block == 227 * 1024 and T4.dynamic_shared_per_block == 64 * 1024
+    text = plan((1, 4, 1024, 1024, 128), variant="tensor", direction="backward", dtype="float16", device=H100).explain()
+    assert "the kernel opts in; 232,448 allowed" in text
     with pytest.raises(ValueError, match="limit per block is 49152 bytes"):
         big.check(128, "f16")
 

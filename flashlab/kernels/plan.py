@@ -551,9 +551,11 @@ class Plan:
         lines = [f"{p.direction} {self.variant}{prec}, {p.dtype}, {p.shape}{mask}, on {dev.label}"]
         regs = f"{self.registers} registers per thread (from {self.registers_from})" if self.registers else \
             f"registers: {self.registers_from}"
+        optin = f" (dynamic: past 48 KB, the kernel opts in; {dev.dynamic_shared_per_block:,} allowed)" \
+            if self.shared_bytes > 48 * 1024 else ""
         lines.append(f"- tile: block_q = {self.block_q}, block_k = {self.block_k} "
                      f"({config_text(self.variant, self.direction, self.config)}), {self.threads} threads, "
-                     f"{self.shared_bytes:,} bytes of shared memory, {regs}")
+                     f"{self.shared_bytes:,} bytes of shared memory{optin}, {regs}")
         limits = [k for k, v in self.bounds if v == self.blocks_per_sm]
         others = ", ".join(f"{k} {v}" for k, v in self.bounds if v != self.blocks_per_sm)
         warps = self.blocks_per_sm * -(-self.threads // dev.warp)
