@@ -196,8 +196,8 @@ gviz.plot_vs_torch(results, N=N, d=d, source=f"from {source}");
 # - flashlab's kernels run on the FP32 units; SDPA in float32 uses tensor cores in 3xTF32 (on the H100).
 #   Even so, in the committed runs (`benchmarks/results/README.md`) the register kernel reaches 82–84% of
 #   SDPA fp32 at d = 64 from N = 4096 on (42% at N = 1024, where 16 heads of 8 query blocks make 128 thread
-#   blocks for 132 SMs), but only 30–35% at d = 128, where 48 KB of shared memory keeps its tiles small
-#   (lesson 07).
+#   blocks for 132 SMs), but only 30–35% at d = 128, where the 48 KB of static shared memory it uses keeps its
+#   tiles small (lesson 07: more needs dynamic shared memory and an opt-in, which lesson 15's backward uses).
 #   float16 on tensor cores is in another league (numba-cuda has no tensor-core API of its own; lesson 15
 #   reaches the tensor cores through PTX).
 # - On a T4 (Colab), SDPA in float32 runs on plain FP32 units: there the comparison is like for like.
