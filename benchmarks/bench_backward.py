@@ -237,8 +237,8 @@ def bench_tensor(q, k, v, do, causal, repeats, block_q=None, block_k=None, preci
              block_q=block_q, block_k=block_k, precision=precision)
     return dict(impl="flashlab tensor", dtype=dtype, n=N, d=d, causal=causal, ms=ms,
                 tflops=backward_flops(B, H, N, N, d, causal) / ms / 1e9, peak_mib=peak_mib(call),
-                config=f"{p.config.block_q}x{p.config.block_k} {p.config.stages}st{' vsh' if p.config.v_shared else ''} "
-                       f"{p.precision}",
+                config=f"{p.config.block_q}x{p.config.block_k} {p.config.stages}st"
+                       f"{' vsh' if p.config.v_shared else ''} {p.precision}",
                 regs=p.registers, local_bytes=p.spill_bytes, smem_bytes=p.shared_bytes)
 
 

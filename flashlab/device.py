@@ -140,8 +140,8 @@ def _optin(dev) -> int:
 def device_limits() -> dict:
     """The limits tile shapes are chosen from. On the simulator: those of a T4-class GPU (48 KB/block)."""
     if not has_gpu():
-        return {"name": "CUDA simulator", "cc": None, "sms": 1, "shared_per_block": 48 * 1024, "shared_optin": 64 * 1024,
-                "shared_per_sm": 64 * 1024, "regs_per_sm": 65536, "regs_per_block": 65536,
+        return {"name": "CUDA simulator", "cc": None, "sms": 1, "shared_per_block": 48 * 1024,
+                "shared_optin": 64 * 1024, "shared_per_sm": 64 * 1024, "regs_per_sm": 65536, "regs_per_block": 65536,
                 "max_threads_per_sm": 1024, "max_blocks_per_sm": 16, "warp": 32}
     dev = get_cuda().get_current_device()
     if dev.id in _LIMITS:  # each attribute is a driver call: ask once per device, not on every launch

@@ -228,7 +228,7 @@ for lanes_per_row in (32, 16, 8, 4, 2, 1):
 # Programming Guide, "Technical Specifications per Compute Capability"; NVIDIA Hopper Tuning Guide).
 # Real FlashAttention kernels use that room for bigger tiles and more pipeline stages. In numba-cuda,
 # `cuda.shared.array(n, dtype)` with a constant n > 0 is static; with n = 0 it is dynamic, sized by the
-# launch's fourth argument (`kernel[grid, block, stream, nbytes]`). numba-cuda has no public call for the
+# launch's fourth argument (`kernel[grid, block, stream, nbytes]`). numba-cuda (0.30) has no public call for the
 # opt-in, but its driver wrapper has the one CUDA uses (`cuKernelSetAttribute` with
 # `MAX_DYNAMIC_SHARED_SIZE_BYTES`): `flashlab.kernels._launch.allow_dynamic_shared` calls it, and
 # `benchmarks/probe_dynamic_shared.py` shows an H100 refusing a 100 KB block without it and running it with

@@ -266,7 +266,7 @@ def allow_dynamic_shared(compiled, nbytes: int):
     """Let a compiled numba kernel launch with nbytes of dynamic shared memory. Above 48 KB a kernel must opt
     in (the driver's MAX_DYNAMIC_SHARED_SIZE_BYTES attribute), up to the device's opt-in limit (227 KB on an
     H100, 99 KB on cc 8.6/8.9, 64 KB on a T4). numba-cuda has dynamic shared arrays (cuda.shared.array(0, dtype))
-    but no API for the opt-in; its driver wrapper has the call. Nothing to do at or under 48 KB."""
+    but (as of 0.30) no API for the opt-in; its driver wrapper has the call. Nothing to do at or under 48 KB."""
     if nbytes <= STATIC_SHARED:
         return
     f = compiled._codelibrary.get_cufunc()

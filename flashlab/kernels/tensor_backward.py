@@ -44,9 +44,8 @@ run in whatever order blocks finish, so dQ changes in its last bits from run to 
 
 Precisions as in kernels/tensor.py: "f16" / "bf16" (m16n8k16, fp32 accumulation; P^T and dS^T are rounded to
 16 bits for their products, as in FlashAttention-2), "k8" (float16 on sm_75: two m16n8k8 per step, copies
-through registers), "3xtf32" (float32 inputs, each product as three tf32 mma on big + small halves; an A fragment is split once
-for all the B fragments it meets) and
-"tf32" (one tf32 mma). tf32 reads 32-bit words from shared memory instead of ldmatrix; its C -> A reuse
+through registers), "3xtf32" (float32 inputs, each product as three tf32 mma on big + small halves; an A
+fragment is split once for all the B fragments it meets) and "tf32" (one tf32 mma). tf32 reads 32-bit words from shared memory instead of ldmatrix; its C -> A reuse
 renumbers the k index (column t <- row 2t, column t + 4 <- row 2t + 1) on both operands, as in the forward.
 
 Where FlashAttention-2's own backward differs: its 8 warps share a 128-key block in two dimensions (4 x 2 over
@@ -125,7 +124,8 @@ class BackwardTile:
 # shared memory became dynamic (past 48 KB with the opt-in), 128-key blocks of 8 warps win for 16-bit: 32x128
 # (78 KB) ran 1.37x the old 48 KB tile (16x64) at d128, 64x128 (73 KB) 1.10x 32x128 at d64. 3xTF32 keeps V in
 # shared memory and takes two stages: 32x64 (78 KB) 1.16x the old 16x64 at d64, 16x64 (104 KB) 1.34x the old
-# 16x32 at d128 (docs/gpu-runs-issue13.md, "Fourth session"). Where a device's opt-in limit is smaller, choose_tile falls back to the first tile that fits.
+# 16x32 at d128 (docs/gpu-runs-issue13.md, "Fourth session"). Where a device's opt-in limit is smaller,
+# choose_tile falls back to the first tile that fits.
 # d16 / d32 and "k8" (sm_75): `ptxas -v` for sm_80 and sm_90, the largest tiles that compile without spilling
 # (flashlab/data/kernel_resources.csv).
 DEFAULT_TILES = {
