@@ -6,6 +6,8 @@
 #   bash benchmarks/issue13_gpu.sh bench      # the bars: B1 H16 N 1024/4096/16384, d 64/128, causal or not,
 #                                             # float16 / bfloat16 / float32 against SDPA in the same dtype ->
 #                                             # benchmarks/results/tensor_backward.csv, flashlab/data/tensor_backward.json
+#   bash benchmarks/issue13_gpu.sh parts      # each launch of a call timed alone, and 3xTF32 against SDPA fp32
+#                                             # alternated 5 times at d64 (the fp32 bar's margin)
 # Set OUT to a folder to keep the logs (default: benchmarks/results/logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,5 +32,6 @@ case "${1:-}" in
   bench) $PY benchmarks/bench_backward.py --tensor --causal --n ${2:-1024 4096 16384} --d 64 128 --repeats 20 \
       --csv benchmarks/results/tensor_backward.csv --json flashlab/data/tensor_backward.json \
       2>&1 | tee "$OUT/bench13.txt" | tail -40 ;;
-  *) sed -n 2,9p "$0"; exit 2 ;;
+  parts) $PY benchmarks/backward_parts.py --rounds 5 2>&1 | tee "$OUT/parts13.txt" | tail -12 ;;
+  *) sed -n 2,11p "$0"; exit 2 ;;
 esac
