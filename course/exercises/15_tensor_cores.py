@@ -345,4 +345,5 @@ flashlab.check("backward_tile_bytes", backward_tile_bytes)
 #   hold between C and the f16 **B** layout? What would the kernel have to do to compute Oᵀ = Vᵀ Pᵀ instead?
 # - With exercise 7: an H100 SM has 228 KB of shared memory. How many blocks of each default tile fit on one
 #   SM by shared memory alone? The registers allow 8 warps an SM for the 16-bit tiles; which of the two limits
-#   binds? Keeping V in shared memory saves d / 2 registers a thread in float32: what does it cost?
+#   binds? Keeping V in shared memory frees the registers that held V's fragments (in float32, one for every
+#   two of V's dimensions): what does it cost instead?
