@@ -106,6 +106,15 @@ def test_simulated_tensor_backward(rng, B, H, nq, nk, d, causal, precision, tile
     assert_close(got, want, TOL[precision], f"{precision} {(B, H, nq, nk, d)} causal={causal} {tile}")
 
 
+@pytest.mark.parametrize("block_q,v_shared", [(48, False), (64, True)])
+def test_simulated_tile_with_more_rows_than_threads(rng, block_q, v_shared):
+    """block_q > 32 * warps: each thread loads several rows of the tile's lse and D (a single warp with
+    block_q = 64 used to leave rows 32-63 unloaded, and every gradient came out wrong)."""
+    tile = tb.BackwardTile(1, block_q, 2, v_shared=v_shared)
+    got, want, _ = run_sim(rng, 1, 1, block_q + 2, 20, 16, False, "f16", tile)
+    assert_close(got, want, TOL["f16"], f"f16 d16 {tile}")
+
+
 def test_simulated_huge_logits_stay_finite(rng):
     """Scores of a few hundred: P is almost one-hot and exp(-lse) of padded keys would overflow 16 bits. dS
     then nearly cancels (dP - D ~ 0 where P ~ 1), so dQ and dK are compared within the bound that rounding dS

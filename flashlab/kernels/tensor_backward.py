@@ -199,6 +199,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     D_AT = L_AT + STATS
     assert D_AT + STATS == tile.shared_words(d, precision)
     NT = 32 * NW
+    STAT_ROUNDS = -(-BQ // NT)  # rounds of the block's threads over the tile's rows of lse and D
     ASYNC = NST == 2
     LAG = 1 if ASYNC else 0
     CPR = W // 4  # 16-byte chunks per row
@@ -391,10 +392,12 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                             for c in range(4):
                                 Qs[dst + U(c)] = qh[qc + row, col + U(c)] if ok else DT(0)
                                 dOs[dst + U(c)] = doh[qc + row, col + U(c)] if ok else DT(0)
-                if tid < UBQ:
-                    ok = qc + tid < nq
-                    Ls[st + tid] = lh[qc + tid] * float32(LOG2E) if ok else float32(0.0)
-                    Ds[st + tid] = dh[qc + tid] if ok else float32(0.0)
+                for rr in range(STAT_ROUNDS):  # more than one where block_q > 32 * warps (rows > threads)
+                    r = tid + U(rr * NT)
+                    if r < UBQ:
+                        ok = qc + r < nq
+                        Ls[st + r] = lh[qc + r] * float32(LOG2E) if ok else float32(0.0)
+                        Ds[st + r] = dh[qc + r] if ok else float32(0.0)
             if ASYNC:
                 mma.cp_async_commit()
                 if j == U(0):
