@@ -269,14 +269,13 @@ def run_tensor_bench(ns=(1024, 4096, 16384), ds=(64, 128), batch=1, heads=16, ca
     return rows
 
 
-def _shared_limit() -> int:
+def _tile_limits(dtype: str):
+    """(precision, shared bytes a block may use) of this GPU's tensor backward for dtype."""
     from flashlab.kernels.plan import current_device
+    from flashlab.kernels.tensor import resolve_precision
 
-    return current_device().dynamic_shared_per_block
-
-
-def _precision(dtype: str) -> str:
-    return {"float16": "f16", "bfloat16": "bf16", "float32": "3xtf32"}[dtype]
+    dev = current_device()
+    return resolve_precision(dtype, None, dev.cc), dev.dynamic_shared_per_block
 
 
 def _as_default_tile(tile, q, run):
@@ -327,7 +326,7 @@ def tensor_tiles(ds=(64, 128), n=4096, heads=16, dtypes=("float16", "float32"), 
                 full = not isinstance(t, tuple)
                 try:
                     if full:
-                        r = bench_tensor(q, k, v, do, False, repeats, tile=t.check(d, _precision(dt), _shared_limit()))
+                        r = bench_tensor(q, k, v, do, False, repeats, tile=t.check(d, *_tile_limits(dt)))
                     else:
                         r = bench_tensor(q, k, v, do, False, repeats, block_q=t[0], block_k=t[1])
                 except ValueError as exc:

@@ -551,8 +551,8 @@ class Plan:
         lines = [f"{p.direction} {self.variant}{prec}, {p.dtype}, {p.shape}{mask}, on {dev.label}"]
         regs = f"{self.registers} registers per thread (from {self.registers_from})" if self.registers else \
             f"registers: {self.registers_from}"
-        optin = f" (dynamic: past 48 KB, the kernel opts in; {dev.dynamic_shared_per_block:,} allowed)" \
-            if self.shared_bytes > 48 * 1024 else ""
+        optin = f" (dynamic: past {dev.shared_per_block // 1024} KB, the kernel opts in; " \
+            f"{dev.dynamic_shared_per_block:,} allowed)" if self.shared_bytes > dev.shared_per_block else ""
         lines.append(f"- tile: block_q = {self.block_q}, block_k = {self.block_k} "
                      f"({config_text(self.variant, self.direction, self.config)}), {self.threads} threads, "
                      f"{self.shared_bytes:,} bytes of shared memory{optin}, {regs}")

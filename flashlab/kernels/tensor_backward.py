@@ -63,12 +63,13 @@ from numba import float32, uint32
 
 from ..device import get_cuda
 from . import mma
+from ._launch import STATIC_SHARED
 from .tensor import FASTMATH, LOG2E, row_words, stages as async_stages
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
 
 U = np.uint64
-SHARED_LIMIT = 48 * 1024
+SHARED_LIMIT = STATIC_SHARED  # the default limit: what a block has without the opt-in
 
 
 @dataclass(frozen=True)
