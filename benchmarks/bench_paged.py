@@ -5,9 +5,10 @@ mma tiles, the group's heads as rows) and "register" (FP32 units):
 
     python benchmarks/bench_paged.py [--n 32768] [--batch 4] [--page 256] [--json out.json] [--sweep 16 64 ...]
 
-Two clocks. "call ms": CUDA events around whole calls (median of 20), host work included: a paged_decoding call
-checks the block table on the host (a copy there and back) and launches through numba's dispatcher, which takes
-longer than the kernels at these sizes. "GPU us": the kernels' own durations per call from the profiler (CUPTI),
+Two clocks. "call ms": CUDA events around whole calls (median of 20), host work included. Calls with torch tensors
+take the prepared path (kernels/_fast.py) after the first: by default they check the block table and lengths on
+the GPU and wait for the answer (one synchronisation); "unchecked" calls pass check_tables=False and never wait.
+"GPU us": the kernels' own durations per call from the profiler (CUPTI),
 for paged.prepare's run() (the split and merge kernels on prepared buffers) and for torch SDPA; the bar compares
 these, since the traffic model is about the GPU's work. --sweep adds the tensor kernels at other split counts.
 
@@ -56,7 +57,7 @@ def main(argv=None):
     B, N, d, P = args.batch, args.n, args.d, args.page
     dt = torch.float16
     rows = []
-    print(f"{'':44s} {'call ms':>8s} {'GPU us':>8s} {'GB/s':>6s}")
+    print(f"{'':48s} {'call ms':>8s} {'GPU us':>8s} {'GB/s':>6s}")
     for H, H_kv in ((32, 4), (4, 4), (32, 32)):
         pages = B * N // P
         kc, vc = (torch.randn(pages, P, H_kv, d, device="cuda", dtype=dt) for _ in range(2))
@@ -68,6 +69,8 @@ def main(argv=None):
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=H != H_kv)  # noqa: E731
         runs = {f"paged {v_} call": (lambda v_=v_: paged_decoding(q, kc, vc, table, lens, variant=v_), False)
                 for v_ in ("tensor", "register")}
+        runs["paged tensor call, unchecked"] = (
+            lambda: paged_decoding(q, kc, vc, table, lens, variant="tensor", check_tables=False), False)
         for splits in (None,) + tuple(args.sweep):
             runs[f"paged tensor kernels, splits={splits or 'default'}"] = (
                 paged.prepare(q, kc, vc, table, lens, num_splits=splits)[0], True)
@@ -79,7 +82,7 @@ def main(argv=None):
             us = gpu_us(fn) if profiled else None
             rows.append(dict(impl=name, H=H, H_kv=H_kv, call_ms=ms, gpu_us=us,
                              gb_s=kv_bytes / us / 1e3 if us else None))
-            print(f"H={H:2d} H_kv={H_kv:2d} {name:36s} {ms:8.3f} " + (f"{us:8.1f} {kv_bytes / us / 1e3:6.0f}" if us else ""))
+            print(f"H={H:2d} H_kv={H_kv:2d} {name:40s} {ms:8.3f} " + (f"{us:8.1f} {kv_bytes / us / 1e3:6.0f}" if us else ""))
     pick = lambda impl, H: next(r for r in rows if r["impl"] == impl and r["H"] == H and r["H_kv"] == 4)  # noqa: E731
     kernels = "paged tensor kernels, splits=default"
     ratio = pick(kernels, 32)["gpu_us"] / pick(kernels, 4)["gpu_us"]

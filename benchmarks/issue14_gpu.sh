@@ -4,6 +4,7 @@
 #   bash benchmarks/issue14_gpu.sh sanitize memcheck|racecheck|backward  # paged and varlen tensor kernels; backward d128
 #   bash benchmarks/issue14_gpu.sh bench     # GQA-decoding, sliding-window and varlen bars -> benchmarks/results/*.json
 #   bash benchmarks/issue14_gpu.sh options   # each option's cost, tensor forward and backward -> results/options.json
+#   bash benchmarks/issue14_gpu.sh paged     # paged decoding only: its GPU tests, then the GQA bar and call times
 # Set OUT to a folder to keep the logs (default: benchmarks/results/logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,10 @@ case "${1:-}" in
     for args in "" "--causal" "--variant register" "--seqs 256 --min 32 --max 1024"; do
       $PY benchmarks/bench_varlen.py $args --json benchmarks/results/varlen.json 2>&1 | tee -a "$OUT/bench14.txt" | tail -9
     done ;;
+  paged) timeout "${2:-300}" $PY -m pytest -q -m gpu "${XDIST[@]}" -p no:cacheprovider -W ignore -rf \
+      tests/test_paged_kernel.py 2>&1 | tee "$OUT/paged_tests14.txt" | tail -4
+    $PY benchmarks/bench_paged.py --sweep 16 66 132 --json benchmarks/results/paged_decoding.json 2>&1 \
+      | tee "$OUT/paged_bench14.txt" | tail -26 ;;
   options) $PY benchmarks/bench_options.py --json benchmarks/results/options.json 2>&1 | tee "$OUT/options14.txt" ;;
   *) sed -n 2,6p "$0"; exit 2 ;;
 esac

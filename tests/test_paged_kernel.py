@@ -109,3 +109,38 @@ def test_paged_kernel_on_gpu(rng, H, H_kv):
                                          (False, 1, np.float16, 128, "register"), (True, 4, np.float32, 64, None)):
         case = paged_case(rng, 3, H, H_kv, nq, d, 16, [3000, 1, 777], dtype=dtype)
         check(*case, causal, None, threads=None, variant=variant)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("variant", ["tensor", "register"])
+def test_paged_prepared_path_on_gpu(rng, variant):
+    """Torch CUDA tensors: the first call prepares (kernels/_fast.py), later calls with new lengths and a new
+    block table reuse it and give the general path's (NumPy inputs') outputs bit for bit; the device check of the
+    tables raises the host check's errors."""
+    torch = pytest.importorskip("torch")
+    from flashlab.kernels import _fast
+
+    if not _fast.available():
+        pytest.skip("the prepared path needs numba-cuda's launch internals")
+    q, kc, vc, table, lens = paged_case(rng, 3, 8, 2, 1, 64, 16, [300, 1, 77], dtype=np.float16, spare=5)
+    on_gpu = lambda *xs: [torch.from_numpy(np.ascontiguousarray(x)).cuda() for x in xs]  # noqa: E731
+    tq, tk, tv = on_gpu(q, kc, vc)
+    _fast._CALLS.clear()
+    steps = [(table, lens), (table[::-1], np.array([299, 0, 300], np.int32)), (table, np.array([1, 2, 3], np.int64))]
+    for bt, sl in steps:
+        want_o, want_lse = paged.paged_decoding(q, kc, vc, bt, sl, variant=variant)
+        o, lse = paged.paged_decoding(tq, tk, tv, *on_gpu(bt.astype(np.int64), sl), variant=variant)
+        assert np.array_equal(o.cpu().numpy(), want_o) and np.array_equal(lse.cpu().numpy(), want_lse)
+    kinds = [type(c).__name__ for c in _fast._CALLS.values()]
+    assert kinds == ["PreparedPaged", "PreparedPaged"], kinds  # one per table dtype: int64 lengths are a new key
+    bad_table = table.astype(np.int64)
+    bad_table[1, 0] = kc.shape[0]
+    with pytest.raises(ValueError, match="block_table\\[1\\] has entries"):
+        paged.paged_decoding(tq, tk, tv, *on_gpu(bad_table, lens), variant=variant)
+    with pytest.raises(ValueError, match="cache_seqlens must be in"):
+        paged.paged_decoding(tq, tk, tv, *on_gpu(table.astype(np.int64), np.array([1, 2, 10**6], np.int32)),
+                             variant=variant)
+    bad_table[1, 0] = -1  # unused pages (past a sequence's length) may hold anything, as on the host
+    o, _ = paged.paged_decoding(tq, tk, tv, *on_gpu(bad_table, np.array([300, 0, 77], np.int32)), variant=variant)
+    assert torch.isfinite(o).all()

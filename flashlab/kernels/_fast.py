@@ -11,7 +11,7 @@ the tensors' pointers, allocates the outputs with torch and launches.
 Who uses it: the forward, plain (PreparedForward here, GQA included) and with the library's options
 (forward._with_extras);
 the register backward (PreparedBackward here); the tensor backward (tensor_backward.PreparedBackward); varlen
-(varlen.PreparedVarlen). The dropout seed is not part of a key: each launch writes it into the kernel's last
+(varlen.PreparedVarlen); paged decoding (paged.PreparedPaged: the block table and lengths are arguments, not keys). The dropout seed is not part of a key: each launch writes it into the kernel's last
 argument (PreparedKernel.launch(..., seed)), so a new seed every training step stays on this path.
 
 The argument list is the one numba-cuda builds (`_Kernel._prepare_args`): per array (meminfo 0, parent 0,

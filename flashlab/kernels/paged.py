@@ -31,6 +31,7 @@ import numpy as np
 from .._inputs import check_block, check_options
 from ..decoding import check_num_splits, check_paged, chunk_bounds, default_num_splits
 from ..device import device_limits, get_cuda, has_gpu
+from . import _fast
 from ._launch import empty, like_input, to_device, to_host
 from .decoding import LN2, LOG2E, NEG, build_merge, default_threads, key_tile, online_softmax_step
 
@@ -125,6 +126,16 @@ def build(d: int, group: int, n_q: int, threads: int):
     return split
 
 
+def _tensor_tile(rows: int, d: int):
+    """(tile, precision) of the tensor variant: one warp per 16 rows of the packed group."""
+    from . import tensor
+
+    precision = tensor.resolve_precision("float16", None, device_limits()["cc"])
+    # 16 keys a tile on sm_75 ("k8"), which copies through registers: 32 would spill
+    tile = tensor.TensorTile(warps=-(-rows // 16), block_k=16 if precision == "k8" else 32).check(d, precision)
+    return tile, precision
+
+
 def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
     """The tensor-core paged build (kernels/tensor.py) on q viewed as (B, H_kv, G * Nq, d): one block per
     (16 * warps rows, batch, K/V head, key chunk); the merge kernel always runs (empty rows: o = 0, lse = inf).
@@ -138,13 +149,8 @@ def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
     B, H, Nq, W = q_w.shape
     pages, page, H_kv, _ = k_w.shape
     rows = H // H_kv * Nq
-    precision = tensor.resolve_precision("float16", None, device_limits()["cc"])
-    # 16 keys a tile on sm_75 ("k8"), which copies through registers: 32 would spill
-    tile = tensor.TensorTile(warps=-(-rows // 16), block_k=16 if precision == "k8" else 32).check(2 * W, precision)
-    longest = max(int(sl_host.max()), 1)
-    if num_splits is None:  # one warp per block: about 4 blocks per SM keep enough bytes in flight (H100 sweep)
-        num_splits = max(1, min(-(-4 * device_limits()["sms"] // (B * H_kv)), longest // 256))
-    splits = check_num_splits(num_splits, longest)
+    tile, precision = _tensor_tile(rows, 2 * W)
+    splits = tensor_splits(num_splits, B * H_kv, bt_host.shape[1] * page)
     meta = np.zeros((B, 1 + bt_host.shape[1]), np.int32)  # the kernel's n_k: seqlens, then the block table
     meta[:, 0], meta[:, 1:] = sl_host, bt_host
     kernel = tensor.build(2 * W, tile, False, precision, split=True, page=page)
@@ -164,6 +170,25 @@ def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
         merge[(rows, H_kv, B), 2 * W](lse_part, lse_part, o_part, o2, lse2, splits)
 
     return run, o, lse, kind
+
+
+def tensor_splits(num_splits, batch_heads: int, capacity: int) -> int:
+    """The tensor variant's key chunks per (batch, K/V head). Each block cuts its own sequence's cache_seqlens[b]
+    keys into that many chunks, so the count depends only on shapes: capacity = max_pages * page_size (what the
+    block table can hold), never on the lengths, which stay on the GPU in a decoding loop."""
+    if num_splits is None:  # one warp per block: about 4 blocks per SM keep enough bytes in flight (H100 sweep)
+        num_splits = max(1, min(-(-4 * device_limits()["sms"] // batch_heads), capacity // 256))
+    return check_num_splits(num_splits, max(capacity, 1))
+
+
+def register_chunks(num_splits, batch_heads: int, capacity: int) -> tuple:
+    """(n_splits, chunk) of the register variant: fixed chunks of the capacity, as tensor_splits; a chunk past a
+    sequence's end is empty (the merge gives it no weight)."""
+    capacity = max(capacity, 1)
+    if num_splits is None:
+        num_splits = default_num_splits(batch_heads, capacity, n_sm=device_limits()["sms"])
+    bounds = chunk_bounds(capacity, check_num_splits(num_splits, capacity))
+    return len(bounds), bounds[0][1] - bounds[0][0]
 
 
 def prepare(q, k_cache, v_cache, block_table, cache_seqlens, *, scale=None, num_splits=None):
@@ -207,17 +232,35 @@ def _check(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, varia
 
 
 def paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=False, scale=None, num_splits=None,
-                   threads=None, variant=None):
+                   threads=None, variant=None, check_tables=True):
     """`flashlab.decoding.paged_attention` on the GPU (or the simulator). Returns (o, lse).
 
     q: (B, H, Nq, d); k_cache, v_cache: (num_pages, page_size, H_kv, d) with H_kv dividing H; float32 or
     float16, d in (16, 32, 64, 128); block_table (B, max_pages) and cache_seqlens (B,) integers. NumPy arrays,
     numba device arrays or torch CUDA tensors. (H / H_kv) * Nq must be at most MAX_ROWS. num_splits: key chunks
-    per (batch, K/V head), by default enough to fill the GPU for the longest sequence. threads: the register
-    kernel's block size. variant: "register" (the split kernel above), "tensor" (float16 only; Nq = 1 or
-    causal=False) or None: "tensor" where it applies on a GPU, else "register". The NumPy version's
-    window_size, alibi_slopes and softcap are not in these kernels yet.
+    per (batch, K/V head), by default enough to fill the GPU for max_pages * page_size keys (the lengths are not
+    read on the host). threads: the register kernel's block size. variant: "register" (the split kernel above),
+    "tensor" (float16 only; Nq = 1 or causal=False) or None: "tensor" where it applies on a GPU, else "register".
+    The NumPy version's window_size, alibi_slopes and softcap are not in these kernels yet.
+
+    Torch CUDA tensors (q and the caches contiguous) take a prepared path after the first call with their
+    shapes, as the forward does (kernels/_fast.py): the block table and the lengths stay on the GPU. check_tables
+    then checks their values there (cache_seqlens in range, the pages in use in [0, num_pages)) with one
+    synchronisation, and on a bad value raises the same error as the host check. check_tables=False skips it,
+    as the FA library does: a decoding loop then never waits for the GPU, and a bad page index reads the wrong
+    memory.
     """
+    key = _prepared_key(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, num_splits, threads, variant)
+    if key is not None:
+        call = _fast.lookup(key)
+        if call is None:
+            checked = _check(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, variant)
+            call = _fast.store(key, PreparedPaged(q, k_cache, v_cache, block_table, checked, num_splits, threads))
+        elif check_tables and not call.tables_ok(block_table, cache_seqlens):
+            _check(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, variant)  # raises, naming the value
+            raise AssertionError("the device check of the tables disagrees with the host's")
+        return call(q, k_cache, v_cache, block_table, cache_seqlens)
+
     (B, H, Nq, d), G, bt_host, sl_host, opt, variant = _check(q, k_cache, v_cache, block_table, cache_seqlens,
                                                               causal, scale, variant)
     H_kv = H // G
@@ -227,16 +270,8 @@ def paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=Fa
         run, o, lse, kind = _tensor(q, k_cache, v_cache, bt_host, sl_host, opt.scale, num_splits)
         run()
         return like_input(o, kind), like_input(lse, kind)
-    threads = check_block(threads, "threads") or default_threads()
-    rows_pow2 = 1 << (G * Nq - 1).bit_length()
-    if not rows_pow2 <= threads <= 1024:
-        raise ValueError(f"threads must be between {rows_pow2} ((H / H_kv) * Nq rounded up to a power of two) "
-                         f"and 1024; got {threads}")
-    longest = max(int(sl_host.max()), 1)
-    if num_splits is None:
-        num_splits = default_num_splits(B * H_kv, longest, n_sm=device_limits()["sms"])
-    bounds = chunk_bounds(longest, check_num_splits(num_splits, longest))
-    n_splits, chunk = len(bounds), bounds[0][1] - bounds[0][0]
+    threads = register_threads(threads, G * Nq)
+    n_splits, chunk = register_chunks(num_splits, B * H_kv, bt_host.shape[1] * k_cache.shape[1])
 
     (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k_cache, "k_cache"), to_device(v_cache, "v_cache")
     cuda_ = get_cuda()
@@ -251,3 +286,108 @@ def paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=Fa
                                          np.float32(opt.scale * LOG2E), bool(opt.causal))
     build_merge(d)[(Nq, H, B), d](m_part, l_part, o_part, o, lse, n_splits)
     return like_input(o, kind), like_input(lse, kind)
+
+
+def register_threads(threads, rows: int) -> int:
+    """The register kernel's block size: `threads`, or the default, checked against the block's rows."""
+    threads = check_block(threads, "threads") or default_threads()
+    rows_pow2 = 1 << (rows - 1).bit_length()
+    if not rows_pow2 <= threads <= 1024:
+        raise ValueError(f"threads must be between {rows_pow2} ((H / H_kv) * Nq rounded up to a power of two) "
+                         f"and 1024; got {threads}")
+    return threads
+
+
+def _prepared_key(q, k_cache, v_cache, block_table, cache_seqlens, *parts):
+    """The prepared call's key (shapes, strides, dtypes and options; not the tables' values), or None for the
+    general path: inputs that are not all torch CUDA tensors, or non-contiguous q or caches."""
+    key = _fast.prepared_key("paged", (q, k_cache, v_cache, block_table, cache_seqlens), *parts, options={})
+    if key is None or not all(x.is_contiguous() for x in (q, k_cache, v_cache, block_table)):
+        return None
+    return key
+
+
+class PreparedPaged:
+    """paged_decoding for torch CUDA tensors of one key: both kernels' argument lists built once
+    (_fast.PreparedKernel); a call allocates the outputs with torch and launches. The block table and the
+    lengths are read where they are, on the GPU: the tensor variant gets them as one int32 array (lengths, then
+    the table: two small copies on the GPU), the register variant as int32 arrays."""
+
+    def __init__(self, q, k_cache, v_cache, block_table, checked, num_splits, threads):
+        import torch
+
+        from . import tensor
+        from .register import grid
+
+        S = _fast.Spec.contiguous
+        (B, H, Nq, d), G, _, _, opt, self.variant = checked
+        pages, page, H_kv, _ = k_cache.shape
+        max_pages, rows = block_table.shape[1], G * Nq
+        self.dtype, self.pages, self.page, self.capacity = q.dtype, pages, page, max_pages * page
+        self.cols = torch.arange(max_pages, device=q.device)
+        self.shapes = (B, H, Nq, d), (B, H, Nq)
+        scale_log2 = np.float32(opt.scale * LOG2E)
+        if self.variant == "tensor":
+            if threads is not None:
+                raise ValueError("threads sets the register kernel's block; the tensor variant chooses its own")
+            from ._launch import all_to_device_words
+
+            all_to_device_words((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))  # its dtype checks
+            tile, precision = _tensor_tile(rows, d)
+            splits = tensor_splits(num_splits, B * H_kv, self.capacity)
+            W = d // 2
+            self.meta_shape = (B, 1 + max_pages)
+            self.part_shapes = (B, H_kv, splits, rows, d), (B, H_kv, splits, rows)
+            o_part, lse_part = S(self.part_shapes[0], np.float32), S(self.part_shapes[1], np.float32)
+            kernel = tensor.build(d, tile, False, precision, split=True, page=page)
+            words = [S((B, H_kv, rows, W), np.uint32)] + [S((pages * page, H_kv, W), np.uint32)] * 2
+            self.kernels = [
+                _fast.PreparedKernel(kernel, grid(B, H_kv, rows, tile.block_q, splits), tile.threads,
+                                     words + [o_part.reshape((B, H_kv * splits, rows, d)),
+                                              lse_part.reshape((B, H_kv * splits, rows)), rows,
+                                              S(self.meta_shape, np.int32), H_kv, scale_log2, 0]),
+                _fast.PreparedKernel(build_merge(d, normalised=True), (rows, H_kv, B), d,
+                                     [lse_part, lse_part, o_part, S((B, H_kv, rows, d), np.float16),
+                                      S((B, H_kv, rows), np.float32), splits])]
+        else:
+            threads = register_threads(threads, rows)
+            n_splits, chunk = register_chunks(num_splits, B * H_kv, self.capacity)
+            self.part_shapes = (B, H, n_splits, Nq, d), (B, H, n_splits, Nq)
+            m_part, o_part = S(self.part_shapes[1], np.float32), S(self.part_shapes[0], np.float32)
+            ins = [_fast.torch_spec(x) for x in (q, k_cache, v_cache)]
+            o = S((B, H, Nq, d), ins[0].dtype)
+            self.kernels = [
+                _fast.PreparedKernel(build(d, G, Nq, threads), (n_splits, H_kv, B), threads,
+                                     ins + [S((B, max_pages), np.int32), S((B,), np.int32), m_part, m_part, o_part,
+                                            chunk, scale_log2, bool(opt.causal)]),
+                _fast.PreparedKernel(build_merge(d), (Nq, H, B), d,
+                                     [m_part, m_part, o_part, o, S((B, H, Nq), np.float32), n_splits])]
+
+    def tables_ok(self, block_table, cache_seqlens) -> bool:
+        """check_paged's value checks, on the GPU: one synchronisation (.item()) and no copy of the tables."""
+        import torch
+
+        sl = cache_seqlens.to(torch.int64)
+        used = self.cols < ((sl + self.page - 1) // self.page)[:, None]  # the pages that hold keys
+        bad = ((sl < 0) | (sl > self.capacity)).any() | (used & ((block_table < 0) | (block_table >= self.pages))).any()
+        return not bad.item()
+
+    def __call__(self, q, k_cache, v_cache, block_table, cache_seqlens):
+        import torch
+
+        stream, dev = _fast.current_stream(q), q.device
+        new = lambda shape, dt=torch.float32: torch.empty(shape, dtype=dt, device=dev)  # noqa: E731
+        o, lse = new(self.shapes[0], self.dtype), new(self.shapes[1])
+        o_part, lse_part = new(self.part_shapes[0]), new(self.part_shapes[1])
+        ptr = lambda *xs: [x.data_ptr() for x in xs]  # noqa: E731
+        if self.variant == "tensor":
+            meta = new(self.meta_shape, torch.int32)
+            meta[:, 0], meta[:, 1:] = cache_seqlens, block_table
+            self.kernels[0].launch(stream, ptr(q, k_cache, v_cache, o_part, lse_part, meta))
+            self.kernels[1].launch(stream, ptr(lse_part, lse_part, o_part, o, lse))
+        else:
+            bt, sl = (x.to(torch.int32).contiguous() for x in (block_table, cache_seqlens))
+            m_part = new(self.part_shapes[1])
+            self.kernels[0].launch(stream, ptr(q, k_cache, v_cache, bt, sl, m_part, lse_part, o_part))
+            self.kernels[1].launch(stream, ptr(m_part, lse_part, o_part, o, lse))
+        return o, lse
