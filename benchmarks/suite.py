@@ -330,7 +330,8 @@ def main_suite(args, env):
         (out / "suite_env.json").write_text(json.dumps(env, indent=1) + "\n")
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
     bhs = tuple(b for b in SUITE_BH if b[0] * b[1] in ints(args.bh))
-    runs = tuple(r for r in SUITE_RUNS if r[0] in args.directions.split(","))
+    runs = tuple(r for r in SUITE_RUNS if r[0] in args.directions.split(",")
+                 and (args.dtypes is None or r[2] in args.dtypes.split(",")))
     if not args.replot:
         run_suite(out, reps=args.reps, bhs=bhs, ns=ints(args.ns), ds=ints(args.ds), runs=runs, append=args.append,
                   alternatives=not args.no_alternatives, resume=args.resume, deadline_s=args.deadline)
@@ -349,6 +350,7 @@ def add_arguments(ap):
     ap.add_argument("--ns", default=",".join(map(str, SUITE_N)), help="suite: sequence lengths")
     ap.add_argument("--ds", default=",".join(map(str, SUITE_D)), help="suite: head dims")
     ap.add_argument("--directions", default="forward,backward", help="suite: forward, backward or both")
+    ap.add_argument("--dtypes", default=None, help="suite: only these runs' dtypes (float32, float16)")
     ap.add_argument("--append", action="store_true", help="suite: add to (and replace rows of) the existing suite.csv")
     ap.add_argument("--resume", action="store_true", help="suite: keep suite.csv and time only the shapes it lacks")
     ap.add_argument("--deadline", type=float, default=None, help="suite: start no new shape after this many seconds")

@@ -228,6 +228,10 @@ SIM_CASES = [
     ("3xtf32", 9, 40, 16, False, TensorTile(1, 32), 30.0),  # huge logits (scores ~ 1e2)
     ("f16", 9, 40, 16, True, TensorTile(1, 16), 8.0),  # large logits in float16
     ("tf32", 19, 24, 16, False, TensorTile(1, 16), 1.0),  # one tf32 pass: ~1e-3
+    # two m-tiles per warp: each K / V fragment read feeds both
+    ("f16", 45, 37, 32, True, TensorTile(1, 16, m_tiles=2), 1.0),  # causal, Nq > Nk, rows past Nq in m-tile 2
+    ("bf16", 19, 50, 16, False, TensorTile(2, 32, m_tiles=2), 1.0),  # one block of 64 rows, ragged
+    ("k8", 33, 20, 16, True, TensorTile(1, 16, m_tiles=2), 8.0),  # the sm_75 build, large logits, causal
 ]
 
 

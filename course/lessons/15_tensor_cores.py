@@ -301,13 +301,15 @@ for fmt in tviz.FORMATS:
 # ## 6. The kernel, step by step
 #
 # `flashlab/kernels/tensor.py` is lesson 09's FlashAttention-2 forward with every product on tensor cores.
-# A thread block of `warps` warps owns `16 x warps` query rows of one (batch, head); each warp owns 16 rows
-# and never talks to the other warps about S or P, as in FA2 (Section 3.3 of the paper). The cells below
-# print its code, read from the module itself, one step at a time.
+# A thread block of `warps` warps owns `16 x m_tiles x warps` query rows of one (batch, head). Each warp owns
+# `m_tiles` m-tiles of 16 rows (two for float16 and bfloat16 by default, one in float32) and never talks to the
+# other warps about S or P, as in FA2 (Section 3.3 of the paper). Two m-tiles make every K and V fragment that
+# a warp reads from shared memory feed two `mma` instead of one. The cells below print its code, read from the
+# module itself, one step at a time.
 #
-# **Step 1. Q's fragments, loaded once.** A warp's 16 rows of Q are the A operand of every S = QKᵀ of the
-# loop, so each lane loads its A fragments once and keeps them in registers (a 16-bit row of d values is
-# d/2 words; column `8ks + t` is the lane's word of k-step `ks`).
+# **Step 1. Q's fragments, loaded once.** A warp's rows of Q are the A operand of every S = QKᵀ of the
+# loop, so each lane loads its A fragments once, for each of its m-tiles, and keeps them in registers (a
+# 16-bit row of d values is d/2 words; column `8ks + t` is the lane's word of k-step `ks`).
 
 # %%
 src = tensor.build
@@ -328,8 +330,8 @@ print(tviz.source_between(src, "for j in range(n_tiles + U(LAG))", "# S = Q K^T 
 
 # %% [markdown]
 # **Step 3. S = QKᵀ on tensor cores.** For each k-step of d and each 8-key n-tile: the lane's A registers
-# (Q), two B registers (K, from one `ldmatrix_x4` for two n-tiles), and the n-tile's four C registers, which
-# accumulate over the k-steps. The fp32 path (tf32) reads K's B values with plain shared loads and, for
+# (Q), two B registers (K, from one `ldmatrix_x4` for two n-tiles, used by each of the warp's m-tiles), and
+# the n-tile's four C registers, which accumulate over the k-steps. The fp32 path (tf32) reads K's B values with plain shared loads and, for
 # 3xTF32, splits both operands with `round_tf32` and runs the big x big products in one chain and the two
 # corrections in another (independent chains keep the tensor cores busy).
 
@@ -337,8 +339,8 @@ print(tviz.source_between(src, "for j in range(n_tiles + U(LAG))", "# S = Q K^T 
 print(tviz.source_between(src, "# S = Q K^T for this warp", "# Mask keys past Nk"))
 
 # %% [markdown]
-# **Step 4. The online softmax on C fragments.** A lane holds two rows, g and g+8, and two columns of each
-# n-tile. The row's max and sum need all of its columns, which sit in the 4 lanes of the quad: after each
+# **Step 4. The online softmax on C fragments.** In each m-tile a lane holds two rows, g and g+8, and two
+# columns of each n-tile. The row's max and sum need all of its columns, which sit in the 4 lanes of the quad: after each
 # lane takes the max over its own values, two butterfly exchanges `shfl_xor(x, 1)` and `shfl_xor(x, 2)`
 # give every lane of the quad the row's max (`shfl.sync.bfly`: lane i receives the value of lane i ^ mask).
 # Lesson 09's kernel combined its threads' row maxima through shared memory; here two register exchanges do.
@@ -665,8 +667,10 @@ for (name, *_), k in zip(tiles, kib):
 # %% [markdown]
 # ## 9. Where this kernel differs from FlashAttention-2 and -3
 #
-# - **Tile sizes.** FA2 gives a thread block 128 query rows with several 16-row m-tiles per warp, so each K
-#   and V fragment loaded from shared memory feeds more `mma`. Ours gives each warp one m-tile of 16 rows.
+# - **Tile sizes.** FA2's d = 64 forward gives a block of 4 warps 128 query rows and 128 keys per tile
+#   (`Flash_fwd_kernel_traits<64, 128, 128, 4>`), so each warp has two m-tiles, as ours has for 16-bit inputs;
+#   ours takes 64 keys per tile at d = 64, because it keeps to 48 KB and its registers run out sooner. In
+#   float32 ours keeps one m-tile per warp: 3xTF32's extra fragments need the registers.
 # - **Shared memory.** The forward here uses static shared memory, which caps a block at 48 KB; an H100
 #   block may use up to 227 KB with the dynamic opt-in (`flashlab.hardware`), which only our backward uses
 #   (up to 104 KB). FA2 and FA3 use that room for bigger tiles and deeper pipelines in both passes.

@@ -107,7 +107,7 @@ def _with_extras(q, k, v, options, library):
     call = _fast.lookup(key) if key is not None else None
     if call is not None:
         return call(q, k, v, check_seed(library["seed"]))
-    plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options)
+    plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options, extras=True)
     B, H, Nq, d = plan.problem.B, plan.problem.H, plan.problem.Nq, plan.problem.d
     opt = check_options((B, H, Nq, d), causal=plan.problem.causal, scale=scale, **library)
     extras = Extras.from_options(opt, B, H)
@@ -130,9 +130,9 @@ def _with_extras(q, k, v, options, library):
     return like_input(o, kind), like_input(lse, kind)
 
 
-def setup(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, splits, plan):
+def setup(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, splits, plan, *, extras=False):
     """Check the arguments and inputs and make the plan: (plan, scale, (q, k, v as device arrays, kind,
-    o, lse, o's 32-bit words (tensor kernel) or None))."""
+    o, lse, o's 32-bit words (tensor kernel) or None)). extras: the build has the library's options (plan's)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
     if plan is not None:
@@ -162,7 +162,7 @@ def setup(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, sp
     if plan is None:
         plan = planner.plan((B, H, Nq, Nk, d), causal=causal, dtype=dtype,
                             variant="register" if tile is not None else variant, block_q=block_q, block_k=block_k,
-                            tile=tile, precision=precision, splits=splits)
+                            tile=tile, precision=precision, splits=splits, extras=extras)
     else:
         plan.check_inputs(B, H, Nq, Nk, d, causal, dtype)
     if variant == "tensor":

@@ -229,7 +229,8 @@ def config_text(variant: str, direction: str, config) -> str:
     return f"{config[0]}x{config[1]}"
 
 
-def _choose_config(p: Problem, variant: str, dev: Device, block_q, block_k, tile, threads, precision):
+def _choose_config(p: Problem, variant: str, dev: Device, block_q, block_k, tile, threads, precision, extras=False,
+                   varlen=False):
     """(config, precision, threads per block, shared bytes, block_q, block_k) of the kernel this call launches."""
     d = p.d
     if p.direction == "backward" and variant == "tensor":
@@ -255,7 +256,7 @@ def _choose_config(p: Problem, variant: str, dev: Device, block_q, block_k, tile
         from . import tensor
 
         precision = tensor.resolve_precision(p.dtype, precision, dev.cc)
-        config = tensor.choose_tile(d, precision, block_q, block_k)
+        config = tensor.choose_tile(d, precision, block_q, block_k, p.causal, extras, varlen)
         config.check(d, precision, dev.shared_per_block)
         return config, precision, config.threads, 4 * config.shared_words(d, precision), config.block_q, config.block_k
     from . import shared
@@ -614,13 +615,17 @@ def _choose_splits(p, variant, precision, dev, block_q, block_k, slots, splits):
 
 
 def plan(problem, *, variant: str = "register", direction: str | None = None, causal=None, dtype: str | None = None,
-         device=None, block_q=None, block_k=None, tile=None, threads=None, precision=None, splits=None) -> Plan:
+         device=None, block_q=None, block_k=None, tile=None, threads=None, precision=None, splits=None,
+         extras: bool = False, varlen: bool = False) -> Plan:
     """The launch plan for `problem`: a Problem, (B, H, N, d) or (B, H, Nq, Nk, d) (then causal, dtype and
     direction, default False, "float32", "forward"). device: a Device, "T4" / "A100" / "H100", or None for
     this GPU. block_q / block_k / tile (register) / threads (backward) / precision (tensor) override the
-    kernel's configuration as in flash_attention; splits forces a number of key chunks (1: none)."""
+    kernel's configuration as in flash_attention; splits forces a number of key chunks (1: none). extras / varlen:
+    the forward build compiles in the library's options (window, ALiBi, softcap, dropout) / packs sequences; the
+    tensor kernel's default tile then leaves registers for them."""
     args = (problem if isinstance(problem, Problem) else tuple(problem), variant, direction, causal, dtype, device,
-            block_q, block_k, tile, threads, precision, splits, AUTO_SPLIT or device is not None)
+            block_q, block_k, tile, threads, precision, splits, AUTO_SPLIT or device is not None, bool(extras),
+            bool(varlen))
     try:
         hash(args)
     except TypeError:  # e.g. a list somewhere: plan without the cache (the checks name the bad argument)
@@ -634,7 +639,7 @@ def _cached_plan(*args) -> Plan:
 
 
 def _make_plan(problem, variant, direction, causal, dtype, device, block_q, block_k, tile, threads, precision,
-               splits, auto) -> Plan:
+               splits, auto, extras=False, varlen=False) -> Plan:
     p = _problem(problem, causal, dtype, direction)
     dev = _device(device)
     if variant not in VARIANTS[p.direction]:
@@ -654,15 +659,16 @@ def _make_plan(problem, variant, direction, causal, dtype, device, block_q, bloc
         raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
     if splits is not None and p.direction == "backward":
         raise ValueError("the backward kernel does not split (one block per key block already)")
-    return _plan(p, variant, dev, block_q, block_k, tile, threads, precision, splits, auto)
+    return _plan(p, variant, dev, block_q, block_k, tile, threads, precision, splits, auto, extras, varlen)
 
 
 @lru_cache(maxsize=256)
-def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, precision, splits, auto=True) -> Plan:
+def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, precision, splits, auto=True,
+          extras=False, varlen=False) -> Plan:
     from .info import occupancy
 
     config, precision, nthreads, shared_bytes, bq, bk = _choose_config(p, variant, dev, block_q, block_k, tile,
-                                                                       threads, precision)
+                                                                       threads, precision, extras, varlen)
     # The tensor backward's grid (key blocks, B*H) already starts each head with its heaviest key block.
     heavy = p.causal and variant != "shared" and not (p.direction == "backward" and variant == "tensor")
     bh = p.B * p.H
@@ -747,14 +753,16 @@ def planner_configs(devices=(T4, A100, H100)):
                            ("backward", "register", "float16", None)]
                         + [("backward", "tensor", dt, None) for dt in ("float16", "bfloat16", "float32")]):
                     prob = Problem(1, 1, 256, 256, d, causal, dtype, direction)
-                    try:
-                        config, prec, *_ = _choose_config(prob, variant, dev, None, None, None, None, precision)
+                    try:  # the forward's tensor tile depends on the build: plain, with options, varlen
+                        builds = ((False, False), (True, False), (False, True)) if variant == "tensor" else ((False,) * 2,)
+                        chosen = [_choose_config(prob, variant, dev, None, None, None, None, precision, *b) for b in builds]
                     except ValueError:  # e.g. bfloat16 on a T4
                         continue
+                    config, prec = chosen[0][:2]
                     heavy = causal and variant != "shared" and not (direction == "backward" and variant == "tensor")
                     can_split = direction == "forward" and variant != "shared" and prec != "bf16"
-                    configs = [config] + ([D128_REDESIGN] if variant == "register" and direction == "forward"
-                                          and d == 128 else [])
+                    configs = list(dict.fromkeys(c[0] for c in chosen)) + (
+                        [D128_REDESIGN] if variant == "register" and direction == "forward" and d == 128 else [])
                     for cfg in configs:
                         for split in ((False, True) if can_split else (False,)):
                             key = (variant, direction, d, dtype, prec, cfg, causal if direction == "forward" else False,

@@ -1,7 +1,9 @@
 """variant="tensor": FlashAttention-2 forward on tensor cores, from pure-Python Numba (lesson 15).
 
-One thread block owns block_q = 16 * warps query rows of one (batch, head); each warp owns 16 of them and
-works alone on its rows, as in the FA2 paper (Section 3.3: no communication between warps for S and P).
+One thread block owns block_q = 16 * m_tiles * warps query rows of one (batch, head); each warp owns m_tiles
+m-tiles of 16 of them (2 for 16-bit inputs by default, so that each K and V fragment read from shared memory
+feeds two mma) and works alone on its rows, as in the FA2 paper (Section 3.3: no communication between warps
+for S and P).
 For each tile of block_k keys:
 
     1. the block copies the K and V tiles to shared memory (row-major, rows padded by 16 bytes) with
@@ -33,9 +35,10 @@ and varlen (one launch over sequences packed along one axis, as the register ker
 kernels/varlen.py). Every build takes the dropout seed as its last argument (a runtime int64: a new seed
 needs no new compile); builds without dropout ignore it.
 
-Where FlashAttention-2 itself goes further: 128-row tiles with more rows per warp (fewer shared-memory
-reads per mma), up to 227 KB of shared memory per block (this forward uses 48 KB of static shared memory), and CUDA C++ compiled
-ahead of time; on Hopper, FA3 replaces mma.sync with wgmma and cp.async with TMA.
+Where FlashAttention-2 itself goes further (16-bit inputs only): 128-key tiles at d = 64 and two m-tiles per
+warp at every head dimension, up to 227 KB of shared memory per block (this forward uses 48 KB of
+static shared memory), and CUDA C++ compiled ahead of time; on Hopper, FA3 replaces mma.sync with wgmma and
+cp.async with TMA.
 """
 from __future__ import annotations
 
@@ -61,14 +64,17 @@ PRECISIONS = {"float16": ("f16", "k8"), "bfloat16": ("bf16",), "float32": ("3xtf
 
 @dataclass(frozen=True)
 class TensorTile:
-    """A tensor-kernel configuration: block_q = 16 * warps query rows, block_k keys per K/V tile."""
+    """A tensor-kernel configuration: block_q = 16 * m_tiles * warps query rows, block_k keys per K/V tile.
+    m_tiles: 16-row m-tiles per warp (16-bit precisions): with 2, each K and V fragment read from shared memory
+    feeds two mma instead of one, as in FlashAttention-2's kernels."""
 
     warps: int = 4
     block_k: int = 64
+    m_tiles: int = 1
 
     @property
     def block_q(self) -> int:
-        return 16 * self.warps
+        return 16 * self.m_tiles * self.warps
 
     @property
     def threads(self) -> int:
@@ -81,10 +87,12 @@ class TensorTile:
         return stages(precision) * 2 * self.block_k * (row_words(d, precision) + 4)
 
     def check(self, d: int, precision: str, shared_limit: int = 48 * 1024):
-        for name in ("warps", "block_k"):
+        for name in ("warps", "block_k", "m_tiles"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if self.m_tiles > 1 and precision in ("3xtf32", "tf32"):
+            raise ValueError(f"m_tiles={self.m_tiles}: the float32 precisions keep one m-tile per warp (registers)")
         if self.block_k % 16:
             raise ValueError(f"block_k must be a multiple of 16 for the tensor kernel; got {self.block_k}")
         if self.threads > 1024:
@@ -106,12 +114,24 @@ def row_words(d: int, precision: str) -> int:
     return d if precision in ("3xtf32", "tf32") else d // 2
 
 
-def choose_tile(d: int, precision: str, block_q=None, block_k=None) -> TensorTile:
-    """Default tiles, from benchmarks/tensor_experiments.py on an H100: 8 warps (128 query rows) up to
-    d = 64 and 4 warps (64 rows) at d = 128; block_k 32, or 16 where 32 does not fit in 48 KB."""
+def choose_tile(d: int, precision: str, block_q=None, block_k=None, causal: bool = False, extras: bool = False,
+                varlen: bool = False) -> TensorTile:
+    """Default tiles, from benchmarks/tensor_experiments.py on an H100 and ptxas's spill counts for sm_90.
+
+    float16 / bfloat16: two m-tiles per warp, so each K / V fragment read feeds two mma: 4 warps and block_k 64
+    up to d = 64 (128 rows; block_k 32 when the build has the library's options, `extras`, whose per-score work
+    would spill at 64); at d = 128, 8 warps and block_k 32 (256 rows) for the plain non-causal build, and one
+    m-tile of 4 warps where the bigger tile spills (causal, options, varlen). float32 and the sm_75 build: one
+    m-tile per warp, 8 warps (128 rows) up to d = 64 and 4 (64 rows) at d = 128; block_k 32, or 16 where 32 does
+    not fit in 48 KB. A given block_q means one m-tile per warp: block_q / 16 warps."""
     if block_q is not None and (block_q % 16 or block_q < 16):
         raise ValueError(f"block_q must be a positive multiple of 16 for the tensor kernel (16 rows per warp); "
                          f"got {block_q}")
+    if block_q is None and precision in ("f16", "bf16"):
+        if d <= 64:
+            return TensorTile(4, block_k or (32 if extras else 64), m_tiles=2).check(d, precision)
+        if not (causal or extras or varlen):
+            return TensorTile(8, block_k or 32, m_tiles=2).check(d, precision)
     warps = block_q // 16 if block_q else (8 if d <= 64 else 4)
     if block_k is None:
         fits = [bk for bk in (32, 16) if 4 * TensorTile(warps, bk).shared_words(d, precision) <= 48 * 1024]
@@ -138,8 +158,10 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     WIDE = precision in ("3xtf32", "tf32")
     SPLIT = precision == "3xtf32"
     BF16 = precision == "bf16"
-    NW, BK = tile.warps, tile.block_k
-    BQ = 16 * NW
+    NW, BK, MT = tile.warps, tile.block_k, tile.m_tiles
+    BQ = 16 * MT * NW
+    WROWS = 16 * MT  # rows per warp: m-tile mt holds rows 16 mt .. 16 mt + 15 of them
+    ROWS2, PAW, QALL, SROWS, OROWS = 2 * MT, 4 * MT, MT * 4 * (d // 8 if WIDE else d // 16), MT * (BK // 8), MT * (d // 8)
     W = d if WIDE else d // 2  # 32-bit words per row of Q, K, V, O
     RS = W + 4  # padded shared row stride, in words
     KSTEPS = d // 8 if WIDE else d // 16  # k-steps of S = Q K^T (k = 8 for tf32, 16 for 16-bit)
@@ -204,7 +226,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         if VARLEN:  # block x: (sequence b, first row q0) from the table; its rows and keys from cu_seqlens
             b, h = U(n_q[cuda.blockIdx.x, 0]), U(cuda.blockIdx.y)
             q0, cq, ck = U(n_q[cuda.blockIdx.x, 1]), U(n_k[0, b]), U(n_k[1, b])
-        w0 = q0 + warp * U(16)  # this warp's first row
+        w0 = q0 + warp * U(WROWS)  # this warp's first row
         hk = h
         if GQA:  # query head h reads K/V head h // (H / H_kv); a build of its own, so MHA's code is unchanged
             hk = h * U(k.shape[1]) // U(n_heads)
@@ -218,32 +240,36 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
             nq, nk = U(n_q), U(n_k)
             qh, kh, vh = q[b, h], k[b, hk], v[b, hk]
 
-        # Q fragments, kept in registers: rows w0+g and w0+g+8 (zeros past Nq).
-        qf = cuda.local.array(QREGS, DT)
-        r_lo, r_hi = w0 + g, w0 + g + U(8)
-        for ks in range(KSTEPS):
-            for j in range(4):  # a0: (g, c)  a1: (g+8, c)  a2: (g, c+4)  a3: (g+8, c+4), c = word t
-                row = r_hi if j % 2 else r_lo
-                col = U(8 * ks) + t + U(4 * (j // 2))
-                qf[4 * ks + j] = qh[row, col] if row < nq else DT(0)
+        # Q fragments, kept in registers: in m-tile mt, rows w0+16mt+g and w0+16mt+g+8 (zeros past Nq).
+        # A lane's row (mt, r) is w0 + g + 16 mt + 8 r; arrays below index it as 2 mt + r, m-tile mt's
+        # n-tiles as mt * NTK + n (S) and mt * NTD + n (O).
+        qf = cuda.local.array(QALL, DT)
+        for mt in range(MT):
+            for ks in range(KSTEPS):
+                for j in range(4):  # a0: (g, c)  a1: (g+8, c)  a2: (g, c+4)  a3: (g+8, c+4), c = word t
+                    row = w0 + g + U(16 * mt + 8 * (j % 2))
+                    col = U(8 * ks) + t + U(4 * (j // 2))
+                    qf[mt * QREGS + 4 * ks + j] = qh[row, col] if row < nq else DT(0)
 
-        m = cuda.local.array(2, float32)  # running max of rows g and g+8, raw score units
-        l = cuda.local.array(2, float32)  # this lane's share of the running sums
-        acc = cuda.local.array((NTD, 4), float32)  # O, unnormalised, as C fragments
-        s = cuda.local.array((NTK, 4), float32)  # S, then P, as C fragments
+        m = cuda.local.array(ROWS2, float32)  # running max of each row, raw score units
+        l = cuda.local.array(ROWS2, float32)  # this lane's share of the running sums
+        acc = cuda.local.array((OROWS, 4), float32)  # O, unnormalised, as C fragments
+        s = cuda.local.array((SROWS, 4), float32)  # S, then P, as C fragments
         s2 = cuda.local.array((NTK if SPLIT else 1, 4), float32)  # 3xTF32: S's correction terms, then P's small part
-        alpha = cuda.local.array(2, float32)  # this tile's rescale of rows g and g+8
+        alpha = cuda.local.array(ROWS2, float32)  # this tile's rescale of each row
         part = cuda.local.array((NG, 4), float32)  # 3xTF32: a tile's P V for NG n-tiles of O
-        for r in range(2):
+        pa = cuda.local.array(PAW, uint32)  # 16-bit: one k-step's A fragments of P, per m-tile
+        for r in range(2 * MT):
             m[r] = NEG
             l[r] = 0.0
-        for n in range(NTD):
+        for n in range(MT * NTD):
             for j in range(4):
                 acc[n, j] = 0.0
-        zrow = cuda.local.array(2, uint64)  # dropout: the hash states of rows g and g+8
+        zrow = cuda.local.array(ROWS2, uint64)  # dropout: the hash state of each row
         if DROP:  # keyed by (seed, batch, query head, row, col) as flashlab.dropout: (seed, b, h) once per block
             zh = d_start(seed, b, h)
-            zrow[0], zrow[1] = d_mix(zh, r_lo), d_mix(zh, r_hi)
+            for r in range(2 * MT):
+                zrow[r] = d_mix(zh, w0 + g + U(8 * r))
 
         k_begin, k_end, off = key_range(q0, kpart, n_parts, nq, nk)  # the chunk, cut to causal or the band
         capr, slope = float32(0.0), float32(0.0)
@@ -295,14 +321,14 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
             cuda.syncthreads()  # ... and everyone's
             k0 = k_begin + (j - U(LAG)) * UBK
             KO = ((j - U(LAG)) % U(2)) * U(STAGE) if ASYNC else U(0)  # the stage tile j - LAG is in
-            if CAUSAL and not EXTRA and k0 > w0 + U(15):
-                continue  # every key of this tile is after all 16 rows of this warp (warp-uniform)
+            if CAUSAL and not EXTRA and k0 > w0 + U(WROWS - 1):
+                continue  # every key of this tile is after all rows of this warp (warp-uniform)
 
             # S = Q K^T for this warp's 16 rows and the tile's BK keys.
-            for n in range(NTK):
+            for n in range(MT * NTK):
                 for j in range(4):
                     s[n, j] = 0.0
-                    if SPLIT:
+                    if SPLIT:  # (MT = 1)
                         s2[n, j] = 0.0
             for ks in range(KSTEPS):
                 if WIDE:
@@ -333,65 +359,71 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                         key = U(n2 * 16) + (lane // U(16)) * U(8) + lane % U(8)
                         word = U(8 * ks) + ((lane // U(8)) % U(2)) * U(4)
                         b00, b01, b10, b11 = mma.ldmatrix_x4(sh, KO + key * URS + word)
-                        for half in range(2):
-                            n = 2 * n2 + half
-                            b0, b1 = (b00, b01) if half == 0 else (b10, b11)
-                            s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma16(
-                                qf[4 * ks], qf[4 * ks + 1], qf[4 * ks + 2], qf[4 * ks + 3], b0, b1,
-                                s[n, 0], s[n, 1], s[n, 2], s[n, 3])
+                        for mt in range(MT):  # each fragment read feeds every m-tile of the warp
+                            qi = mt * QREGS + 4 * ks
+                            for half in range(2):
+                                n = mt * NTK + 2 * n2 + half
+                                b0, b1 = (b00, b01) if half == 0 else (b10, b11)
+                                s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma16(
+                                    qf[qi], qf[qi + 1], qf[qi + 2], qf[qi + 3], b0, b1,
+                                    s[n, 0], s[n, 1], s[n, 2], s[n, 3])
 
             # Mask keys past Nk and, under causal, keys after the row (only tiles at an edge need it).
             if not EXTRA and (k0 + UBK > nk or (CAUSAL and k0 + UBK > w0 + U(1))):
-                for n in range(NTK):
-                    for j in range(4):
-                        row = r_hi if j >= 2 else r_lo
-                        col = k0 + U(n * 8) + U(2) * t + U(j % 2)
-                        if col >= nk or (CAUSAL and col > row):
-                            s[n, j] = NEG
+                for mt in range(MT):
+                    for n in range(NTK):
+                        for j in range(4):
+                            row = w0 + g + U(16 * mt + 8 * (j // 2))
+                            col = k0 + U(n * 8) + U(2) * t + U(j % 2)
+                            if col >= nk or (CAUSAL and col > row):
+                                s[mt * NTK + n, j] = NEG
 
             if SPLIT:
                 for n in range(NTK):
                     for j in range(4):
                         s[n, j] += s2[n, j]
             if EXTRA:  # softcap, ALiBi, then the aligned causal/window mask, on every tile (after 3xTF32's sum)
-                for n in range(NTK):
-                    for j in range(4):
-                        pos = I(r_hi if j >= 2 else r_lo) + off
-                        col = I(k0 + U(n * 8) + U(2) * t + U(j % 2))
-                        val, _ = capped(s[n, j], pos, col, capr, slope)
-                        s[n, j] = NEG if outside(pos, col, I(nk), RIGHT) else val
+                for mt in range(MT):
+                    for n in range(NTK):
+                        for j in range(4):
+                            pos = I(w0 + g + U(16 * mt + 8 * (j // 2))) + off
+                            col = I(k0 + U(n * 8) + U(2) * t + U(j % 2))
+                            val, _ = capped(s[mt * NTK + n, j], pos, col, capr, slope)
+                            s[mt * NTK + n, j] = NEG if outside(pos, col, I(nk), RIGHT) else val
 
-            # Online softmax on the C fragments: rows g (j = 0, 1) and g + 8 (j = 2, 3).
-            for r in range(2):
-                mx = s[0, 2 * r]
-                for n in range(NTK):
-                    mx = max(mx, max(s[n, 2 * r], s[n, 2 * r + 1]))
-                mx = max(mx, mma.shfl_xor(mx, 1))  # the row's 4 lanes (t = 0..3) agree on its max
-                mx = max(mx, mma.shfl_xor(mx, 2))
-                m_new = max(m[r], mx)
-                alpha[r] = math.exp2((m[r] - m_new) * scale_log2)
-                m[r] = m_new
-                offset = m_new * scale_log2
-                if GUARD and m_new < HALF_NEG:
-                    # every key so far is masked. With offset = m_new * scale, the fused multiply-add below
-                    # leaves NEG * scale's rounding error (up to ~1e22 at d = 64), so p would be 1 or inf
-                    # (and inf * 0 = NaN): offset 0 makes every p exp2(NEG * scale) = 0.
-                    offset = float32(0.0)
-                row_sum = float32(0.0)
-                for n in range(NTK):
-                    for c in range(2):
-                        p = math.exp2(s[n, 2 * r + c] * scale_log2 - offset)
-                        row_sum += p
-                        if DROP:  # after the row sum: l and lse are dropout-free, only P V sees the mask
-                            # key k0 + 8n + 2t + c in 32 bits: the hash reads only those, and 64-bit keys spilled
-                            # (28 bytes at 3xTF32 d = 128 with a window)
-                            p *= d_keep(zrow[r], uint32(k0) + uint32(8 * n + c) + uint32(2) * uint32(t))
-                        s[n, 2 * r + c] = p
-                l[r] = l[r] * alpha[r] + row_sum  # the quad's partial sums are added once, at the end
-                if not SPLIT:
-                    for n in range(NTD):
-                        acc[n, 2 * r] *= alpha[r]
-                        acc[n, 2 * r + 1] *= alpha[r]
+            # Online softmax on the C fragments: in each m-tile, rows g (j = 0, 1) and g + 8 (j = 2, 3).
+            for mt in range(MT):
+                for r in range(2):
+                    rr, n0 = 2 * mt + r, mt * NTK
+                    mx = s[n0, 2 * r]
+                    for n in range(NTK):
+                        mx = max(mx, max(s[n0 + n, 2 * r], s[n0 + n, 2 * r + 1]))
+                    mx = max(mx, mma.shfl_xor(mx, 1))  # the row's 4 lanes (t = 0..3) agree on its max
+                    mx = max(mx, mma.shfl_xor(mx, 2))
+                    m_new = max(m[rr], mx)
+                    alpha[rr] = math.exp2((m[rr] - m_new) * scale_log2)
+                    m[rr] = m_new
+                    offset = m_new * scale_log2
+                    if GUARD and m_new < HALF_NEG:
+                        # every key so far is masked. With offset = m_new * scale, the fused multiply-add below
+                        # leaves NEG * scale's rounding error (up to ~1e22 at d = 64), so p would be 1 or inf
+                        # (and inf * 0 = NaN): offset 0 makes every p exp2(NEG * scale) = 0.
+                        offset = float32(0.0)
+                    row_sum = float32(0.0)
+                    for n in range(NTK):
+                        for c in range(2):
+                            p = math.exp2(s[n0 + n, 2 * r + c] * scale_log2 - offset)
+                            row_sum += p
+                            if DROP:  # after the row sum: l and lse are dropout-free, only P V sees the mask
+                                # key k0 + 8n + 2t + c in 32 bits: the hash reads only those, and 64-bit keys
+                                # spilled (28 bytes at 3xTF32 d = 128 with a window)
+                                p *= d_keep(zrow[rr], uint32(k0) + uint32(8 * n + c) + uint32(2) * uint32(t))
+                            s[n0 + n, 2 * r + c] = p
+                    l[rr] = l[rr] * alpha[rr] + row_sum  # the quad's partial sums are added once, at the end
+                    if not SPLIT:
+                        for n in range(mt * NTD, (mt + 1) * NTD):
+                            acc[n, 2 * r] *= alpha[rr]
+                            acc[n, 2 * r + 1] *= alpha[rr]
 
             # O += P V, with P straight from registers. For tf32, k-step kk is n-tile kk of S with its keys
             # renumbered (column t <- key 2t, column t+4 <- key 2t+1), and V's rows renumbered the same way.
@@ -434,20 +466,24 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                                                               acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
                         acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = c0, c1, c2, c3
                 else:  # k-step kk = n-tiles 2kk and 2kk+1 of S, packed to 16 bits: the A fragment
-                    a0 = pack(s[2 * kk, 0], s[2 * kk, 1])
-                    a1 = pack(s[2 * kk, 2], s[2 * kk, 3])
-                    a2 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
-                    a3 = pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+                    for mt in range(MT):
+                        n = mt * NTK + 2 * kk
+                        pa[4 * mt] = pack(s[n, 0], s[n, 1])
+                        pa[4 * mt + 1] = pack(s[n, 2], s[n, 3])
+                        pa[4 * mt + 2] = pack(s[n + 1, 0], s[n + 1, 1])
+                        pa[4 * mt + 3] = pack(s[n + 1, 2], s[n + 1, 3])
                     for n2 in range(NTD // 2):  # ldmatrix.trans: V's B fragments of two 8-dim n-tiles
                         # lane 8i + r: row r of matrix i = key 16kk + (i%2)*8 + r, words of dims 16n2 + (i//2)*8
                         key = U(16 * kk) + ((lane // U(8)) % U(2)) * U(8) + lane % U(8)
                         word = U(8 * n2) + (lane // U(16)) * U(4)
                         b00, b01, b10, b11 = mma.ldmatrix_x4_trans(sh, KO + U(VO) + key * URS + word)
-                        for half in range(2):
-                            n = 2 * n2 + half
-                            b0, b1 = (b00, b01) if half == 0 else (b10, b11)
-                            acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma16(
-                                a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+                        for mt in range(MT):
+                            a0, a1, a2, a3 = pa[4 * mt], pa[4 * mt + 1], pa[4 * mt + 2], pa[4 * mt + 3]
+                            for half in range(2):
+                                n = mt * NTD + 2 * n2 + half
+                                b0, b1 = (b00, b01) if half == 0 else (b10, b11)
+                                acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma16(
+                                    a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
 
         # Add up each row's sum over its quad, normalise once, write O and lse.
         if VARLEN:
@@ -455,11 +491,12 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         else:
             oh_ = h * n_parts + kpart if SPLIT_KV else h  # split: (B, H * splits, ...) views of the partial outputs
             oh, lh = o[b, oh_], lse[b, oh_]
-        for r in range(2):
-            total = l[r]
+        for rr in range(2 * MT):  # row rr of this lane: m-tile rr // 2, half r = rr % 2
+            r = rr % 2
+            total = l[rr]
             total += mma.shfl_xor(total, 1)
             total += mma.shfl_xor(total, 2)
-            row = r_hi if r else r_lo
+            row = w0 + g + U(8 * rr)
             if row < nq:
                 inv = float32(0.0)  # GUARD: the row sees no key of this chunk (total = 0)
                 row_lse = float32(NEG)
@@ -467,9 +504,9 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                     row_lse = INF  # no key at all: the FA library's o = 0, lse = +inf
                 if not GUARD or total > float32(0.0):
                     inv = float32(1.0) / total
-                    row_lse = (m[r] * scale_log2 + math.log2(total)) * LN2
+                    row_lse = (m[rr] * scale_log2 + math.log2(total)) * LN2
                 for n in range(NTD):
-                    x0, x1 = acc[n, 2 * r] * inv, acc[n, 2 * r + 1] * inv
+                    x0, x1 = acc[(rr // 2) * NTD + n, 2 * r] * inv, acc[(rr // 2) * NTD + n, 2 * r + 1] * inv
                     if WIDE or SPLIT_KV:  # float32 outputs (split: the partial outputs are float32)
                         oh[row, U(8 * n) + U(2) * t] = x0
                         oh[row, U(8 * n) + U(2) * t + U(1)] = x1
