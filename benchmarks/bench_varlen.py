@@ -42,6 +42,7 @@ def main(argv=None):
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--variant", choices=("tensor", "register"), default="tensor")
     ap.add_argument("--json")
+    ap.add_argument("--tiles", action="store_true", help="also time the varlen kernel alone with other tiles")
     args = ap.parse_args(argv)
     import torch
 
@@ -70,6 +71,10 @@ def main(argv=None):
                                                  keep & torch.ones(N, N, dtype=torch.bool, device="cuda").tril()),
         "torch SDPA loop": lambda: [sdpa(*x, is_causal=causal) for x in views],
     }
+    if args.tiles:  # (block_q, block_k) overrides: one m-tile per warp when block_q is given
+        for bq, bk in ((None, 32), (128, 32), (64, 64), (128, 64), (64, 32)):
+            runs[f"kernel only, block_q={bq} block_k={bk}"] = prepare(q, k, v, cu, cu, causal=causal, variant=variant,
+                                                                       block_q=bq, block_k=bk)[0]
     flops = 4 * H * d * float(np.sum(lens.astype(float) ** 2)) * (0.5 if causal else 1.0)  # the useful work
     rows = {}
     for name, fn in runs.items():
