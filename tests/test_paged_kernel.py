@@ -144,3 +144,15 @@ def test_paged_prepared_path_on_gpu(rng, variant):
     bad_table[1, 0] = -1  # unused pages (past a sequence's length) may hold anything, as on the host
     o, _ = paged.paged_decoding(tq, tk, tv, *on_gpu(bad_table, np.array([300, 0, 77], np.int32)), variant=variant)
     assert torch.isfinite(o).all()
+
+
+def test_split_counts_depend_on_shapes_only():
+    """The chunks come from the table's capacity, never from the lengths (which stay on the GPU in a decoding
+    loop): both variants, default and given counts, and the error past the capacity."""
+    for capacity in (1, 300, 32768):
+        n, chunk = paged.register_chunks(None, 8, capacity)
+        assert 1 <= n and n * chunk >= capacity and (n - 1) * chunk < capacity
+        assert 1 <= paged.tensor_splits(None, 8, capacity) <= max(capacity // 256, 1)
+    assert paged.tensor_splits(5, 8, 300) == 5 and paged.register_chunks(3, 8, 300) == (3, 100)
+    with pytest.raises(ValueError, match="num_splits must be between 1 and Nk = 16"):
+        paged.tensor_splits(17, 1, 16)

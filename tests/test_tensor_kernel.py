@@ -406,3 +406,19 @@ def test_kernel_info_describes_the_tensor_tile():
     assert wide["precision"] == "3xtf32" and wide["shared_bytes_per_block"] == 4 * tensor.choose_tile(
         128, "3xtf32").shared_words(128, "3xtf32")
     assert 0 < info["occupancy"] <= 1
+
+
+def test_default_tiles_follow_the_spill_rule():
+    """Two m-tiles per warp for 16-bit inputs where ptxas showed no spill (docs/gpu-runs-issue14.md)."""
+    ch = tensor.choose_tile
+    assert ch(64, "f16") == TensorTile(4, 64, m_tiles=2) and ch(64, "bf16", causal=True) == TensorTile(4, 64, 2)
+    assert ch(64, "f16", extras=True) == TensorTile(4, 32, m_tiles=2)  # block_k 64 spilled with the options
+    assert ch(128, "f16") == TensorTile(8, 32, m_tiles=2) and ch(128, "f16").block_q == 256
+    for kw in (dict(causal=True), dict(extras=True), dict(varlen=True)):  # where 8 x 2 m-tiles spilled
+        assert ch(128, "f16", **kw).m_tiles == 1, kw
+    assert ch(64, "3xtf32").m_tiles == 1 and ch(64, "k8").m_tiles == 1
+    assert ch(64, "f16", block_q=64) == TensorTile(4, 32)  # a given block_q: one m-tile per warp
+    with pytest.raises(ValueError, match="m_tiles=2: the float32 precisions keep one m-tile"):
+        TensorTile(1, 16, m_tiles=2).check(16, "3xtf32")
+    with pytest.raises(ValueError, match="m_tiles must be a positive integer"):
+        TensorTile(1, 16, m_tiles=0).check(16, "f16")
