@@ -348,6 +348,11 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 #   of key, (seed, batch, head, row, col), with a smaller integer hash (`flashlab.dropout`). Same property,
 #   different masks: a mask from one cannot be checked against the other.
 # - **Rows that see no key** get o = 0 and lse = +∞ in both, so the backward's exp(S − lse) is 0, never NaN.
+# - **Checking the block table.** The library never checks the table's values: an out-of-range page index
+#   reads the wrong memory. `kernels.paged_decoding` checks them by default, on the GPU for torch tensors,
+#   and waits for the answer; `check_tables=False` skips the check and the wait, as the library does. In a
+#   decoding loop the table and the lengths change every step, so the kernel takes them as arguments and
+#   never reads their values on the host (its split count comes from the table's capacity).
 # - **Layouts.** flashlab's dense functions take (B, H, N, d) like PyTorch's SDPA; the library takes
 #   (B, N, H, d). varlen uses the library's packed (total, H, d) and its lse of shape (H, total).
 #
