@@ -554,8 +554,10 @@ class Plan:
             f"registers: {self.registers_from}"
         optin = f" (dynamic: past {dev.shared_per_block // 1024} KB, the kernel opts in; " \
             f"{dev.dynamic_shared_per_block:,} allowed)" if self.shared_bytes > dev.shared_per_block else ""
+        m_tiles = getattr(self.config, "m_tiles", 1)  # the tensor forward: 16-row m-tiles per warp
+        rows = f", {m_tiles} m-tiles of 16 rows per warp" if m_tiles > 1 else ""
         lines.append(f"- tile: block_q = {self.block_q}, block_k = {self.block_k} "
-                     f"({config_text(self.variant, self.direction, self.config)}), {self.threads} threads, "
+                     f"({config_text(self.variant, self.direction, self.config)}{rows}), {self.threads} threads, "
                      f"{self.shared_bytes:,} bytes of shared memory{optin}, {regs}")
         limits = [k for k, v in self.bounds if v == self.blocks_per_sm]
         others = ", ".join(f"{k} {v}" for k, v in self.bounds if v != self.blocks_per_sm)

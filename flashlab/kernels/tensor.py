@@ -35,8 +35,8 @@ and varlen (one launch over sequences packed along one axis, as the register ker
 kernels/varlen.py). Every build takes the dropout seed as its last argument (a runtime int64: a new seed
 needs no new compile); builds without dropout ignore it.
 
-Where FlashAttention-2 itself goes further (16-bit inputs only): 128-key tiles at d = 64 and two m-tiles per
-warp at every head dimension, up to 227 KB of shared memory per block (this forward uses 48 KB of
+Where FlashAttention-2 itself goes further: 128-key tiles at d = 64 and two m-tiles per warp at every head
+dimension (it takes 16-bit inputs only), up to 227 KB of shared memory per block (this forward uses 48 KB of
 static shared memory), and CUDA C++ compiled ahead of time; on Hopper, FA3 replaces mma.sync with wgmma and
 cp.async with TMA.
 """
