@@ -56,6 +56,20 @@ def test_varlen_kernel_float16(rng):
           variant="register")
 
 
+def test_varlen_plans_with_its_build(rng, monkeypatch):
+    """The plan learns that the build is varlen, and has the library's options only when they are asked for (the
+    tensor forward's tile depends on both: kernels/tensor.choose_tile)."""
+    import importlib
+
+    planner = importlib.import_module("flashlab.kernels.plan")
+    seen, real = [], planner.plan
+    monkeypatch.setattr(planner, "plan", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    q, k, v, cu_q, cu_k = packed(rng, [3, 5], [4, 2], 2, 2, 16)
+    for opts in ({}, {"softcap": 5.0}):
+        check(q, k, v, cu_q, cu_k, variant="register", block_q=16, block_k=16, **opts)
+    assert [(kw["extras"], kw["varlen"]) for kw in seen] == [(False, True), (True, True)], seen
+
+
 def test_block_table_is_heaviest_first():
     """Every query block of every sequence appears once; under causal masking the blocks near the end of the
     longest sequence (which visit the most key tiles) come first."""

@@ -343,6 +343,10 @@ flashlab.check("backward_tile_bytes", backward_tile_bytes)
 #   Why? (Which columns of A and which rows of B trade places?) And why does it go wrong for A alone?
 # - In exercise 1, C's layout and the f16 A layout line up so that P can stay in registers. Does the same
 #   hold between C and the f16 **B** layout? What would the kernel have to do to compute Oᵀ = Vᵀ Pᵀ instead?
+# - The forward gives each warp two m-tiles of 16 rows for 16-bit inputs. At d = 64, count the `ldmatrix` and
+#   the `mma` a warp issues for one key tile with one m-tile, then with two. Why does that ratio matter when
+#   shared memory delivers fewer bytes per cycle than the tensor cores consume? And what does the second
+#   m-tile cost in registers (Q's fragments, S, O)? Why does the float32 build keep one?
 # - With exercise 7: an H100 SM has 228 KB of shared memory. How many blocks of each default tile fit on one
 #   SM by shared memory alone? The registers allow 8 warps an SM for the 16-bit tiles; which of the two limits
 #   binds? Keeping V in shared memory frees the registers that held V's fragments (in float32, one for every

@@ -180,7 +180,7 @@ def _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen
         precision = resolve_precision(dtype, precision, device_limits()["cc"])
     p = planner.plan((n_seq, H, max(longest_q, 1), max(longest_k, 1), d), causal=opt.causal, dtype=dtype,
                      variant=variant, block_q=block_q, block_k=block_k, precision=precision,
-                     extras=extras != Extras(), varlen=True)
+                     extras=extras is not None, varlen=True)
     tile = p.config
     table = block_table(cu_q, cu_k, tile.block_q, tile.block_k, opt.causal, opt.align == "bottom_right")
     if variant == "tensor":
