@@ -161,7 +161,6 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     NW, BK, MT = tile.warps, tile.block_k, tile.m_tiles
     BQ = 16 * MT * NW
     WROWS = 16 * MT  # rows per warp: m-tile mt holds rows 16 mt .. 16 mt + 15 of them
-    ROWS2, PAW, QALL, SROWS, OROWS = 2 * MT, 4 * MT, MT * 4 * (d // 8 if WIDE else d // 16), MT * (BK // 8), MT * (d // 8)
     W = d if WIDE else d // 2  # 32-bit words per row of Q, K, V, O
     RS = W + 4  # padded shared row stride, in words
     KSTEPS = d // 8 if WIDE else d // 16  # k-steps of S = Q K^T (k = 8 for tf32, 16 for 16-bit)
@@ -170,6 +169,8 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     PSTEPS = BK // 8 if WIDE else BK // 16  # k-steps of O += P V
     NG = min(4 if d <= 64 else 2, NTD)  # 3xTF32: n-tiles of O whose tile sums are built together (fewer at d=128: registers)
     QREGS = 4 * KSTEPS
+    # local arrays need compile-time sizes: rows, P's A fragments, Q fragments, S and O n-tiles of all m-tiles
+    ROWS2, PAW, QALL, SROWS, OROWS = 2 * MT, 4 * MT, MT * QREGS, MT * NTK, MT * NTD
     NT = 32 * NW  # threads
     ASYNC = stages(precision) == 2
     LAG = 1 if ASYNC else 0  # tile j's copies are issued one iteration before tile j is used
