@@ -412,7 +412,13 @@ def test_default_tiles_follow_the_spill_rule():
     """Two m-tiles per warp for 16-bit inputs where ptxas showed no spill (docs/gpu-runs-issue14.md)."""
     ch = tensor.choose_tile
     assert ch(64, "f16") == TensorTile(4, 64, m_tiles=2) and ch(64, "bf16", causal=True) == TensorTile(4, 64, 2)
-    assert ch(64, "f16", extras=True) == TensorTile(4, 32, m_tiles=2)  # block_k 64 spilled with the options
+    assert ch(64, "f16", extras="light") == TensorTile(4, 64, m_tiles=2)  # one cheap option: no spill at 64
+    assert ch(64, "f16", extras="heavy") == ch(64, "f16", extras=True) == TensorTile(4, 32, m_tiles=2)
+    w = tensor.options_weight
+    assert w(False, False, False, False) is False
+    assert w(True, False, False, False) == w(False, True, False, False) == w(False, False, False, True) == "light"
+    assert w(True, True, False, False) == "light"  # a window with softcap fits too
+    assert w(False, False, True, False) == w(True, False, False, True) == w(False, True, False, True) == "heavy"
     assert ch(128, "f16") == TensorTile(8, 32, m_tiles=2) and ch(128, "f16").block_q == 256
     for kw in (dict(causal=True), dict(extras=True), dict(varlen=True)):  # where 8 x 2 m-tiles spilled
         assert ch(128, "f16", **kw).m_tiles == 1, kw

@@ -65,9 +65,9 @@ def test_varlen_plans_with_its_build(rng, monkeypatch):
     seen, real = [], planner.plan
     monkeypatch.setattr(planner, "plan", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
     q, k, v, cu_q, cu_k = packed(rng, [3, 5], [4, 2], 2, 2, 16)
-    for opts in ({}, {"softcap": 5.0}):
+    for opts in ({}, {"softcap": 5.0}, {"softcap": 5.0, "dropout_p": 0.2, "seed": 3}):
         check(q, k, v, cu_q, cu_k, variant="register", block_q=16, block_k=16, **opts)
-    assert [(kw["extras"], kw["varlen"]) for kw in seen] == [(False, True), (True, True)], seen
+    assert [(kw["extras"], kw["varlen"]) for kw in seen] == [(False, True), ("light", True), ("heavy", True)], seen
 
 
 def test_block_table_is_heaviest_first():

@@ -623,10 +623,10 @@ def plan(problem, *, variant: str = "register", direction: str | None = None, ca
     direction, default False, "float32", "forward"). device: a Device, "T4" / "A100" / "H100", or None for
     this GPU. block_q / block_k / tile (register) / threads (backward) / precision (tensor) override the
     kernel's configuration as in flash_attention; splits forces a number of key chunks (1: none). extras / varlen:
-    the forward build compiles in the library's options (window, ALiBi, softcap, dropout) / packs sequences; the
-    tensor kernel's default tile then leaves registers for them."""
+    the forward build compiles in the library's options (tensor.options_weight: False, "light" or "heavy") /
+    packs sequences; the tensor kernel's default tile then leaves registers for them."""
     args = (problem if isinstance(problem, Problem) else tuple(problem), variant, direction, causal, dtype, device,
-            block_q, block_k, tile, threads, precision, splits, AUTO_SPLIT or device is not None, bool(extras),
+            block_q, block_k, tile, threads, precision, splits, AUTO_SPLIT or device is not None, extras or False,
             bool(varlen))
     try:
         hash(args)
@@ -756,7 +756,8 @@ def planner_configs(devices=(T4, A100, H100)):
                         + [("backward", "tensor", dt, None) for dt in ("float16", "bfloat16", "float32")]):
                     prob = Problem(1, 1, 256, 256, d, causal, dtype, direction)
                     try:  # the forward's tensor tile depends on the build: plain, with options, varlen
-                        builds = ((False, False), (True, False), (False, True)) if variant == "tensor" else ((False,) * 2,)
+                        builds = ((False, False), ("light", False), ("heavy", False), (False, True)) \
+                            if variant == "tensor" else ((False,) * 2,)
                         chosen = [_choose_config(prob, variant, dev, None, None, None, None, precision, *b) for b in builds]
                     except ValueError:  # e.g. bfloat16 on a T4
                         continue

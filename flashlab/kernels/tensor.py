@@ -114,14 +114,24 @@ def row_words(d: int, precision: str) -> int:
     return d if precision in ("3xtf32", "tf32") else d // 2
 
 
-def choose_tile(d: int, precision: str, block_q=None, block_k=None, causal: bool = False, extras: bool = False,
+def options_weight(window: bool, softcap: bool, alibi: bool, dropout: bool):
+    """What the library's options cost the forward in registers, for choose_tile: False (none), "light" or
+    "heavy". From ptxas for sm_90 at d = 64 with two m-tiles and block_k 64: a window (or the alignment), softcap
+    or dropout alone, and a window with softcap, compile without spills; ALiBi, and dropout with any other
+    option, spill."""
+    if not (window or softcap or alibi or dropout):
+        return False
+    return "heavy" if alibi or (dropout and (window or softcap)) else "light"
+
+
+def choose_tile(d: int, precision: str, block_q=None, block_k=None, causal: bool = False, extras=False,
                 varlen: bool = False) -> TensorTile:
     """Default tiles, from benchmarks/tensor_experiments.py on an H100 and ptxas's spill counts for sm_90.
 
     float16 / bfloat16: two m-tiles per warp, so each K / V fragment read feeds two mma: 4 warps and block_k 64
-    up to d = 64 (128 rows; block_k 32 when the build has the library's options, `extras`, whose per-score work
-    would spill at 64); at d = 128, 8 warps and block_k 32 (256 rows) for the plain non-causal build, and one
-    m-tile of 4 warps where the bigger tile spills (causal, options, varlen). float32 and the sm_75 build: one
+    up to d = 64 (128 rows; block_k 32 when the build's options are "heavy", see options_weight, whose per-score
+    work would spill at 64; True counts as heavy); at d = 128, 8 warps and block_k 32 (256 rows) for the plain
+    non-causal build, and one m-tile of 4 warps where the bigger tile spills (causal, any option, varlen). float32 and the sm_75 build: one
     m-tile per warp, 8 warps (128 rows) up to d = 64 and 4 (64 rows) at d = 128; block_k 32, or 16 where 32 does
     not fit in 48 KB. A given block_q means one m-tile per warp: block_q / 16 warps."""
     if block_q is not None and (block_q % 16 or block_q < 16):
@@ -129,7 +139,8 @@ def choose_tile(d: int, precision: str, block_q=None, block_k=None, causal: bool
                          f"got {block_q}")
     if block_q is None and precision in ("f16", "bf16"):
         if d <= 64:
-            return TensorTile(4, block_k or (32 if extras else 64), m_tiles=2).check(d, precision)
+            heavy = extras is True or extras == "heavy"
+            return TensorTile(4, block_k or (32 if heavy else 64), m_tiles=2).check(d, precision)
         if not (causal or extras or varlen):
             return TensorTile(8, block_k or 32, m_tiles=2).check(d, precision)
     warps = block_q // 16 if block_q else (8 if d <= 64 else 4)
