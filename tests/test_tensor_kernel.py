@@ -150,6 +150,40 @@ def test_pack_round_and_shuffle_match_numpy(rng):
 
 
 @cuda.jit
+def _shuffle_some(out, x, lo, hi):
+    t = cuda.threadIdx.x
+    if t % 32 < lo or t % 32 >= hi:  # these lanes leave before the warp instruction
+        return
+    out[t] = mma.shfl_xor(x[t], 1)
+
+
+sim_only = pytest.mark.skipif(has_gpu(), reason="checks the simulator's emulation of warp instructions")
+
+
+@sim_only
+@pytest.mark.parametrize("lo,hi", [(8, 32), (0, 24)])
+def test_simulator_reports_lanes_that_leave_before_a_warp_instruction(lo, hi):
+    """A learner's early return: the emulation names it within seconds, whether the lanes that left were started
+    before the waiting ones (lo > 0) or after them (hi < 32: only the quiet start loop tells them apart from lanes
+    not started yet)."""
+    import time
+
+    x, out = np.arange(32, dtype=np.float32), np.zeros(32, np.float32)
+    start = time.monotonic()
+    with pytest.raises(mma.WarpDivergence, match="waited for the other lanes"):
+        _shuffle_some[1, 32](out, x, lo, hi)
+    assert time.monotonic() - start < 20
+
+
+@sim_only
+def test_simulator_waits_for_every_lane_of_a_big_block():
+    """Eight warps: the simulator starts 256 threads one by one while the first lanes already wait."""
+    x, out = np.arange(256, dtype=np.float32), np.zeros(256, np.float32)
+    _shuffle_some[1, 256](out, x, 0, 32)
+    np.testing.assert_array_equal(out, x[np.arange(256) ^ 1])
+
+
+@cuda.jit
 def _unpack(out, bits):
     lane = cuda.threadIdx.x
     out[lane, 0], out[lane, 1] = mma.unpack_f16x2(bits[lane, 0])

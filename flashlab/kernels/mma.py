@@ -215,6 +215,7 @@ def _gpu_functions():
 
 # ------------------------------------------------------------------------------------- simulator
 WAIT_LIMIT = 60.0  # seconds a lane waits for the rest of its warp before the emulation reports a hang
+CREATION_QUIET = 2.0  # seconds without a new thread in the block after which the simulator's start loop is over
 
 
 class WarpDivergence(RuntimeError):
@@ -231,12 +232,30 @@ class _Warp:
         self.slots = [None] * n_lanes
         self.count = self.gen = 0
         self.result = None
+        self.seen = (-1, time.monotonic())  # (running threads of the block, when that count last changed)
 
     def _lanes_gone(self, me) -> bool:
-        """True when a thread of this warp has finished its kernel: it can never arrive."""
-        mine = [t for t in threading.enumerate()
-                if getattr(t, "_manager", None) is me._manager and int(t.thread_id) // 32 == self.warp]
-        return len(mine) < self.n or not all(t.is_alive() for t in mine)
+        """True when a lane of this warp has finished its kernel: it can never arrive.
+
+        A lane missing from the running threads may also not have started yet: the simulator starts a block's
+        threads one by one, in np.ndindex order of (x, y, z), and on a busy CPU that takes seconds. So a missing
+        lane counts as finished when a thread started after it is running, or when the block's running threads
+        have not changed for CREATION_QUIET seconds (the start loop is over)."""
+        dims = tuple(me._manager._block_dim) + (1, 1)
+        bx, by, bz = (int(x) for x in dims[:3])
+
+        def rank(tid):  # the position of thread `tid` in the start loop
+            x, y, z = tid % bx, tid // bx % by, tid // (bx * by)
+            return (x * by + y) * bz + z
+
+        block = [int(t.thread_id) for t in threading.enumerate()
+                 if getattr(t, "_manager", None) is me._manager and t.is_alive()]
+        now = time.monotonic()
+        if len(block) != self.seen[0]:
+            self.seen = (len(block), now)
+        running, latest = set(block), max(map(rank, block), default=-1)
+        missing = [tid for tid in range(32 * self.warp, 32 * self.warp + self.n) if tid not in running]
+        return bool(missing) and (any(rank(tid) < latest for tid in missing) or now - self.seen[1] > CREATION_QUIET)
 
     def collective(self, lane, op, value, combine):
         me = threading.current_thread()
