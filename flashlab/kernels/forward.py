@@ -102,12 +102,13 @@ def _with_extras(q, k, v, options, library):
     compiled in."""
     from .._inputs import check_options, check_seed
     from .register import Extras
+    from .tensor import library_weight
 
     key = _fast.prepared_key("forward", (q, k, v), options, options=library)
     call = _fast.lookup(key) if key is not None else None
     if call is not None:
         return call(q, k, v, check_seed(library["seed"]))
-    plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options, extras=_weight(library))
+    plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options, extras=library_weight(library))
     B, H, Nq, d = plan.problem.B, plan.problem.H, plan.problem.Nq, plan.problem.d
     opt = check_options((B, H, Nq, d), causal=plan.problem.causal, scale=scale, **library)
     extras = Extras.from_options(opt, B, H)
@@ -128,19 +129,6 @@ def _with_extras(q, k, v, options, library):
 
         launch(q_d, k_d, v_d, o, lse, H, scale, plan.problem.causal, plan.config, **common)
     return like_input(o, kind), like_input(lse, kind)
-
-
-def _weight(library):
-    """tensor.options_weight of the library's options as given (before their checks, which name bad values:
-    anything that does not read as a plain value here counts as heavy, the safe tile)."""
-    from .tensor import options_weight
-
-    try:
-        window = tuple(library["window_size"]) != (-1, -1) or library["align"] != "top_left"
-        return options_weight(window, bool(library["softcap"]), library["alibi_slopes"] is not None,
-                              bool(library["dropout_p"]))
-    except (TypeError, ValueError):
-        return "heavy"
 
 
 def setup(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, splits, plan, *, extras=False):

@@ -126,14 +126,18 @@ def build(d: int, group: int, n_q: int, threads: int):
     return split
 
 
-def _tensor_tile(rows: int, d: int):
-    """(tile, precision) of the tensor variant: one warp per 16 rows of the packed group."""
+def _tensor_kernels(B: int, H_kv: int, rows: int, d: int, page: int, capacity: int, num_splits):
+    """The tensor variant's two launches, for the general and the prepared path: (split kernel, its grid, its
+    threads, merge kernel, splits). One warp per 16 rows of the packed group; chunks from tensor_splits."""
     from . import tensor
+    from .register import grid
 
     precision = tensor.resolve_precision("float16", None, device_limits()["cc"])
     # 16 keys a tile on sm_75 ("k8"), which copies through registers: 32 would spill
     tile = tensor.TensorTile(warps=-(-rows // 16), block_k=16 if precision == "k8" else 32).check(d, precision)
-    return tile, precision
+    splits = tensor_splits(num_splits, B * H_kv, capacity)
+    kernel = tensor.build(d, tile, False, precision, split=True, page=page)
+    return kernel, grid(B, H_kv, rows, tile.block_q, splits), tile.threads, build_merge(d, normalised=True), splits
 
 
 def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
@@ -141,32 +145,28 @@ def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
     (16 * warps rows, batch, K/V head, key chunk); the merge kernel always runs (empty rows: o = 0, lse = inf).
     Returns (run, o, lse, kind): run() launches both kernels on the prepared arrays, again when called again
     (benchmarks time it apart from the checks and copies of a call, as tensor.prepare does)."""
-    from . import tensor
     from ._launch import all_to_device_words
-    from .register import grid
 
     (q_w, k_w, v_w), kind, _ = all_to_device_words((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     B, H, Nq, W = q_w.shape
     pages, page, H_kv, _ = k_w.shape
     rows = H // H_kv * Nq
-    tile, precision = _tensor_tile(rows, 2 * W)
-    splits = tensor_splits(num_splits, B * H_kv, bt_host.shape[1] * page)
+    kernel, g, threads, merge, splits = _tensor_kernels(B, H_kv, rows, 2 * W, page, bt_host.shape[1] * page,
+                                                        num_splits)
     meta = np.zeros((B, 1 + bt_host.shape[1]), np.int32)  # the kernel's n_k: seqlens, then the block table
     meta[:, 0], meta[:, 1:] = sl_host, bt_host
-    kernel = tensor.build(2 * W, tile, False, precision, split=True, page=page)
     q2 = q_w.reshape(B, H_kv, rows, W)
     k2, v2 = k_w.reshape(pages * page, H_kv, W), v_w.reshape(pages * page, H_kv, W)
     new = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
     o, lse = new((B, H, Nq, 2 * W), np.float16), new((B, H, Nq), np.float32)
-    meta_d, g = get_cuda().to_device(meta), grid(B, H_kv, rows, tile.block_q, splits)
+    meta_d = get_cuda().to_device(meta)
     o2, lse2, scale_log2 = o.reshape(B, H_kv, rows, 2 * W), lse.reshape(B, H_kv, rows), np.float32(scale * LOG2E)
     # each chunk's normalised output and lse (decoding.merge_split's layout), allocated once for every run()
     o_part, lse_part = new((B, H_kv, splits, rows, 2 * W), np.float32), new((B, H_kv, splits, rows), np.float32)
     o_view, lse_view = o_part.reshape(B, H_kv * splits, rows, 2 * W), lse_part.reshape(B, H_kv * splits, rows)
-    merge = build_merge(2 * W, normalised=True)
 
     def run():
-        kernel[g, tile.threads](q2, k2, v2, o_view, lse_view, rows, meta_d, H_kv, scale_log2, 0)  # 0: the seed
+        kernel[g, threads](q2, k2, v2, o_view, lse_view, rows, meta_d, H_kv, scale_log2, 0)  # 0: the seed
         merge[(rows, H_kv, B), 2 * W](lse_part, lse_part, o_part, o2, lse2, splits)
 
     return run, o, lse, kind
@@ -316,9 +316,6 @@ class PreparedPaged:
     def __init__(self, q, k_cache, v_cache, block_table, checked, num_splits, threads):
         import torch
 
-        from . import tensor
-        from .register import grid
-
         S = _fast.Spec.contiguous
         (B, H, Nq, d), G, _, _, opt, self.variant = checked
         pages, page, H_kv, _ = k_cache.shape
@@ -333,20 +330,18 @@ class PreparedPaged:
             from ._launch import all_to_device_words
 
             all_to_device_words((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))  # its dtype checks
-            tile, precision = _tensor_tile(rows, d)
-            splits = tensor_splits(num_splits, B * H_kv, self.capacity)
+            kernel, g, block, merge, splits = _tensor_kernels(B, H_kv, rows, d, page, self.capacity, num_splits)
             W = d // 2
             self.meta_shape = (B, 1 + max_pages)
             self.part_shapes = (B, H_kv, splits, rows, d), (B, H_kv, splits, rows)
             o_part, lse_part = S(self.part_shapes[0], np.float32), S(self.part_shapes[1], np.float32)
-            kernel = tensor.build(d, tile, False, precision, split=True, page=page)
             words = [S((B, H_kv, rows, W), np.uint32)] + [S((pages * page, H_kv, W), np.uint32)] * 2
             self.kernels = [
-                _fast.PreparedKernel(kernel, grid(B, H_kv, rows, tile.block_q, splits), tile.threads,
+                _fast.PreparedKernel(kernel, g, block,
                                      words + [o_part.reshape((B, H_kv * splits, rows, d)),
                                               lse_part.reshape((B, H_kv * splits, rows)), rows,
                                               S(self.meta_shape, np.int32), H_kv, scale_log2, 0]),
-                _fast.PreparedKernel(build_merge(d, normalised=True), (rows, H_kv, B), d,
+                _fast.PreparedKernel(merge, (rows, H_kv, B), d,
                                      [lse_part, lse_part, o_part, S((B, H_kv, rows, d), np.float16),
                                       S((B, H_kv, rows), np.float32), splits])]
         else:

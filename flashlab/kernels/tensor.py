@@ -124,6 +124,18 @@ def options_weight(window: bool, softcap: bool, alibi: bool, dropout: bool):
     return "heavy" if alibi or (dropout and (window or softcap)) else "light"
 
 
+def library_weight(options: dict):
+    """options_weight of the library's options as a call gives them (window_size, align, alibi_slopes, softcap,
+    dropout_p; other keys ignored), before their checks, which name bad values: anything that does not read as a
+    plain value here counts as heavy, the safe tile."""
+    try:
+        window = tuple(options["window_size"]) != (-1, -1) or options["align"] != "top_left"
+        return options_weight(window, bool(options["softcap"]), options["alibi_slopes"] is not None,
+                              bool(options["dropout_p"]))
+    except (TypeError, ValueError):
+        return "heavy"
+
+
 def choose_tile(d: int, precision: str, block_q=None, block_k=None, causal: bool = False, extras=False,
                 varlen: bool = False) -> TensorTile:
     """Default tiles, from benchmarks/tensor_experiments.py on an H100 and ptxas's spill counts for sm_90.

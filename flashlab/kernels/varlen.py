@@ -110,16 +110,6 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     return run, o, lse, kind
 
 
-def _weight(extras):
-    """tensor.options_weight of checked options (register.Extras, None for none)."""
-    from .tensor import options_weight
-
-    if extras is None:
-        return False
-    return options_weight(extras.left >= 0 or extras.right >= 0 or extras.bottom_right, extras.softcap > 0,
-                          extras.slopes is not None, extras.dropout_p > 0)
-
-
 class Launch(NamedTuple):
     """The varlen launch beyond q, k, v, o and lse: kernel[grid, threads](q, k, v, o, lse, *tables, *scalars)."""
     kernel: object
@@ -146,6 +136,7 @@ def _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen
     from . import plan as planner
     from .backward import default_variant
     from .register import LOG2E, Extras
+    from .tensor import library_weight
 
     variant = default_variant(q) if variant is None else variant
     if variant not in ("register", "tensor"):
@@ -190,7 +181,8 @@ def _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen
         precision = resolve_precision(dtype, precision, device_limits()["cc"])
     p = planner.plan((n_seq, H, max(longest_q, 1), max(longest_k, 1), d), causal=opt.causal, dtype=dtype,
                      variant=variant, block_q=block_q, block_k=block_k, precision=precision,
-                     extras=_weight(extras), varlen=True)
+                     extras=library_weight(dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes,
+                                                    softcap=softcap, dropout_p=dropout_p)), varlen=True)
     tile = p.config
     table = block_table(cu_q, cu_k, tile.block_q, tile.block_k, opt.causal, opt.align == "bottom_right")
     if variant == "tensor":
