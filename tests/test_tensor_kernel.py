@@ -130,6 +130,41 @@ def test_ldmatrix_gives_each_lane_its_fragment(rng, trans):
 
 
 @cuda.jit
+def _copies(out, src, flat):
+    sh = cuda.shared.array(128, np.uint32)
+    lane = cuda.threadIdx.x
+    view = src[:, 1]  # rows of 8 words, 3 * 8 words apart in memory: a strided view, as varlen's K and V
+    row, col = lane // 2, (lane % 2) * 4
+    ok = row < 12  # the last 4 rows are past the end: zero-filled
+    if flat:
+        mma.cp_async16_flat(sh, lane * 4, view, row * (view.strides[0] // 4) + col if ok else col, 16 if ok else 0)
+    else:
+        mma.cp_async16(sh, lane * 4, view, row if ok else 0, col, 16 if ok else 0)
+    mma.cp_async_commit()
+    mma.cp_async_wait(0)
+    cuda.syncthreads()
+    for i in range(4):
+        out[lane * 4 + i] = sh[lane * 4 + i]
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_cp_async_copies_rows_of_a_strided_view(rng, flat):
+    src = rng.integers(0, 2**32, size=(16, 3, 8), dtype=np.uint32)
+    out = np.full(128, 7, np.uint32)
+    _copies[1, 32](out, src, flat)
+    want = np.zeros((16, 8), np.uint32)
+    want[:12] = src[:12, 1]
+    np.testing.assert_array_equal(out.reshape(16, 8), want)
+
+
+@pytest.mark.skipif(has_gpu(), reason="the simulator's emulation checks the offset; a GPU copies what it is given")
+def test_cp_async16_flat_refuses_an_offset_across_rows():
+    src = np.zeros((4, 8), np.uint32)
+    with pytest.raises(ValueError, match="not 4 elements inside one row"):
+        mma.cp_async16_flat(np.zeros(8, np.uint32), 0, src, 6, 16)
+
+
+@cuda.jit
 def _helpers(out_bits, out_f, x, y):
     lane = cuda.threadIdx.x
     out_bits[lane, 0] = mma.pack_f16x2(x[lane], y[lane])
@@ -261,7 +296,7 @@ SIM_CASES = [
     ("3xtf32", 37, 21, 16, True, TensorTile(2, 16), 1.0),  # fp32 accuracy, causal, Nq > Nk
     ("3xtf32", 9, 40, 16, False, TensorTile(1, 32), 30.0),  # huge logits (scores ~ 1e2)
     ("f16", 9, 40, 16, True, TensorTile(1, 16), 8.0),  # large logits in float16
-    ("tf32", 19, 24, 16, False, TensorTile(1, 16), 1.0),  # one tf32 pass: ~1e-3
+    ("tf32", 19, 40, 16, False, TensorTile(1, 16), 1.0),  # one tf32 pass: ~1e-3; 3 key tiles (copies after compute)
     # two m-tiles per warp: each K / V fragment read feeds both
     ("f16", 45, 37, 32, True, TensorTile(1, 16, m_tiles=2), 1.0),  # causal, Nq > Nk, rows past Nq in m-tile 2
     ("bf16", 19, 50, 16, False, TensorTile(2, 32, m_tiles=2), 1.0),  # one block of 64 rows, ragged

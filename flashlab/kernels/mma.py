@@ -16,6 +16,7 @@ assembly. Each function below is one such instruction (or a short fixed sequence
     r0, r1, r2, r3 = ldmatrix_x4(shared, i)             # four 8x8 16-bit matrices from shared memory
     r0, r1, r2, r3 = ldmatrix_x4_trans(shared, i)       # the same, each transposed (for V in P @ V)
     cp_async16(shared, i, array2d, row, col, nbytes)    # 16 bytes global -> shared, asynchronously (sm_80+)
+    cp_async16_flat(shared, i, array2d, offset, nbytes) # the same from element `offset` of array2d's memory
     cp_async_commit(); cp_async_wait(1)                 # close a group of copies; wait for all but 1 group
 
 All mma accumulate in fp32. a*/b* of the 16-bit forms are uint32 registers holding two values (the lower
@@ -62,7 +63,7 @@ _MODEL = {"f16_m16n8k16": ("m16n8k16", "float16"), "bf16_m16n8k16": ("m16n8k16",
           "f16_m16n8k8": ("m16n8k8", "float16"), "tf32_m16n8k8": ("m16n8k8", "tf32")}
 # Minimum compute capability of each instruction (PTX ISA, "Warp-level matrix multiply-accumulate").
 MIN_CC = {"f16_m16n8k16": (8, 0), "bf16_m16n8k16": (8, 0), "f16_m16n8k8": (7, 5), "f16_m16n8k8x2": (7, 5),
-          "tf32_m16n8k8": (8, 0), "cp_async16": (8, 0),
+          "tf32_m16n8k8": (8, 0), "cp_async16": (8, 0), "cp_async16_flat": (8, 0),
           "pack_bf16x2": (8, 0), "round_tf32": (8, 0), "unpack_f16x2": (7, 5), "unpack_bf16x2": (7, 5)}
 
 PACK_F16X2 = "{ .reg .b16 lo, hi; cvt.rn.f16.f32 lo, $1; cvt.rn.f16.f32 hi, $2; mov.b32 $0, {lo, hi}; }"
@@ -72,15 +73,15 @@ UNPACK_F16X2 = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cv
 # a bfloat16 is the top half of a float32: shift the low value up, mask the high one
 UNPACK_BF16X2 = "{ .reg .b32 lo, hi; shl.b32 lo, $2, 16; and.b32 hi, $2, 0xFFFF0000; mov.b32 $0, lo; mov.b32 $1, hi; }"
 # ldmatrix reads four 8x8 matrices of 16-bit values from shared memory; lane 8*i + r gives the address of
-# row r of matrix i (16 bytes, 16-byte aligned). The address must be in the shared window: cvta converts.
-_LDMATRIX = ("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, $4; cvt.u32.u64 s, a; "
-             "ldmatrix.sync.aligned.m8n8.x4%s.shared.b16 {$0,$1,$2,$3}, [s]; }")
+# row r of matrix i (16 bytes, 16-byte aligned). Shared addresses are 32-bit offsets into the shared window;
+# the intrinsics compute them in LLVM (an address-space cast, not a cvta inside the asm), so that ptxas sees
+# base + constant and folds the constant into the instruction (LDSM [R+0x20]) instead of adding it each time.
+_LDMATRIX = "ldmatrix.sync.aligned.m8n8.x4%s.shared.b16 {$0,$1,$2,$3}, [$4];"
 LDMATRIX_X4, LDMATRIX_X4_TRANS = _LDMATRIX % "", _LDMATRIX % ".trans"
 # cp.async copies 16 bytes from global to shared memory without passing through registers; the copies of
 # one thread form groups (commit_group), and wait_group n waits until at most n of its groups are pending.
 # A source size of 0 writes 16 zero bytes (rows past the end of the input).
-CP_ASYNC = ("{ .reg .u64 s, g; .reg .u32 d; cvta.to.shared.u64 s, $0; cvt.u32.u64 d, s; "
-            "cvta.to.global.u64 g, $1; cp.async.cg.shared.global [d], [g], 16, $2; }")
+CP_ASYNC = "{ .reg .u64 g; cvta.to.global.u64 g, $1; cp.async.cg.shared.global [$0], [g], 16, $2; }"
 CP_ASYNC_COMMIT = "cp.async.commit_group;"
 CP_ASYNC_WAIT = "cp.async.wait_group %d;"
 SHFL_XOR = "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;"  # all 32 lanes take part
@@ -98,6 +99,12 @@ def _gpu_functions():
         from numba.core.extending import intrinsic
 
     f32, i32 = ir.FloatType(), ir.IntType(32)
+
+    def shared_address(context, builder, array_type, array, index):
+        """The 32-bit shared-window address of element `index` of a shared array: its generic pointer cast to
+        the shared address space (LLVM's addrspace 3; NVPTX then uses the array's symbol directly)."""
+        ptr = builder.gep(context.make_array(array_type)(context, builder, array).data, [index])
+        return builder.ptrtoint(builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, addrspace=3)), i32)
 
     def mma_codegen(ptx, n_in, tf32):
         def codegen(context, builder, signature, llargs):
@@ -160,27 +167,40 @@ def _gpu_functions():
     def ldmatrix_intrinsic(ptx):
         def typer(typingctx, array, index):
             def codegen(context, builder, signature, args):
-                data = context.make_array(signature.args[0])(context, builder, args[0]).data
-                address = builder.ptrtoint(builder.gep(data, [args[1]]), ir.IntType(64))
-                fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)])
-                res = builder.call(ir.InlineAsm(fnty, ptx, "=r,=r,=r,=r,l,~{memory}", side_effect=True), [address])
+                address = shared_address(context, builder, signature.args[0], args[0], args[1])
+                fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+                res = builder.call(ir.InlineAsm(fnty, ptx, "=r,=r,=r,=r,r,~{memory}", side_effect=True), [address])
                 return context.make_tuple(builder, signature.return_type,
                                           [builder.extract_value(res, i) for i in range(4)])
             return types.UniTuple(types.uint32, 4)(array, types.intp), codegen
         return intrinsic(typer)
+
+    def copy16(builder, dst_address, src_ptr, src_bytes):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(ir.VoidType(), [i32, i64, i32])
+        builder.call(ir.InlineAsm(fnty, CP_ASYNC, "r,l,r,~{memory}", side_effect=True),
+                     [dst_address, builder.ptrtoint(src_ptr, i64), src_bytes])
 
     @intrinsic
     def cp_async16(typingctx, dst, dst_index, src, row, col, src_bytes):
         sig = types.void(dst, types.intp, src, types.intp, types.intp, types.int32)
 
         def codegen(context, builder, signature, args):
-            dst_ptr = builder.gep(context.make_array(signature.args[0])(context, builder, args[0]).data, [args[1]])
             src_ary = context.make_array(signature.args[2])(context, builder, args[2])
             src_ptr = cgutils.get_item_pointer(context, builder, signature.args[2], src_ary, [args[3], args[4]])
-            i64 = ir.IntType(64)
-            fnty = ir.FunctionType(ir.VoidType(), [i64, i64, i32])
-            builder.call(ir.InlineAsm(fnty, CP_ASYNC, "l,l,r,~{memory}", side_effect=True),
-                         [builder.ptrtoint(dst_ptr, i64), builder.ptrtoint(src_ptr, i64), args[5]])
+            copy16(builder, shared_address(context, builder, signature.args[0], args[0], args[1]), src_ptr, args[5])
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def cp_async16_flat(typingctx, dst, dst_index, src, offset, src_bytes):
+        """src's element `offset` counted from its first element in memory (row * row stride + col for a 2-D
+        view): the caller adds a constant per copy where cp_async16 multiplies row by the stride each time."""
+        sig = types.void(dst, types.intp, src, types.intp, types.int32)
+
+        def codegen(context, builder, signature, args):
+            src_ptr = builder.gep(context.make_array(signature.args[2])(context, builder, args[2]).data, [args[3]])
+            copy16(builder, shared_address(context, builder, signature.args[0], args[0], args[1]), src_ptr, args[4])
             return context.get_dummy_value()
         return sig, codegen
 
@@ -209,7 +229,8 @@ def _gpu_functions():
     fns.update(pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, round_tf32=round_tf32, shfl_xor=shfl_xor,
                unpack_f16x2=unpack_intrinsic(UNPACK_F16X2), unpack_bf16x2=unpack_intrinsic(UNPACK_BF16X2),
                ldmatrix_x4=ldmatrix_intrinsic(LDMATRIX_X4), ldmatrix_x4_trans=ldmatrix_intrinsic(LDMATRIX_X4_TRANS),
-               cp_async16=cp_async16, cp_async_commit=cp_async_commit, cp_async_wait=cp_async_wait)
+               cp_async16=cp_async16, cp_async16_flat=cp_async16_flat, cp_async_commit=cp_async_commit,
+               cp_async_wait=cp_async_wait)
     return fns
 
 
@@ -289,6 +310,12 @@ class _Warp:
             if isinstance(self.result, Exception):
                 raise type(self.result)(str(self.result))
             return self.result[lane]
+
+
+def _address(view) -> int:
+    """The address of a simulator array view's first element (a NumPy array, or numba's fake device array)."""
+    view = getattr(view, "_ary", view)
+    return view.__array_interface__["data"][0]
 
 
 def _lane_and_warp(op):
@@ -373,9 +400,23 @@ def _sim_functions():
         return load
 
     def cp_async16(dst, dst_index, src, row, col, src_bytes):
-        """The copy happens at once: a kernel that waits and syncs before reading sees the same data."""
+        """The copy happens at once: a kernel that waits and syncs before reading sees the same data. Both
+        addresses must be 16-byte aligned, as on the GPU (which stops with a misaligned-address error)."""
         i, c = int(dst_index), int(col)
-        dst[i:i + 4] = src[int(row), c:c + 4] if int(src_bytes) else 0
+        source = src[int(row), c:c + 4]
+        for name, where in (("shared", dst[i:i + 4]), ("global", source)):
+            if _address(where) % 16:
+                raise ValueError(f"cp_async16: the {name} address is not 16-byte aligned (shared index {i}, "
+                                 f"source row {int(row)}, column {c})")
+        dst[i:i + 4] = source if int(src_bytes) else 0
+
+    def cp_async16_flat(dst, dst_index, src, offset, src_bytes):
+        """As cp_async16, with the source given as an element offset into a 2-D view with contiguous rows."""
+        row, col = divmod(int(offset), src.strides[0] // src.itemsize)
+        if src.strides[1] != src.itemsize or col + 4 > src.shape[1]:
+            raise ValueError(f"cp_async16_flat: offset {offset} is not 4 elements inside one row of a view with "
+                             f"strides {src.strides}, shape {src.shape}")
+        cp_async16(dst, dst_index, src, row, col, src_bytes)
 
     def cp_async_commit():
         pass
@@ -393,7 +434,8 @@ def _sim_functions():
     fns.update(pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, round_tf32=round_tf32, shfl_xor=shfl_xor,
                unpack_f16x2=unpack("float16"), unpack_bf16x2=unpack("bfloat16"),
                ldmatrix_x4=ldmatrix(False), ldmatrix_x4_trans=ldmatrix(True),
-               cp_async16=cp_async16, cp_async_commit=cp_async_commit, cp_async_wait=cp_async_wait)
+               cp_async16=cp_async16, cp_async16_flat=cp_async16_flat, cp_async_commit=cp_async_commit,
+               cp_async_wait=cp_async_wait)
     return fns
 
 
@@ -407,4 +449,5 @@ pack_f16x2, pack_bf16x2 = _FNS["pack_f16x2"], _FNS["pack_bf16x2"]
 unpack_f16x2, unpack_bf16x2 = _FNS["unpack_f16x2"], _FNS["unpack_bf16x2"]
 round_tf32, shfl_xor = _FNS["round_tf32"], _FNS["shfl_xor"]
 ldmatrix_x4, ldmatrix_x4_trans = _FNS["ldmatrix_x4"], _FNS["ldmatrix_x4_trans"]
-cp_async16, cp_async_commit, cp_async_wait = _FNS["cp_async16"], _FNS["cp_async_commit"], _FNS["cp_async_wait"]
+cp_async16, cp_async16_flat = _FNS["cp_async16"], _FNS["cp_async16_flat"]
+cp_async_commit, cp_async_wait = _FNS["cp_async_commit"], _FNS["cp_async_wait"]

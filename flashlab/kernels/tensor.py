@@ -203,6 +203,10 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     CPR = W // 4  # 16-byte chunks per row (async copies)
     CHUNKS = BK * CPR
     CHUNK_ITERS, CHUNKS_EVEN = -(-CHUNKS // NT), CHUNKS % NT == 0
+    # the block's copies move down the tile by RSTEP rows per iteration, each thread keeping its column chunk:
+    # source offsets then grow by a constant (a paged cache finds each row through the block table instead)
+    LINEAR = ASYNC and NT % CPR == 0 and page == 0
+    RSTEP = NT // CPR
     LOADS, LOADS_EVEN = -(-(BK * W) // NT), (BK * W) % NT == 0  # words per thread (copies through registers)
     UW, URS, UBK, UBQ = U(W), U(RS), U(BK), U(BQ)  # unsigned: no negative-index checks
     CAUSAL = causal
@@ -305,13 +309,28 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         n_tiles = (k_end + UBK - U(1)) // UBK
         if SPLIT_KV or EXTRA:
             n_tiles = (k_end - k_begin + UBK - U(1)) // UBK if k_end > k_begin else U(0)
+        # LINEAR copies: this thread's first row and column chunk in a tile, and K's and V's row strides in words
+        copy_row, copy_col = tid // U(CPR), (tid % U(CPR)) * U(4)
+        kstride, vstride = U(kh.strides[0]) // U(4), U(vh.strides[0]) // U(4)
         kbuf = cuda.local.array(LOADS, DT)  # the synchronous copy's words in flight (ASYNC: unused)
         vbuf = cuda.local.array(LOADS, DT)
         for j in range(n_tiles + U(LAG)):
             cuda.syncthreads()  # everyone is done with the stage this copy overwrites
             if j < n_tiles:  # copy K/V tile j to stage j % 2; rows past Nk become zeros (0 * garbage = NaN)
                 kc, st = k_begin + j * UBK, (j % U(2)) * U(STAGE) if ASYNC else U(0)
-                if ASYNC:  # 16 bytes per copy; consecutive threads take consecutive chunks of a row
+                if LINEAR:  # this thread copies chunk copy_col of rows copy_row, copy_row + RSTEP, ...
+                    ksrc, vsrc = (kc + copy_row) * kstride + copy_col, (kc + copy_row) * vstride + copy_col
+                    for it in range(CHUNK_ITERS):
+                        row = copy_row + U(it * RSTEP)
+                        if CHUNKS_EVEN or row < UBK:
+                            ok = kc + row < nk
+                            nbytes = 16 if ok else 0
+                            dst = st + row * URS + copy_col
+                            kat = ksrc + U(it * RSTEP) * kstride if ok else copy_col  # one add per copy
+                            vat = vsrc + U(it * RSTEP) * vstride if ok else copy_col
+                            mma.cp_async16_flat(sh, dst, kh, kat, nbytes)
+                            mma.cp_async16_flat(sh, dst + U(VO), vh, vat, nbytes)
+                elif ASYNC:  # 16 bytes per copy; consecutive threads take consecutive chunks of a row
                     for it in range(CHUNK_ITERS):
                         e = U(it * NT) + tid
                         if CHUNKS_EVEN or e < U(CHUNKS):
