@@ -1,0 +1,52 @@
+"""Where a kernel's instructions and stalls go, from Nsight Compute's per-instruction (SASS) counters.
+
+    ncu --kernel-name regex:flash_fwd_tensor --launch-skip 1 --launch-count 1 --section SourceCounters \
+        --section WarpStateStats -o fwd python benchmarks/profile_forward.py tensor 64 --dtype float16
+    ncu -i fwd.ncu-rep --page source --print-source sass --csv > fwd_sass.csv
+    python benchmarks/sass_mix.py fwd_sass.csv
+
+Prints the share of stall samples by reason, then by opcode, and the instruction mix of the main loop's body:
+the instructions executed as often as the most frequent count (one per warp per key tile).
+"""
+import collections
+import csv
+import sys
+
+
+def opcode(sass: str) -> str:
+    words = sass.split()
+    word = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]  # skip a predicate
+    return word.split(".")[0]
+
+
+def main(path):
+    rows = list(csv.reader(open(path)))
+    header = next(r for r in rows if "Address" in r and "Source" in r)
+    ix = {h: i for i, h in enumerate(header)}
+    body = [r for r in rows[rows.index(header) + 1:] if len(r) == len(header) and r[ix["Source"]].strip()]
+    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    samples = collections.Counter()
+    by_op = collections.Counter()
+    executed = {}
+    for r in body:
+        op, n = opcode(r[ix["Source"]]), int(r[ix["Warp Stall Sampling (All Samples)"]] or 0)
+        by_op[op] += n
+        executed[r[ix["Address"]]] = (op, int(r[ix["Instructions Executed"]] or 0))
+        for h in reasons:
+            samples[h] += int(r[ix[h]] or 0)
+    total = sum(samples.values()) or 1
+    print("stall samples by reason:")
+    for h, n in samples.most_common(8):
+        print(f"  {h[6:]:20s} {n / total:6.1%}")
+    print("stall samples by opcode:")
+    for op, n in by_op.most_common(10):
+        print(f"  {op:10s} {n / total:6.1%}")
+    counts = collections.Counter(n for _, n in executed.values() if n)
+    loop = counts.most_common(1)[0][0]  # the loop body's instructions all run once per warp and tile
+    mix = collections.Counter(op for op, n in executed.values() if n == loop)
+    print(f"loop body: {sum(mix.values())} instructions (each executed {loop} times)")
+    print("  " + ", ".join(f"{op} {n}" for op, n in mix.most_common(14)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
