@@ -3,14 +3,17 @@
     ncu --kernel-name regex:flash_fwd_tensor --launch-skip 1 --launch-count 1 --section SourceCounters \
         --section WarpStateStats -o fwd python benchmarks/profile_forward.py tensor 64 --dtype float16
     ncu -i fwd.ncu-rep --page source --print-source sass --csv > fwd_sass.csv
-    python benchmarks/sass_mix.py fwd_sass.csv
+    python benchmarks/sass_mix.py fwd_sass.csv [--json mix.json --label after]
 
 Prints the share of stall samples by reason, then by opcode, and the instruction mix of the main loop's body:
-the instructions executed as often as the most frequent count (one per warp per key tile).
+the instructions executed as often as the most frequent count (one per warp per key tile). --json adds the
+loop body's opcode counts under --label to a JSON file (lesson 15 plots flashlab/data/h100_sass_mix.json).
 """
+import argparse
 import collections
 import csv
-import sys
+import json
+from pathlib import Path
 
 
 def opcode(sass: str) -> str:
@@ -19,7 +22,7 @@ def opcode(sass: str) -> str:
     return word.split(".")[0]
 
 
-def main(path):
+def main(path, json_path=None, label=None):
     rows = list(csv.reader(open(path)))
     header = next(r for r in rows if "Address" in r and "Source" in r)
     ix = {h: i for i, h in enumerate(header)}
@@ -46,7 +49,17 @@ def main(path):
     mix = collections.Counter(op for op, n in executed.values() if n == loop)
     print(f"loop body: {sum(mix.values())} instructions (each executed {loop} times)")
     print("  " + ", ".join(f"{op} {n}" for op, n in mix.most_common(14)))
+    if json_path:
+        path = Path(json_path)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data.setdefault("loop_body", {})[label] = dict(mix.most_common())
+        path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--json")
+    ap.add_argument("--label", default="run")
+    a = ap.parse_args()
+    main(a.csv, a.json, a.label)

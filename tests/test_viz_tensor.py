@@ -273,3 +273,27 @@ def test_missing_benchmark_files_give_empty_data_and_a_note(tmp_path):
     ax = T.plot_mma_ceiling({}).axes[0]
     assert any("no mma ceiling data" in t.get_text() for t in ax.texts)
     assert T.ceiling_shares([], {}) == {}
+
+
+def test_instruction_mix_groups_every_opcode_and_draws_the_committed_counts(tmp_path):
+    import json
+
+    raw = json.loads(T.SASS_MIX_JSON.read_text())
+    data = T.load_sass_mix()
+    assert set(data["loop_body"]) == {"before", "after"} and set(data["labels"]) == {"before", "after"}
+    for label, counts in data["loop_body"].items():
+        groups = T.instruction_groups(counts)
+        assert sum(groups.values()) == sum(counts.values())  # every opcode lands in exactly one group
+        assert groups["tensor cores (HMMA)"] == counts["HMMA"] == raw["loop_body"][label]["HMMA"]
+    before, after = (T.instruction_groups(data["loop_body"][x]) for x in ("before", "after"))
+    integer = "integer: addresses, indices, compares"
+    assert after[integer] < before[integer] / 2  # what lesson 15 says: the integer work fell by more than half
+    assert after["tensor cores (HMMA)"] == before["tensor cores (HMMA)"]
+    assert after["softmax arithmetic"] == before["softmax arithmetic"]
+    ax = T.plot_instruction_mix(data)
+    totals = [t.get_text() for t in ax.texts if t.get_text().endswith("in all")]
+    assert totals == [f"{sum(data['loop_body'][x].values())} in all" for x in ("before", "after")]
+    assert T.instruction_groups({"XYZ": 3})["other"] == 3
+    assert T.load_sass_mix(tmp_path / "none.json") is None
+    ax = T.plot_instruction_mix(None)
+    assert any("no instruction counts" in t.get_text() for t in ax.texts)

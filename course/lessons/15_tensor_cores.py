@@ -329,6 +329,33 @@ plt.show()
 print(tviz.source_between(src, "for j in range(n_tiles + U(LAG))", "# S = Q K^T for this warp"))
 
 # %% [markdown]
+# **What the copies and loads cost in instructions.** Bytes are not the only price: every address a thread
+# computes is an instruction too. Nsight Compute counts how often each machine (SASS) instruction ran, and
+# `benchmarks/sass_mix.py` turns that into the mix of the loop body, one warp and one key tile, of the
+# float16 forward at d = 64. It was measured before and after one change to the code above:
+# - **Before,** `cp_async16(shared, i, K, row, col, n)` multiplied row by K's row stride in 64-bit integers
+#   for every copy, and `ldmatrix` turned its generic address into a shared one inside its inline assembly,
+#   where ptxas could not see the constant offsets.
+# - **After,** a thread copies the same column chunk in every tile, so its source offset grows by a constant
+#   (`cp_async16_flat`), and the intrinsics compute 32-bit shared addresses before the assembly, so ptxas
+#   folds each constant into the instruction (`LDSM [R+0x20]`).
+#
+# The tensor-core and softmax instructions did not change. The integer ones fell by more than half, and the
+# forward at d = 64 ran 1.085× faster on an H100 (`docs/gpu-runs-issue14.md`, "Fifth session"). FA2's CUDA
+# C++ does the same through CuTe's layouts: each thread's pointers into K and V are computed once and moved
+# by one tile of rows per iteration (`flash_fwd_kernel.h`).
+
+# %%
+mix = tviz.load_sass_mix()
+tviz.plot_instruction_mix(mix)
+plt.show()
+if mix:
+    for label, counts in mix["loop_body"].items():
+        groups = tviz.instruction_groups(counts)
+        print(f"{label:6s}: {sum(counts.values())} instructions per warp and tile, {counts.get('HMMA', 0)} of them "
+              f"mma, {groups['integer: addresses, indices, compares']} integer ({mix['labels'][label]})")
+
+# %% [markdown]
 # **Step 3. S = QKᵀ on tensor cores.** For each k-step of d and each 8-key n-tile: the lane's A registers
 # (Q), two B registers (K, from one `ldmatrix_x4` for two n-tiles, used by each of the warp's m-tiles), and
 # the n-tile's four C registers, which accumulate over the k-steps. The fp32 path (tf32) reads K's B values with plain shared loads and, for

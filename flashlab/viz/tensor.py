@@ -6,11 +6,12 @@ formats    format_errors, plot_format_errors (fp16, bf16, 1xTF32, 3xTF32 product
 kernel     plot_double_buffer, source_between (a commented section of a function's source)
 speed      load_mma_ceiling, load_tensor_results, plot_mma_ceiling, plot_tensor_speed, ceiling_shares,
            plot_ceiling_shares, mma_roofs (lesson 10's roofline)
+mix        load_sass_mix, instruction_groups, plot_instruction_mix (the loop body's SASS, before / after)
 
 Measured data, package data so that a pip-installed flashlab (Colab) has it too:
 flashlab/data/h100_mma_ceiling.csv (benchmarks/mma_ceiling.py) and flashlab/data/h100_tensor.csv
-(benchmarks/bench_kernels.py --parts tensor). A missing file makes the loaders return [] and the plots
-say so.
+(benchmarks/bench_kernels.py --parts tensor), flashlab/data/h100_sass_mix.json (benchmarks/sass_mix.py). A
+missing file makes the loaders return [] (or None) and the plots say so.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ._base import explore, own_axes, subplots, text_color_on
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 MMA_CSV, TENSOR_CSV = DATA / "h100_mma_ceiling.csv", DATA / "h100_tensor.csv"
+SASS_MIX_JSON = DATA / "h100_sass_mix.json"
 LAYOUTS = {"f16": ("m16n8k16", "float16"), "tf32": ("m16n8k8", "tf32")}  # the kernel's two mma shapes
 
 
@@ -671,4 +673,61 @@ def plot_backward_speed(data: dict, n: int = 4096, ax=None):
     ax.set_ylabel("% of torch SDPA's backward")
     ax.set_title(f"tensor-core backward, B1 H16 N{n}, {data['gpu']}")
     ax.legend(fontsize=8)
+    return ax
+
+
+# ------------------------------------------------------------------------------------------ mix
+# SASS opcodes by what they do for the kernel (anything else counts as "other")
+OPCODE_GROUPS = {
+    "tensor cores (HMMA)": ("HMMA",),
+    "softmax arithmetic": ("FMNMX", "FMUL", "FADD", "FFMA", "MUFU", "F2FP", "SHFL"),
+    "shared-memory loads and copies": ("LDSM", "LDS", "LDGSTS", "LDGDEPBAR", "DEPBAR", "BAR"),
+    "integer: addresses, indices, compares": ("IMAD", "IADD3", "LEA", "MOV", "SHF", "SEL", "ISETP", "LOP3", "IABS",
+                                               "VIADD", "UMOV", "ULEA", "UIADD3", "UIMAD", "S2UR", "CS2R"),
+}
+
+
+def load_sass_mix(path=None) -> dict | None:
+    """flashlab/data/h100_sass_mix.json: the tensor forward's loop body, {label: {opcode: count}} under
+    "loop_body", with the GPU and kernel it was measured on; None without the file."""
+    import json
+
+    path = Path(path or SASS_MIX_JSON)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def instruction_groups(counts: dict) -> dict:
+    """{group: instructions} of one loop body's {opcode: count}, in OPCODE_GROUPS's order, then "other"."""
+    out = {name: 0 for name in OPCODE_GROUPS}
+    out["other"] = 0
+    for op, n in counts.items():
+        group = next((name for name, ops in OPCODE_GROUPS.items() if op in ops), "other")
+        out[group] += int(n)
+    return out
+
+
+def plot_instruction_mix(data: dict, ax=None):
+    """Stacked bars: the instructions of one loop iteration (one warp, one key tile) by group, per label."""
+    fig, ax = own_axes(ax, width=8, height=2.8)
+    if not data:
+        _no_data(ax, "instruction counts")
+        return ax
+    labels = list(data["loop_body"])
+    colors = ["#d62728", "#1f77b4", "#2ca02c", "#7f7f7f", "#c7c7c7"]
+    left = np.zeros(len(labels))
+    for (name, color) in zip(list(OPCODE_GROUPS) + ["other"], colors):
+        widths = np.array([instruction_groups(data["loop_body"][lb])[name] for lb in labels], float)
+        ax.barh(labels, widths, left=left, color=color, label=name)
+        for y, (x0, w) in enumerate(zip(left, widths)):
+            if w >= 30:
+                ax.text(x0 + w / 2, y, f"{int(w)}", ha="center", va="center", fontsize=8,
+                        color=text_color_on(plt.matplotlib.colors.to_rgba(color)))
+        left += widths
+    for y, total in enumerate(left):
+        ax.text(total + 8, y, f"{int(total)} in all", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, left.max() * 1.18)
+    ax.set_xlabel("SASS instructions per warp and key tile (the loop body)")
+    ax.set_title(f"{data['kernel']}\n{data['gpu']}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=3, frameon=False)
     return ax
