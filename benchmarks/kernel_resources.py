@@ -5,6 +5,7 @@ capabilities 7.5 (T4), 8.0 (A100) and 9.0 (H100), compiled without a GPU:
     python benchmarks/kernel_resources.py            # writes flashlab/data/kernel_resources.csv
     python benchmarks/kernel_resources.py --check    # compiles nothing: lists configurations without a row
     python benchmarks/kernel_resources.py --missing  # compiles only those, and keeps the other rows as they are
+    python benchmarks/kernel_resources.py --variant tensor  # recompiles one variant's rows (after a change to it)
 
 numba-cuda turns each kernel into PTX for the asked compute capability (numba.cuda.compile_ptx, which needs
 NVRTC/NVVM but no driver) and NVIDIA's assembler `ptxas -v` reports what the compiled kernel uses. The
@@ -103,6 +104,7 @@ def main(argv=None):
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--check", action="store_true", help="list the configurations that have no row; compile nothing")
     ap.add_argument("--missing", action="store_true", help="compile only the configurations without a row")
+    ap.add_argument("--variant", help="recompile only this variant's configurations; keep the other rows")
     args = ap.parse_args(argv)
     _compile_only()
     from flashlab.bench import write_csv
@@ -119,12 +121,16 @@ def main(argv=None):
     version = ptxas_version()
     print(f"{len(keys)} configurations, ptxas {version}, {args.jobs} processes", flush=True)
     rows = []
-    if args.missing:  # keep every existing row; compile the rest
+    if args.missing or args.variant:  # keep the existing rows that are not recompiled
         import csv
 
         with open(plan.RESOURCES_CSV, newline="") as f:
             rows = list(csv.DictReader(f))
-        keys = missing
+        if args.variant:
+            rows = [r for r in rows if r["variant"] != args.variant]
+            keys = [k for k in keys if k[0] == args.variant]
+        else:
+            keys = missing
     from tqdm.auto import tqdm
 
     with ProcessPoolExecutor(args.jobs, initializer=_init) as pool:
