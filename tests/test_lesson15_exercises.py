@@ -12,7 +12,8 @@ from flashlab.device import has_gpu
 from flashlab.grading import EXERCISES, check
 
 STEM = "15_tensor_cores"
-NUMPY_EXERCISES = ("fragment_position", "warp_mma", "split_tf32", "matmul_3xtf32", "ds_source", "backward_tile_bytes")
+NUMPY_EXERCISES = ("fragment_position", "warp_mma", "split_tf32", "matmul_3xtf32", "ds_source", "backward_tile_bytes",
+                   "copy_plan")
 SEEDS = (1, 2, 3)
 SOLUTIONS = load_exercise(STEM)
 MUTANTS = {}  # exercise -> [(what the learner got wrong, function, words the verdict must contain)]
@@ -311,6 +312,75 @@ def test_the_tile_checkers_formula_is_the_kernels():
                             tile = BackwardTile(warps, bq, stages, v_shared)
                             assert tile_words(d, bq, tile.block_k, stages, v_shared, wide) == \
                                 tile.shared_words(d, precision), (d, precision, tile)
+
+
+# -- 8: the forward's K/V copies ----------------------------------------------------------------------
+_plan = SOLUTIONS["copy_plan"]
+
+
+@mutant("copy_plan", "padded by 4 words")
+def plan_unpadded(tid, threads, d, block_k, k0, n_k, row_stride, wide):
+    """shared rows W words apart instead of W + 4"""
+    W = d if wide else d // 2
+    return [((s // (W + 4)) * W + s % (W + 4), src, n) for s, src, n in _plan(tid, threads, d, block_k, k0, n_k,
+                                                                              row_stride, wide)]
+
+
+@mutant("copy_plan", "row_stride words apart")
+def plan_contiguous_source(tid, threads, d, block_k, k0, n_k, row_stride, wide):
+    """the source's rows taken as W words apart, whatever row_stride says"""
+    return _plan(tid, threads, d, block_k, k0, n_k, d if wide else d // 2, wide)
+
+
+@mutant("copy_plan", "consecutive 16-byte chunks of one row")
+def plan_rows_first(tid, threads, d, block_k, k0, n_k, row_stride, wide):
+    """consecutive threads on consecutive rows (column = tid // rows per step): uncoalesced"""
+    W = d if wide else d // 2
+    rows = threads // (W // 4)
+    out, row, col = [], tid % rows, 4 * (tid // rows)
+    while row < block_k:
+        ok = k0 + row < n_k
+        out.append((row * (W + 4) + col, (k0 + row) * row_stride + col if ok else col, 16 if ok else 0))
+        row += rows
+    return out
+
+
+@mutant("copy_plan", "0 bytes")
+def plan_copies_past_the_end(tid, threads, d, block_k, k0, n_k, row_stride, wide):
+    """rows past n_k read 16 bytes from past the end"""
+    W = d if wide else d // 2
+    return [(s, src if n else (k0 + s // (W + 4)) * row_stride + src, 16) for s, src, n in
+            _plan(tid, threads, d, block_k, k0, n_k, row_stride, wide)]
+
+
+def test_the_copy_checkers_plan_is_the_kernels(rng, monkeypatch):
+    """The checker's copy_plan is what the tensor forward copies: every cp_async16_flat call of a simulated launch
+    (two K/V tiles, the second past the keys) is a (shared word, source word, bytes) of the plan, K's at the
+    tile's stage and V's block_k padded rows further on."""
+    if has_gpu():
+        pytest.skip("records the simulator's copies")
+    from flashlab.grading.l15_tensor_cores import copy_plan
+    from flashlab.kernels import mma, tensor
+
+    d, block_k, n_k, tile = 16, 16, 20, tensor.TensorTile(1, 16)
+    W = d // 2
+    stage, vo = 2 * block_k * (W + 4), block_k * (W + 4)
+    seen, copy = [], mma.cp_async16_flat
+
+    def recording(dst, dst_index, src, offset, src_bytes):
+        seen.append((int(dst_index), int(offset), int(src_bytes)))
+        return copy(dst, dst_index, src, offset, src_bytes)
+
+    monkeypatch.setattr(mma, "cp_async16_flat", recording)
+    q, k, v = (rng.standard_normal((1, 1, n, d)).astype(np.float16) for n in (16, n_k, n_k))
+    tensor.forward(q, k, v, block_q=16, block_k=block_k)
+    want = []
+    for j, k0 in enumerate(range(0, n_k, block_k)):
+        for tid in range(tile.threads):
+            for s, src, n in copy_plan(tid, tile.threads, d, block_k, k0, n_k, W, False):
+                want += [((j % 2) * stage + s, src, n), ((j % 2) * stage + vo + s, src, n)]
+    assert sorted(seen) == sorted(want)
+    assert any(n == 0 for _, _, n in want) and any(n == 16 for _, _, n in want)
 
 
 def test_the_ds_checkers_map_is_the_lessons():

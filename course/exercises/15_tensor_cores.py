@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Exercises 15: tensor cores from Python
 #
-# Goes with lesson [15 tensor cores from Python](../notebooks/15_tensor_cores.ipynb). Six exercises, from
+# Goes with lesson [15 tensor cores from Python](../notebooks/15_tensor_cores.ipynb). Eight exercises, from
 # the layout of one instruction to one step of the kernel and the backward's transpose:
 #
 # 1. the fragment map: which (row, column) each lane's element is;
@@ -9,7 +9,9 @@
 # 3. the tf32 split of a float32 number, on its bits;
 # 4. a 3xTF32 matrix product from a tf32 tensor core, and its error;
 # 5. S = QKᵀ for one warp's 16 rows as a Numba kernel on `mma.sync`, graded in the CUDA simulator;
-# 6. where each value of the backward's dS fragment sits in the warp's dSᵀ.
+# 6. where each value of the backward's dS fragment sits in the warp's dSᵀ;
+# 7. the bytes of shared memory one block of the backward needs;
+# 8. which 16-byte chunks of a K tile each thread of the forward copies, and from where.
 #
 # `flashlab.fragments` holds the library's versions of 1 to 3 (`fragment_map`, `warp_mma`, `split_tf32`):
 # don't call them in your answers, the point is to build them yourself.
@@ -329,7 +331,51 @@ for kind, wide in (("16-bit", False), ("float32", True)):
 flashlab.check("backward_tile_bytes", backward_tile_bytes)
 
 # %% [markdown]
-# ## 8. Think about it
+# ## 8. Which chunks does a thread copy?
+#
+# Step 2 of the lesson: the block copies each K tile (`block_k` rows) into shared memory with `cp.async`,
+# 16 bytes (4 words) per copy. In words, a row of K is W = d/2 in 16 bits (d in float32), so it has W/4
+# chunks; thread `tid` of `threads`:
+#
+# - starts at row `tid // (W/4)` and column word `4 * (tid % (W/4))`: consecutive threads take consecutive
+#   chunks of one row, so a warp reads whole rows (coalesced);
+# - then moves down `threads // (W/4)` rows per copy while the row is below `block_k`, keeping its column;
+# - writes shared word `row * (W + 4) + column` (rows padded by 4 words, lesson 07's banks);
+# - reads source word `(k0 + row) * row_stride + column`, counted from the first row of this head's K. In a
+#   packed varlen batch (lesson 16) the rows of one head are `H_kv * W` words apart, not W;
+# - past the keys (`k0 + row >= n_k`) copies 0 bytes: `cp.async` then writes 16 zero bytes, and its source
+#   must still be a valid address (the column of row 0).
+#
+# Write `copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide)`: the list of
+# `(shared word, source word, bytes)` of thread `tid`'s copies, in order. Each one costs the kernel a single
+# integer add once the first is known: that is the instruction count the lesson's figure shows.
+
+# %%
+def copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide):
+    """(shared word, source word, bytes) of each 16-byte copy thread tid makes of one K tile."""
+    ### BEGIN SOLUTION
+    W = d if wide else d // 2
+    chunks = W // 4
+    row, col = tid // chunks, 4 * (tid % chunks)
+    out = []
+    while row < block_k:
+        ok = k0 + row < n_k
+        out.append((row * (W + 4) + col, (k0 + row) * row_stride + col if ok else col, 16 if ok else 0))
+        row += threads // chunks
+    return out
+    ### END SOLUTION
+
+
+# %%
+# 128 threads, d = 64 in float16 (32 words, 8 chunks a row), the second tile of 64 keys, 100 keys in all
+for tid in (0, 1, 8, 127):
+    print(f"thread {tid:3d}:", copy_plan(tid, 128, 64, 64, 64, 100, 32, False))
+
+# %%
+flashlab.check("copy_plan", copy_plan)
+
+# %% [markdown]
+# ## 9. Think about it
 #
 # - In exercise 5 every lane reads its Q words again for every n-tile. How many 32-bit registers would it
 #   take to keep a lane's Q fragments for all k-steps at d = 64, and d = 128? The tensor kernel keeps them

@@ -1,6 +1,7 @@
 """Lesson 15, tensor cores from Python: the fragment map, a warp's mma from packed registers, the tf32 split,
-a 3xTF32 product, the S = Q K^T step of one warp as a Numba kernel (graded in the simulator), and where the
-backward's dS comes from when dQ needs it as an A fragment."""
+a 3xTF32 product, the S = Q K^T step of one warp as a Numba kernel (graded in the simulator), where the
+backward's dS comes from when dQ needs it as an A fragment, the backward tile's shared memory, and which 16-byte
+chunks of a K tile each thread of the forward copies."""
 from __future__ import annotations
 
 import numpy as np
@@ -505,3 +506,90 @@ def check_backward_tile_bytes(t, fn):
     raise t.fail(f"{sum(g != w for g, w in zip(got, want))} of {len(cases)} tiles are wrong; e.g. d={d}, "
                  f"block_q={bq}, block_k={bk}, stages={stages}, v_shared={v_shared}, wide={wide}: you said {got[i]} "
                  f"bytes, the kernel takes {want[i]}")
+
+
+# ------------------------------------------------------------------------------------- copy plan
+def copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide, pad=4, pack=True, stride=True, chunks_first=True,
+              clamp=True):
+    """(shared word, source word, bytes) of each 16-byte copy thread `tid` makes of one K tile in the tensor
+    forward (kernels/tensor.py, the LINEAR copies); the keyword arguments turn on one slip each."""
+    W = d if wide or not pack else d // 2  # 32-bit words in a row of K
+    cpr = W // 4  # 16-byte chunks in a row
+    if chunks_first:  # consecutive threads take consecutive chunks of a row
+        row0, col, step = tid // cpr, 4 * (tid % cpr), threads // cpr
+    else:  # consecutive threads take consecutive rows
+        rows = threads // cpr
+        row0, col, step = tid % rows, 4 * (tid // rows), rows
+    out = []
+    for row in range(row0, block_k, step):
+        ok = k0 + row < n_k
+        source = (k0 + row) * (row_stride if stride else W) + col
+        out.append((row * (W + pad) + col, source if ok or not clamp else col, 16 if ok else 0))
+    return out
+
+
+def _copy_cases(rng):
+    """(threads, d, block_k, k0, n_k, row_stride, wide): contiguous and packed (varlen-like) rows, tiles that
+    end inside and past the keys."""
+    cases = []
+    for wide in (False, True):
+        for packed in (False, True):
+            for _ in range(4):
+                d = int(rng.choice([16, 32, 64, 128]))
+                W = d if wide else d // 2
+                threads = int(rng.choice([t for t in (32, 64, 128, 256) if t % (W // 4) == 0]))
+                block_k = int(rng.choice([16, 32, 64]))
+                k0 = block_k * int(rng.integers(0, 4))
+                n_k = k0 + int(rng.integers(1, 2 * block_k))
+                row_stride = W * (int(rng.integers(2, 9)) if packed else 1)
+                cases.append((threads, d, block_k, k0, n_k, row_stride, wide))
+    return cases
+
+
+_COPY_SLIPS = [
+    (dict(pad=0), "rows in shared memory are padded by 4 words (16 bytes), so that the 8 rows one ldmatrix reads "
+                  "start in different banks: a row starts every d/2 + 4 words (16-bit) or d + 4 (float32)"),
+    (dict(pack=False), "16-bit values go two to a 32-bit word: a row of K is d / 2 words in 16 bits, d in float32"),
+    (dict(stride=False), "the source's rows are row_stride words apart, not d/2 (or d): in a packed varlen batch the "
+                         "other heads' values sit between two rows of this head"),
+    (dict(chunks_first=False), "consecutive threads take consecutive 16-byte chunks of one row (so a warp reads "
+                               "whole rows, coalesced), then the next rows: row tid // chunks, chunk tid % chunks"),
+    (dict(clamp=False), "a row past n_k copies 0 bytes (cp.async writes 16 zero bytes), and its source address "
+                        "must still be valid: use the tile's column chunk of row 0 (source word = the column)"),
+]
+
+
+@exercise("copy_plan", lesson=LESSON,
+          hint="A row of K is W = d/2 words (d in float32), so it has W/4 chunks of 16 bytes. Thread tid starts at "
+               "row tid // (W/4) and column 4 * (tid % (W/4)), and moves down threads // (W/4) rows per copy while "
+               "row < block_k. Shared word: row * (W + 4) + column. Source word: (k0 + row) * row_stride + column "
+               "with 16 bytes, or just the column with 0 bytes when k0 + row >= n_k.")
+def check_copy_plan(t, fn):
+    cases = _copy_cases(t.rng)
+    t.case(f"{len(cases)} tiles (d 16-128, 32-256 threads, block_k 16-64, contiguous and packed rows, tiles that "
+           "end past n_k), every thread of each")
+    got, want, where = [], [], []
+    for threads, d, block_k, k0, n_k, row_stride, wide in cases:
+        for tid in range(threads):
+            out = t.call(tid, threads, d, block_k, k0, n_k, row_stride, wide)
+            try:
+                out = [tuple(int(x) for x in c) for c in out]
+                if any(len(c) != 3 for c in out):
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise t.fail(f"return a list of (shared word, source word, bytes) tuples; for tid={tid} you "
+                             f"returned {out!r:.80}") from None
+            got.append(out)
+            want.append(copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide))
+            where.append((tid, threads, d, block_k, k0, n_k, row_stride, wide))
+    if got == want:
+        return
+    for slip, why in _COPY_SLIPS:
+        if got == [copy_plan(*w, **slip) for w in where]:
+            raise t.fail(why)
+    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    tid, threads, d, block_k, k0, n_k, row_stride, wide = where[i]
+    raise t.fail(f"{sum(g != w for g, w in zip(got, want))} of {len(got)} threads' plans are wrong; e.g. tid={tid} of "
+                 f"{threads}, d={d}, block_k={block_k}, k0={k0}, n_k={n_k}, row_stride={row_stride}, wide={wide}: you "
+                 f"said {got[i][:3]}{'...' if len(got[i]) > 3 else ''}, the kernel copies {want[i][:3]}"
+                 f"{'...' if len(want[i]) > 3 else ''}")
