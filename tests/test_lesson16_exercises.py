@@ -321,3 +321,24 @@ def test_the_lesson_figures_render():
     assert "identical" in figs[4].axes[1].get_title()
     cls = R.tile_classes(20, 40, 4, 8, window_size=(6, 0), align="bottom_right")
     assert cls.shape == (5, 5) and set(np.unique(cls)) <= {R.SKIPPED, R.PARTIAL, R.FULL}
+
+
+def test_the_varlen_figure_draws_the_committed_timings(tmp_path):
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from flashlab.viz import real_api as R
+
+    raw = [r for r in json.loads(R.VARLEN_JSON.read_text()) if r["variant"] == "tensor"]
+    runs = R.load_varlen_results()
+    assert runs == raw and len(runs) >= 2
+    ax = R.plot_varlen_speed(runs).axes[0]
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+    want = sorted(round(r["ms"][name], 6) for r in raw for name in R.VARLEN_PATHS if name in r["ms"])
+    assert heights == want  # one bar per measured path and batch, at its time
+    assert [t.get_text() for t in ax.get_xticklabels()] == [R.varlen_batch_name(r) for r in raw]
+    assert R.load_varlen_results(tmp_path / "none.json") == []
+    ax = R.plot_varlen_speed([]).axes[0]
+    assert any("no varlen benchmark" in t.get_text() for t in ax.texts)

@@ -294,6 +294,27 @@ padded, packed = len(lengths_q) * lengths_q.max() * lengths_k.max(), (lengths_q 
 print(f"scores of a padded batch: {padded}; of the packed one: {packed} ({packed / padded:.2f} of them)")
 
 # %% [markdown]
+# **Measured.** `benchmarks/bench_varlen.py` times three batches on a GPU, each five ways: one packed launch,
+# a loop of one launch per sequence, padding to the longest (flashlab's kernel, and torch SDPA with a mask),
+# and torch SDPA called once per sequence. The figure reads its last run (`benchmarks/results/varlen.json`,
+# in a clone of the repository). Compare the two uncausal batches:
+# - **Many short sequences:** each launch of the loop has too few query blocks to fill the GPU, so the loop
+#   is bound by launches, and one packed launch wins by a wide margin.
+# - **Mixed lengths up to 4096:** most of the work is in the long sequences, whose own launches fill the
+#   GPU. The loop then costs the packed launch only its short sequences' launches and the tails of its waves.
+#
+# Padding does the most work of all: every sequence pays for the longest.
+
+# %%
+runs = fig.load_varlen_results()
+fig.plot_varlen_speed(runs)
+plt.show()
+for run in runs:
+    ms = run["ms"]
+    print(f"{fig.varlen_batch_name(run):24s} loop / packed {ms['flashlab loop'] / ms['flashlab varlen']:5.2f}, "
+          f"padded / packed {ms['flashlab padded'] / ms['flashlab varlen']:5.2f}")
+
+# %% [markdown]
 # ## 7. A paged KV cache: a block table
 
 # %%

@@ -1,11 +1,14 @@
 """Figures of lesson 16 (the FlashAttention library's options), one function per figure.
 
 Every picture is computed from flashlab's own semantics (reference.attention_mask, reference.alibi_bias,
-dropout.keep_scale, the cu_seqlens and block_table layouts), never redrawn from a description.
+dropout.keep_scale, the cu_seqlens and block_table layouts), never redrawn from a description; the varlen
+timings come from benchmarks/results/varlen.json (benchmarks/bench_varlen.py on a GPU).
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 from matplotlib.colors import ListedColormap
@@ -14,6 +17,10 @@ from matplotlib.patches import Rectangle
 from ..dropout import keep_scale
 from ..reference import alibi_bias, attention_mask
 from ._base import own_axes, subplots
+
+VARLEN_JSON = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "results" / "varlen.json"
+# bench_varlen.py's timings, in the order the figure draws them
+VARLEN_PATHS = ("flashlab varlen", "flashlab loop", "flashlab padded", "torch SDPA loop", "torch SDPA padded + mask")
 
 SKIPPED, PARTIAL, FULL = 0, 1, 2
 TILE_COLORS = ListedColormap(["#eeeeee", "#ffbf69", "#2a9d8f"])  # skipped, partly masked, fully visible
@@ -166,4 +173,43 @@ def plot_block_table(block_table, cache_seqlens, page_size, num_pages, ax=None):
            "physical page; a partly filled page is drawn short")
     ax.title.set_fontsize(9)
     ax.axis("off")
+    return fig
+
+
+def load_varlen_results(path=None, variant="tensor") -> list:
+    """The runs of benchmarks/results/varlen.json for one kernel variant ([] without the file: a pip install
+    has no benchmarks/), each with its sequence lengths, d, H, causal, the GPU and ms per path."""
+    path = Path(path) if path else VARLEN_JSON
+    if not path.exists():
+        return []
+    return [r for r in json.loads(path.read_text()) if r.get("variant") == variant]
+
+
+def varlen_batch_name(run) -> str:
+    lens = run["lens"]
+    return f"{len(lens)} x {min(lens)}..{max(lens)}" + (", causal" if run["causal"] else "")
+
+
+def plot_varlen_speed(runs, ax=None):
+    """Bars: each batch's time (log scale) for one packed launch, a loop of launches, padding to the longest,
+    and torch SDPA's loop and padded call, from one run each of bench_varlen.py."""
+    fig, ax = own_axes(ax, width=9, height=3.6)
+    if not runs:
+        ax.text(0.5, 0.5, "no varlen benchmark: run benchmarks/bench_varlen.py on a GPU\n"
+                "(benchmarks/results/varlen.json, in a clone of the repository)", ha="center", va="center",
+                transform=ax.transAxes, fontsize=9)
+        ax.axis("off")
+        return fig
+    width = 0.8 / len(VARLEN_PATHS)
+    colors = ["#2a9d8f", "#e76f51", "#f4a261", "#6c757d", "#adb5bd"]
+    for i, (name, color) in enumerate(zip(VARLEN_PATHS, colors)):
+        xs = [g + (i - (len(VARLEN_PATHS) - 1) / 2) * width for g in range(len(runs))]
+        ax.bar(xs, [r["ms"].get(name, np.nan) for r in runs], width, color=color, label=name)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(runs)))
+    ax.set_xticklabels([varlen_batch_name(r) for r in runs], fontsize=8)
+    ax.set_ylabel("ms (log scale)")
+    ax.set_title(f"variable-length batches, H={runs[0]['H']} d={runs[0]['d']} float16, {runs[0]['gpu']}",
+                 fontsize=9)
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
     return fig
