@@ -18,6 +18,8 @@
 #   float16 and bfloat16;
 # - follow the tensor kernel step by step, run it in the CUDA simulator, and read its measured speed
 #   against PyTorch, the FP32 kernels and the tensor cores' own ceiling;
+# - read a kernel's instruction mix from Nsight Compute's counters, and see how address arithmetic can take
+#   more instructions than the tensor-core products themselves;
 # - say which fragment layouts the five products of the backward use, why dS must be transposed on its
 #   way to dQ, and why dQ is accumulated with atomics.
 #
