@@ -397,3 +397,7 @@ flashlab.check("copy_plan", copy_plan)
 #   SM by shared memory alone? The registers allow 8 warps an SM for the 16-bit tiles; which of the two limits
 #   binds? Keeping V in shared memory frees the registers that held V's fragments (in float32, one for every
 #   two of V's dimensions): what does it cost instead?
+# - With exercise 8: a thread's source word grows by the same amount from one copy to the next. In a paged
+#   KV cache (lesson 16) the rows of one tile may sit in different pages. Which part of `copy_plan` stops
+#   being a constant step, and what must the kernel read for every row instead (`kernels/tensor.py` keeps
+#   the general copy for its paged build)?
