@@ -440,6 +440,14 @@ def check_ds_source(t, fn):
                  "(n_tile, source_lane, c)")
 
 
+def _fail_on_slip(t, got, answers, slips):
+    """Fail with the diagnosis of the first (keywords, why) slip whose answers(**keywords) are the learner's on
+    every case; return when none is."""
+    for slip, why in slips:
+        if got == answers(**slip):
+            raise t.fail(why)
+
+
 # ------------------------------------------------------------------------------------- backward tile bytes
 def tile_words(d, block_q, block_k, stages, v_shared, wide, pad=4, pack_ds=True, stage_stats=True, v_rows=None,
                pack=True):
@@ -498,9 +506,7 @@ def check_backward_tile_bytes(t, fn):
         return
     if got == [w // 4 for w in want]:
         raise t.fail("you returned 32-bit words; return bytes (4 per word)")
-    for slip, why in _TILE_SLIPS:
-        if got == [4 * tile_words(*c, **slip) for c in cases]:
-            raise t.fail(why)
+    _fail_on_slip(t, got, lambda **slip: [4 * tile_words(*c, **slip) for c in cases], _TILE_SLIPS)
     i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
     d, bq, bk, stages, v_shared, wide = cases[i]
     raise t.fail(f"{sum(g != w for g, w in zip(got, want))} of {len(cases)} tiles are wrong; e.g. d={d}, "
@@ -584,9 +590,7 @@ def check_copy_plan(t, fn):
             where.append((tid, threads, d, block_k, k0, n_k, row_stride, wide))
     if got == want:
         return
-    for slip, why in _COPY_SLIPS:
-        if got == [copy_plan(*w, **slip) for w in where]:
-            raise t.fail(why)
+    _fail_on_slip(t, got, lambda **slip: [copy_plan(*w, **slip) for w in where], _COPY_SLIPS)
     i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
     tid, threads, d, block_k, k0, n_k, row_stride, wide = where[i]
     raise t.fail(f"{sum(g != w for g, w in zip(got, want))} of {len(got)} threads' plans are wrong; e.g. tid={tid} of "
