@@ -681,7 +681,7 @@ def plot_backward_speed(data: dict, n: int = 4096, ax=None):
 OPCODE_GROUPS = {
     "tensor cores (HMMA)": ("HMMA",),
     "softmax arithmetic": ("FMNMX", "FMUL", "FADD", "FFMA", "MUFU", "F2FP", "SHFL"),
-    "shared-memory loads and copies": ("LDSM", "LDS", "LDGSTS", "LDGDEPBAR", "DEPBAR", "BAR"),
+    "shared-memory loads, copies and their barriers": ("LDSM", "LDS", "LDGSTS", "LDGDEPBAR", "DEPBAR", "BAR"),
     "integer: addresses, indices, compares": ("IMAD", "IADD3", "LEA", "MOV", "SHF", "SEL", "ISETP", "LOP3", "IABS",
                                                "VIADD", "UMOV", "ULEA", "UIADD3", "UIMAD", "S2UR", "CS2R"),
 }
