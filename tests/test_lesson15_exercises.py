@@ -340,7 +340,8 @@ def plan_rows_first(tid, threads, d, block_k, k0, n_k, row_stride, wide):
     out, row, col = [], tid % rows, 4 * (tid // rows)
     while row < block_k:
         ok = k0 + row < n_k
-        out.append((row * (W + 4) + col, (k0 + row) * row_stride + col if ok else col, 16 if ok else 0))
+        out.append((row * (W + 4) + col, (k0 + row) * row_stride + col if ok else k0 * row_stride + col,
+                    16 if ok else 0))
         row += rows
     return out
 
@@ -349,7 +350,7 @@ def plan_rows_first(tid, threads, d, block_k, k0, n_k, row_stride, wide):
 def plan_copies_past_the_end(tid, threads, d, block_k, k0, n_k, row_stride, wide):
     """rows past n_k read 16 bytes from past the end"""
     W = d if wide else d // 2
-    return [(s, src if n else (k0 + s // (W + 4)) * row_stride + src, 16) for s, src, n in
+    return [(s, src if n else src + (s // (W + 4)) * row_stride, 16) for s, src, n in
             _plan(tid, threads, d, block_k, k0, n_k, row_stride, wide)]
 
 
@@ -367,9 +368,9 @@ def test_the_copy_checkers_plan_is_the_kernels(rng, monkeypatch):
     stage, vo = 2 * block_k * (W + 4), block_k * (W + 4)
     seen, copy = [], mma.cp_async16_flat
 
-    def recording(dst, dst_index, src, offset, src_bytes):
-        seen.append((int(dst_index), int(offset), int(src_bytes)))
-        return copy(dst, dst_index, src, offset, src_bytes)
+    def recording(dst, dst_index, src, base, offset, src_bytes):
+        seen.append((int(dst_index), int(base) + int(offset), int(src_bytes)))
+        return copy(dst, dst_index, src, base, offset, src_bytes)
 
     monkeypatch.setattr(mma, "cp_async16_flat", recording)
     q, k, v = (rng.standard_normal((1, 1, n, d)).astype(np.float16) for n in (16, n_k, n_k))

@@ -85,18 +85,18 @@ def test_query_tiles_outside_the_band_are_never_read(rng, align, monkeypatch):
     do[..., far, :] = np.nan
     rows = set()
     if not fl.device.has_gpu():
-        copy = mma.cp_async16
+        copy = mma.cp_async16_flat
 
-        def recording(dst, dst_index, src, row, col, src_bytes):
+        def recording(dst, dst_index, src, base, offset, src_bytes):
             if src.shape[0] == 64 and int(src_bytes):  # Q or dO (K and V have 16 rows)
-                rows.add(int(row))
-            return copy(dst, dst_index, src, row, col, src_bytes)
+                rows.add((int(base) + int(offset)) // (src.strides[0] // src.itemsize))
+            return copy(dst, dst_index, src, base, offset, src_bytes)
 
-        monkeypatch.setattr(mma, "cp_async16", recording)
+        monkeypatch.setattr(mma, "cp_async16_flat", recording)
     got = flash_attention_backward(q, k, v, o.astype(np.float16), lse.astype(np.float32), do, variant="tensor",
                                    block_q=16, block_k=16, **opts)
     assert not rows & set(range(64)[far]), f"rows outside the band were copied: {sorted(rows & set(range(64)[far]))}"
-    assert fl.device.has_gpu() or rows, "no Q/dO copy was recorded (the kernel no longer uses cp_async16?)"
+    assert fl.device.has_gpu() or rows, "no Q/dO copy was recorded (the kernel no longer uses cp_async16_flat?)"
     assert_close(got, want, TOL[np.float16], f"band skipping, {align}")
 
 

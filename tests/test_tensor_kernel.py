@@ -135,11 +135,12 @@ def _copies(out, src, flat):
     lane = cuda.threadIdx.x
     view = src[:, 1]  # rows of 8 words, 3 * 8 words apart in memory: a strided view, as varlen's K and V
     row, col = lane // 2, (lane % 2) * 4
-    ok = row < 12  # the last 4 rows are past the end: zero-filled
-    if flat:
-        mma.cp_async16_flat(sh, lane * 4, view, row * (view.strides[0] // 4) + col if ok else col, 16 if ok else 0)
+    ok = row < 12  # a tile of 16 rows from row 4: its last 4 rows are past the end, zero-filled
+    if flat:  # base: the tile's first element; rows past the end read the tile's first row, with 0 bytes
+        offset = row * (view.strides[0] // 4) + col if ok else col
+        mma.cp_async16_flat(sh, lane * 4, view, 4 * (view.strides[0] // 4), np.uint32(offset), 16 if ok else 0)
     else:
-        mma.cp_async16(sh, lane * 4, view, row if ok else 0, col, 16 if ok else 0)
+        mma.cp_async16(sh, lane * 4, view, 4 + row if ok else 4, col, 16 if ok else 0)
     mma.cp_async_commit()
     mma.cp_async_wait(0)
     cuda.syncthreads()
@@ -153,7 +154,7 @@ def test_cp_async_copies_rows_of_a_strided_view(rng, flat):
     out = np.full(128, 7, np.uint32)
     _copies[1, 32](out, src, flat)
     want = np.zeros((16, 8), np.uint32)
-    want[:12] = src[:12, 1]
+    want[:12] = src[4:, 1]
     np.testing.assert_array_equal(out.reshape(16, 8), want)
 
 
@@ -161,7 +162,28 @@ def test_cp_async_copies_rows_of_a_strided_view(rng, flat):
 def test_cp_async16_flat_refuses_an_offset_across_rows():
     src = np.zeros((4, 8), np.uint32)
     with pytest.raises(ValueError, match="not 4 elements inside one row"):
-        mma.cp_async16_flat(np.zeros(8, np.uint32), 0, src, 6, 16)
+        mma.cp_async16_flat(np.zeros(8, np.uint32), 0, src, 4, 2, 16)
+    with pytest.raises(ValueError, match="does not fit in 32 bits"):  # the GPU would drop the high bits
+        mma.cp_async16_flat(np.zeros(8, np.uint32), 0, src, 0, 2**32, 16)
+
+
+@cuda.jit
+def _votes(out, flags):
+    lane = cuda.threadIdx.x
+    out[lane] = mma.vote_any(flags[lane] != 0)
+
+
+@pytest.mark.parametrize("pattern", ["none", "one", "all"])
+def test_vote_any_tells_every_lane_whether_any_lane_is_true(pattern):
+    flags = np.zeros(64, np.int32)  # two warps: the second's votes must not see the first's flags
+    if pattern == "one":
+        flags[13] = 1
+    if pattern == "all":
+        flags[:32] = 1
+    out = np.full(64, 7, np.int32)
+    _votes[1, 64](out, flags)
+    want = np.repeat([flags[:32].any(), flags[32:].any()], 32).astype(np.int32)
+    np.testing.assert_array_equal(out, want)
 
 
 @cuda.jit
@@ -497,3 +519,18 @@ def test_default_tiles_follow_the_spill_rule():
         TensorTile(1, 16, m_tiles=2).check(16, "3xtf32")
     with pytest.raises(ValueError, match="m_tiles must be a positive integer"):
         TensorTile(1, 16, m_tiles=0).check(16, "f16")
+
+
+def test_row_strides_beyond_32_bit_tile_offsets_are_refused():
+    """The tensor kernels address a tile's rows with 32-bit offsets: a view whose rows are 2^22 words apart or
+    more is refused with its name and stride, not read at the wrong place (to_device_words checks every input's
+    row axis; NumPy inputs are made contiguous, so only torch and numba views can have such strides)."""
+    from flashlab.kernels._launch import MAX_ROW_STRIDE, check_row_stride, to_device_words
+
+    check_row_stride("k", MAX_ROW_STRIDE - 1)
+    with pytest.raises(ValueError, match=r"k: consecutive rows \(the N axis .* 4194304 32-bit words apart"):
+        check_row_stride("k", MAX_ROW_STRIDE)
+    with pytest.raises(ValueError, match=r"the total axis of \(total, H, d\)"):
+        check_row_stride("q", 2**23, "(total, H, d)")
+    words, _, dtype = to_device_words(np.zeros((1, 2, 8, 4), np.float16), "q")
+    assert dtype == "float16" and words.shape == (1, 2, 8, 2)

@@ -344,11 +344,12 @@ flashlab.check("backward_tile_bytes", backward_tile_bytes)
 # - reads source word `(k0 + row) * row_stride + column`, counted from the first row of this head's K. In a
 #   packed varlen batch (lesson 16) the rows of one head are `H_kv * W` words apart, not W;
 # - past the keys (`k0 + row >= n_k`) copies 0 bytes: `cp.async` then writes 16 zero bytes, and its source
-#   must still be a valid address (the column of row 0).
+#   must still be a valid address: the same column of the tile's first row, k0, which always exists.
 #
 # Write `copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide)`: the list of
-# `(shared word, source word, bytes)` of thread `tid`'s copies, in order. Each one costs the kernel a single
-# integer add once the first is known: that is the instruction count the lesson's figure shows.
+# `(shared word, source word, bytes)` of thread `tid`'s copies, in order. The kernel computes the tile's
+# first element once (`k0 * row_stride`); a copy's distance from it is the same in every tile, so each
+# source address costs one multiply-add: the instruction count the lesson's figure shows.
 
 # %%
 def copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide):
@@ -360,7 +361,8 @@ def copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide):
     out = []
     while row < block_k:
         ok = k0 + row < n_k
-        out.append((row * (W + 4) + col, (k0 + row) * row_stride + col if ok else col, 16 if ok else 0))
+        out.append((row * (W + 4) + col, (k0 + row) * row_stride + col if ok else k0 * row_stride + col,
+                    16 if ok else 0))
         row += threads // chunks
     return out
     ### END SOLUTION

@@ -526,11 +526,10 @@ def copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide, pad=4, pack=T
     else:  # consecutive threads take consecutive rows
         rows = threads // cpr
         row0, col, step = tid % rows, 4 * (tid // rows), rows
-    out = []
+    out, rs = [], row_stride if stride else W
     for row in range(row0, block_k, step):
         ok = k0 + row < n_k
-        source = (k0 + row) * (row_stride if stride else W) + col
-        out.append((row * (W + pad) + col, source if ok or not clamp else col, 16 if ok else 0))
+        out.append((row * (W + pad) + col, (k0 + row) * rs + col if ok or not clamp else k0 * rs + col, 16 if ok else 0))
     return out
 
 
@@ -561,7 +560,8 @@ _COPY_SLIPS = [
     (dict(chunks_first=False), "consecutive threads take consecutive 16-byte chunks of one row (so a warp reads "
                                "whole rows, coalesced), then the next rows: row tid // chunks, chunk tid % chunks"),
     (dict(clamp=False), "a row past n_k copies 0 bytes (cp.async writes 16 zero bytes), and its source address "
-                        "must still be valid: use the tile's column chunk of row 0 (source word = the column)"),
+                        "must still be valid: use the same column of the tile's first row k0, which always exists "
+                        "(source word k0 * row_stride + column)"),
 ]
 
 
@@ -569,7 +569,7 @@ _COPY_SLIPS = [
           hint="A row of K is W = d/2 words (d in float32), so it has W/4 chunks of 16 bytes. Thread tid starts at "
                "row tid // (W/4) and column 4 * (tid % (W/4)), and moves down threads // (W/4) rows per copy while "
                "row < block_k. Shared word: row * (W + 4) + column. Source word: (k0 + row) * row_stride + column "
-               "with 16 bytes, or just the column with 0 bytes when k0 + row >= n_k.")
+               "with 16 bytes, or k0 * row_stride + column (the tile's first row) with 0 bytes when k0 + row >= n_k.")
 def check_copy_plan(t, fn):
     cases = _copy_cases(t.rng)
     t.case(f"{len(cases)} tiles (d 16-128, 32-256 threads, block_k 16-64, contiguous and packed rows, tiles that "

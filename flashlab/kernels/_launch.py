@@ -63,11 +63,34 @@ def to_host(x) -> np.ndarray:
     return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)
 
 
+# The tensor kernels address a tile's rows as 32-bit offsets from the tile's first element (mma.cp_async16_flat):
+# with tiles of at most 1024 rows, rows may be at most this many 32-bit words apart.
+MAX_ROW_STRIDE = 2**22
+
+
 def to_device_words(x, name: str, layout: str = "(B, H, N, d)"):
     """(device array, kind, dtype name) for the tensor kernel, which reads 32-bit words: float32 arrays as they
     are, float16 / bfloat16 ones as uint32 words holding two values of the last axis (a view, no copy).
     torch CUDA tensors of all three dtypes; NumPy and numba arrays of float16 and float32. layout names the
-    expected axes, for the error message (varlen: "(total, H, d)")."""
+    expected axes, for the error message (varlen: "(total, H, d)"); its row axis (N, or total) must have a
+    stride below MAX_ROW_STRIDE words."""
+    words, kind, dtype = _words(x, name, layout)
+    if dtype in ("float16", "bfloat16", "float32") and len(words.shape) == layout.count(",") + 1:
+        axis = 0 if layout.startswith("(total") else len(words.shape) - 2
+        check_row_stride(name, words.strides[axis] // 4, layout)
+    return words, kind, dtype
+
+
+def check_row_stride(name: str, stride: int, layout: str = "(B, H, N, d)"):
+    """stride: 32-bit words between consecutive rows (N, or total, of layout)."""
+    if abs(stride) >= MAX_ROW_STRIDE:
+        raise ValueError(f"{name}: consecutive rows (the {'total' if layout.startswith('(total') else 'N'} axis of "
+                         f"{layout}) are {stride} 32-bit words apart; the tensor kernel takes fewer than "
+                         f"{MAX_ROW_STRIDE} (it addresses a tile's rows with 32-bit offsets): pass a contiguous "
+                         f"{name}")
+
+
+def _words(x, name: str, layout: str):
     if _is_torch(x):
         import torch
 

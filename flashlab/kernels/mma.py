@@ -13,10 +13,11 @@ assembly. Each function below is one such instruction (or a short fixed sequence
     lo, hi = unpack_f16x2(r); lo, hi = unpack_bf16x2(r) # and back: one register -> two fp32
     x = round_tf32(x)                                   # fp32 rounded to tf32 (cvt.rna), still an fp32
     x = shfl_xor(x, mask)                               # the value held by lane (lane ^ mask)
+    any_lane = vote_any(flag)                           # True in every lane if flag is true in any lane of the warp
     r0, r1, r2, r3 = ldmatrix_x4(shared, i)             # four 8x8 16-bit matrices from shared memory
     r0, r1, r2, r3 = ldmatrix_x4_trans(shared, i)       # the same, each transposed (for V in P @ V)
     cp_async16(shared, i, array2d, row, col, nbytes)    # 16 bytes global -> shared, asynchronously (sm_80+)
-    cp_async16_flat(shared, i, array2d, offset, nbytes) # the same from element `offset` of array2d's memory
+    cp_async16_flat(shared, i, array2d, base, offset, nbytes)  # the same from element base + offset of its memory
     cp_async_commit(); cp_async_wait(1)                 # close a group of copies; wait for all but 1 group
 
 All mma accumulate in fp32. a*/b* of the 16-bit forms are uint32 registers holding two values (the lower
@@ -82,9 +83,13 @@ LDMATRIX_X4, LDMATRIX_X4_TRANS = _LDMATRIX % "", _LDMATRIX % ".trans"
 # one thread form groups (commit_group), and wait_group n waits until at most n of its groups are pending.
 # A source size of 0 writes 16 zero bytes (rows past the end of the input).
 CP_ASYNC = "{ .reg .u64 g; cvta.to.global.u64 g, $1; cp.async.cg.shared.global [$0], [g], 16, $2; }"
+# the same from a 64-bit tile pointer plus a 32-bit element offset: one mad.wide.u32 (IMAD.WIDE) per address
+CP_ASYNC_FLAT = ("{ .reg .u64 g; mad.wide.u32 g, $2, %d, $1; cvta.to.global.u64 g, g; "
+                 "cp.async.cg.shared.global [$0], [g], 16, $3; }")
 CP_ASYNC_COMMIT = "cp.async.commit_group;"
 CP_ASYNC_WAIT = "cp.async.wait_group %d;"
 SHFL_XOR = "shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;"  # all 32 lanes take part
+VOTE_ANY = "{ .reg .pred p, q; setp.ne.u32 p, $1, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 $0, 1, 0, q; }"
 
 
 # ------------------------------------------------------------------------------------------- GPU
@@ -164,6 +169,14 @@ def _gpu_functions():
             return builder.call(ir.InlineAsm(fnty, SHFL_XOR, "=f,f,r"), [args[0], args[1]])
         return types.float32(types.float32, types.int32), codegen
 
+    @intrinsic
+    def vote_any(typingctx, flag):
+        def codegen(context, builder, signature, args):
+            word = builder.zext(args[0], i32)
+            got = builder.call(ir.InlineAsm(ir.FunctionType(i32, [i32]), VOTE_ANY, "=r,r"), [word])
+            return builder.icmp_unsigned("!=", got, ir.Constant(i32, 0))
+        return types.boolean(types.boolean), codegen
+
     def ldmatrix_intrinsic(ptx):
         def typer(typingctx, array, index):
             def codegen(context, builder, signature, args):
@@ -193,14 +206,24 @@ def _gpu_functions():
         return sig, codegen
 
     @intrinsic
-    def cp_async16_flat(typingctx, dst, dst_index, src, offset, src_bytes):
-        """src's element `offset` counted from its first element in memory (row * row stride + col for a 2-D
-        view): the caller adds a constant per copy where cp_async16 multiplies row by the stride each time."""
-        sig = types.void(dst, types.intp, src, types.intp, types.int32)
+    def cp_async16_flat(typingctx, dst, dst_index, src, base, offset, src_bytes):
+        """src's element base + offset, counted from its first element in memory (row * row stride + col for a
+        2-D view). base is 64-bit and offset 32-bit: a kernel passes its tile's first element as base, the
+        same for all of a tile's copies, and each chunk's place in the tile as offset, so that each address is
+        one 32-bit multiply-add onto a 64-bit pointer (where cp_async16 multiplies row by the stride in 64
+        bits each time)."""
+        sig = types.void(dst, types.intp, src, types.intp, types.uint32, types.int32)
 
         def codegen(context, builder, signature, args):
-            src_ptr = builder.gep(context.make_array(signature.args[2])(context, builder, args[2]).data, [args[3]])
-            copy16(builder, shared_address(context, builder, signature.args[0], args[0], args[1]), src_ptr, args[4])
+            # the tile's pointer goes into the assembly whole: LLVM would otherwise fold base + offset back into
+            # one 64-bit sum per copy
+            i64 = ir.IntType(64)
+            tile = builder.gep(context.make_array(signature.args[2])(context, builder, args[2]).data, [args[3]])
+            fnty = ir.FunctionType(ir.VoidType(), [i32, i64, i32, i32])
+            asm = CP_ASYNC_FLAT % context.get_abi_sizeof(context.get_data_type(signature.args[2].dtype))
+            builder.call(ir.InlineAsm(fnty, asm, "r,l,r,r,~{memory}", side_effect=True),
+                         [shared_address(context, builder, signature.args[0], args[0], args[1]),
+                          builder.ptrtoint(tile, i64), args[4], args[5]])
             return context.get_dummy_value()
         return sig, codegen
 
@@ -227,7 +250,8 @@ def _gpu_functions():
     fns = {f"mma_{name}": mma_intrinsic(ptx, n_a, n_b, name.startswith("tf32"))
            for name, (ptx, n_a, n_b) in _MMA.items()}
     fns.update(pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, round_tf32=round_tf32, shfl_xor=shfl_xor,
-               unpack_f16x2=unpack_intrinsic(UNPACK_F16X2), unpack_bf16x2=unpack_intrinsic(UNPACK_BF16X2),
+               vote_any=vote_any, unpack_f16x2=unpack_intrinsic(UNPACK_F16X2),
+               unpack_bf16x2=unpack_intrinsic(UNPACK_BF16X2),
                ldmatrix_x4=ldmatrix_intrinsic(LDMATRIX_X4), ldmatrix_x4_trans=ldmatrix_intrinsic(LDMATRIX_X4_TRANS),
                cp_async16=cp_async16, cp_async16_flat=cp_async16_flat, cp_async_commit=cp_async_commit,
                cp_async_wait=cp_async_wait)
@@ -383,6 +407,10 @@ def _sim_functions():
         return warp.collective(lane, f"shfl_xor({int(mask)})", value,
                                lambda vals: [vals[i ^ int(mask)] for i in range(len(vals))])
 
+    def vote_any(flag):
+        lane, warp = _lane_and_warp("vote_any")
+        return warp.collective(lane, "vote_any", bool(flag), lambda flags: [any(flags)] * len(flags))
+
     def ldmatrix(trans):
         def combine(values):  # values[lane] = (array, index of its row's first 32-bit word)
             rows = np.stack([np.asarray(a[int(i):int(i) + 4], np.uint32) for a, i in values])  # (32, 4 words)
@@ -410,12 +438,15 @@ def _sim_functions():
                                  f"source row {int(row)}, column {c})")
         dst[i:i + 4] = source if int(src_bytes) else 0
 
-    def cp_async16_flat(dst, dst_index, src, offset, src_bytes):
-        """As cp_async16, with the source given as an element offset into a 2-D view with contiguous rows."""
-        row, col = divmod(int(offset), src.strides[0] // src.itemsize)
+    def cp_async16_flat(dst, dst_index, src, base, offset, src_bytes):
+        """As cp_async16, with the source given as element base + offset of a 2-D view with contiguous rows;
+        offset must fit in 32 bits, as on the GPU."""
+        if not 0 <= int(offset) < 2**32:
+            raise ValueError(f"cp_async16_flat: offset {offset} does not fit in 32 bits (unsigned)")
+        row, col = divmod(int(base) + int(offset), src.strides[0] // src.itemsize)
         if src.strides[1] != src.itemsize or col + 4 > src.shape[1]:
-            raise ValueError(f"cp_async16_flat: offset {offset} is not 4 elements inside one row of a view with "
-                             f"strides {src.strides}, shape {src.shape}")
+            raise ValueError(f"cp_async16_flat: element {int(base) + int(offset)} is not 4 elements inside one row "
+                             f"of a view with strides {src.strides}, shape {src.shape}")
         cp_async16(dst, dst_index, src, row, col, src_bytes)
 
     def cp_async_commit():
@@ -432,7 +463,7 @@ def _sim_functions():
 
     fns.update(mma_f16_m16n8k8x2=mma_f16_m16n8k8x2)
     fns.update(pack_f16x2=pack_f16x2, pack_bf16x2=pack_bf16x2, round_tf32=round_tf32, shfl_xor=shfl_xor,
-               unpack_f16x2=unpack("float16"), unpack_bf16x2=unpack("bfloat16"),
+               vote_any=vote_any, unpack_f16x2=unpack("float16"), unpack_bf16x2=unpack("bfloat16"),
                ldmatrix_x4=ldmatrix(False), ldmatrix_x4_trans=ldmatrix(True),
                cp_async16=cp_async16, cp_async16_flat=cp_async16_flat, cp_async_commit=cp_async_commit,
                cp_async_wait=cp_async_wait)
@@ -447,7 +478,7 @@ mma_f16_m16n8k8x2 = _FNS["mma_f16_m16n8k8x2"]
 mma_tf32_m16n8k8 = _FNS["mma_tf32_m16n8k8"]
 pack_f16x2, pack_bf16x2 = _FNS["pack_f16x2"], _FNS["pack_bf16x2"]
 unpack_f16x2, unpack_bf16x2 = _FNS["unpack_f16x2"], _FNS["unpack_bf16x2"]
-round_tf32, shfl_xor = _FNS["round_tf32"], _FNS["shfl_xor"]
+round_tf32, shfl_xor, vote_any = _FNS["round_tf32"], _FNS["shfl_xor"], _FNS["vote_any"]
 ldmatrix_x4, ldmatrix_x4_trans = _FNS["ldmatrix_x4"], _FNS["ldmatrix_x4_trans"]
 cp_async16, cp_async16_flat = _FNS["cp_async16"], _FNS["cp_async16_flat"]
 cp_async_commit, cp_async_wait = _FNS["cp_async_commit"], _FNS["cp_async_wait"]

@@ -12,7 +12,8 @@ For each tile of block_k keys:
     2. each warp computes its 16 x block_k piece of S = Q K^T with mma.sync: Q's fragments sit in registers
        for the whole loop, K's come from shared memory (ldmatrix for 16-bit types);
     3. the online softmax runs on S's C fragments in fp32: a lane holds 2 rows (g and g+8) of each 8-key
-       n-tile, so a row's max and sum need the 4 lanes of a quad (two shfl_xor);
+       n-tile, so a row's max and sum need the 4 lanes of a quad (two shfl_xor); O is rescaled only if some
+       row of the m-tile got a larger max (a warp vote: otherwise every factor is 1);
     4. P stays in registers: the C fragments of two 8-key n-tiles *are* the A fragment of a 16-key k-step
        of O += P V (after packing to 16 bits), so P never touches shared memory. V's B fragments come from
        shared memory through ldmatrix.trans, which transposes 8x8 blocks on the way.
@@ -309,9 +310,12 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
         n_tiles = (k_end + UBK - U(1)) // UBK
         if SPLIT_KV or EXTRA:
             n_tiles = (k_end - k_begin + UBK - U(1)) // UBK if k_end > k_begin else U(0)
-        # LINEAR copies: this thread's first row and column chunk in a tile, and K's and V's row strides in words
+        # LINEAR copies: this thread's first row and column chunk in a tile, K's and V's row strides in words, and
+        # where its chunks sit in a tile (32 bits: block_k rows of a stride below 2^22 words, see _launch.py)
         copy_row, copy_col = tid // U(CPR), (tid % U(CPR)) * U(4)
         kstride, vstride = U(kh.strides[0]) // U(4), U(vh.strides[0]) // U(4)
+        k_in, v_in = uint32(copy_row * kstride + copy_col), uint32(copy_row * vstride + copy_col)
+        k_step, v_step = uint32(U(RSTEP) * kstride), uint32(U(RSTEP) * vstride)
         kbuf = cuda.local.array(LOADS, DT)  # the synchronous copy's words in flight (ASYNC: unused)
         vbuf = cuda.local.array(LOADS, DT)
         for j in range(n_tiles + U(LAG)):
@@ -319,17 +323,18 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
             if j < n_tiles:  # copy K/V tile j to stage j % 2; rows past Nk become zeros (0 * garbage = NaN)
                 kc, st = k_begin + j * UBK, (j % U(2)) * U(STAGE) if ASYNC else U(0)
                 if LINEAR:  # this thread copies chunk copy_col of rows copy_row, copy_row + RSTEP, ...
-                    ksrc, vsrc = (kc + copy_row) * kstride + copy_col, (kc + copy_row) * vstride + copy_col
+                    kbase, vbase = kc * kstride, kc * vstride  # the tile's first element, once per tile
                     for it in range(CHUNK_ITERS):
                         row = copy_row + U(it * RSTEP)
                         if CHUNKS_EVEN or row < UBK:
                             ok = kc + row < nk
                             nbytes = 16 if ok else 0
                             dst = st + row * URS + copy_col
-                            kat = ksrc + U(it * RSTEP) * kstride if ok else copy_col  # one add per copy
-                            vat = vsrc + U(it * RSTEP) * vstride if ok else copy_col
-                            mma.cp_async16_flat(sh, dst, kh, kat, nbytes)
-                            mma.cp_async16_flat(sh, dst + U(VO), vh, vat, nbytes)
+                            # 32-bit offsets in the tile (rows past Nk read the tile's first row, with 0 bytes)
+                            kat = uint32(k_in + uint32(it) * k_step) if ok else uint32(copy_col)
+                            vat = uint32(v_in + uint32(it) * v_step) if ok else uint32(copy_col)
+                            mma.cp_async16_flat(sh, dst, kh, kbase, kat, nbytes)
+                            mma.cp_async16_flat(sh, dst + U(VO), vh, vbase, vat, nbytes)
                 elif ASYNC:  # 16 bytes per copy; consecutive threads take consecutive chunks of a row
                     for it in range(CHUNK_ITERS):
                         e = U(it * NT) + tid
@@ -436,6 +441,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
 
             # Online softmax on the C fragments: in each m-tile, rows g (j = 0, 1) and g + 8 (j = 2, 3).
             for mt in range(MT):
+                grew = False  # did the max of one of this lane's two rows grow?
                 for r in range(2):
                     rr, n0 = 2 * mt + r, mt * NTK
                     mx = s[n0, 2 * r]
@@ -444,6 +450,7 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                     mx = max(mx, mma.shfl_xor(mx, 1))  # the row's 4 lanes (t = 0..3) agree on its max
                     mx = max(mx, mma.shfl_xor(mx, 2))
                     m_new = max(m[rr], mx)
+                    grew |= m_new > m[rr]
                     alpha[rr] = math.exp2((m[rr] - m_new) * scale_log2)
                     m[rr] = m_new
                     offset = m_new * scale_log2
@@ -463,10 +470,13 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
                                 p *= d_keep(zrow[rr], uint32(k0) + uint32(8 * n + c) + uint32(2) * uint32(t))
                             s[n0 + n, 2 * r + c] = p
                     l[rr] = l[rr] * alpha[rr] + row_sum  # the quad's partial sums are added once, at the end
-                    if not SPLIT:
-                        for n in range(mt * NTD, (mt + 1) * NTD):
-                            acc[n, 2 * r] *= alpha[rr]
-                            acc[n, 2 * r + 1] *= alpha[rr]
+                # O's rows of the m-tile are rescaled only if some row's max grew: otherwise every alpha is
+                # exp2(0) = 1, and the warp skips the multiplies together (one vote, no divergence)
+                if not SPLIT and mma.vote_any(grew):
+                    for n in range(mt * NTD, (mt + 1) * NTD):
+                        for r in range(2):
+                            acc[n, 2 * r] *= alpha[2 * mt + r]
+                            acc[n, 2 * r + 1] *= alpha[2 * mt + r]
 
             # O += P V, with P straight from registers. For tf32, k-step kk is n-tile kk of S with its keys
             # renumbered (column t <- key 2t, column t+4 <- key 2t+1), and V's rows renumbered the same way.

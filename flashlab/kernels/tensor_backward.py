@@ -205,6 +205,9 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     LAG = 1 if ASYNC else 0
     CPR = W // 4  # 16-byte chunks per row
     Q_CHUNKS, K_CHUNKS = BQ * CPR, BK * CPR
+    # Q/dO copies as in the forward (tensor.py, LINEAR): each thread keeps its column chunk and moves down the
+    # tile QSTEP rows at a time, so its offsets in a tile are fixed 32-bit numbers
+    LINEAR, QSTEP, Q_EVEN = ASYNC and NT % CPR == 0, NT // CPR, Q_CHUNKS % NT == 0
     URS, UDRS, UBQ, UBK = U(RS), U(DRS), U(BQ), U(BK)
     CAUSAL = causal
     DT = float32 if WIDE else uint32
@@ -371,6 +374,10 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                 q_end = U(min(max(last + I(1), I(0)), I(nq)))
             capr = CAP_LOG2 / scale_log2  # S^T stays in raw units, as in the forward: softcap / scale
         n_tiles = (q_end - q_first + UBQ - U(1)) // UBQ if q_first < q_end else U(0)
+        copy_row, copy_col = tid // U(CPR), (tid % U(CPR)) * U(4)
+        qstride, dostride = U(q.strides[2]) // U(4), U(do.strides[2]) // U(4)  # words between rows
+        q_in, do_in = uint32(copy_row * qstride + copy_col), uint32(copy_row * dostride + copy_col)
+        q_step, do_step = uint32(U(QSTEP) * qstride), uint32(U(QSTEP) * dostride)
         for j in range(group * n_tiles + U(LAG)):  # tile j: query head hk * group + j // n_tiles
             if j < group * n_tiles:  # copy tile j of Q, dO (zeros past Nq), lse * log2(e) and D to stage j % NST
                 if GQA:
@@ -379,7 +386,17 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                     hq, qc = hk, q_first + j * UBQ
                 qh, doh, lh, dh = q[b, hq], do[b, hq], lse[b, hq], D[b, hq]
                 st = (j % U(NST)) * UBQ
-                for it in range(-(-Q_CHUNKS // NT)):
+                qbase, dobase = qc * qstride, qc * dostride  # the tile's first element, once per tile
+                for it in range(-(-Q_CHUNKS // NT) if LINEAR else 0):
+                    row = copy_row + U(it * QSTEP)
+                    if Q_EVEN or row < UBQ:
+                        ok = qc + row < nq
+                        dst, nbytes = (st + row) * URS + copy_col, 16 if ok else 0
+                        qat = uint32(q_in + uint32(it) * q_step) if ok else uint32(copy_col)
+                        doat = uint32(do_in + uint32(it) * do_step) if ok else uint32(copy_col)
+                        mma.cp_async16_flat(Qs, dst, qh, qbase, qat, nbytes)
+                        mma.cp_async16_flat(dOs, dst, doh, dobase, doat, nbytes)
+                for it in range(0 if LINEAR else -(-Q_CHUNKS // NT)):
                     e = U(it * NT) + tid
                     if e < U(Q_CHUNKS):
                         row, col = e // U(CPR), (e % U(CPR)) * U(4)
