@@ -6,8 +6,11 @@
     python benchmarks/sass_mix.py fwd_sass.csv [--json mix.json --label after]
 
 Prints the share of stall samples by reason, then by opcode, and the instruction mix of the main loop's body:
-the instructions executed as often as the most frequent count (one per warp per key tile). --json adds the
-loop body's opcode counts under --label to a JSON file (lesson 15 plots flashlab/data/h100_sass_mix.json).
+the instructions executed as often as the most frequent count (one per warp per key tile). Then the average
+per tile: every instruction between the loop body's first and last, weighted by how often it ran per tile
+(a branch taken in some tiles only, such as the rescale of O, counts for that share). --json adds the loop
+body's opcode counts under --label to a JSON file (lesson 15 plots flashlab/data/h100_sass_mix.json); with
+--average, the average per tile (rounded) instead.
 """
 import argparse
 import collections
@@ -22,7 +25,7 @@ def opcode(sass: str) -> str:
     return word.split(".")[0]
 
 
-def main(path, json_path=None, label=None):
+def main(path, json_path=None, label=None, average=False):
     rows = list(csv.reader(open(path)))
     header = next(r for r in rows if "Address" in r and "Source" in r)
     ix = {h: i for i, h in enumerate(header)}
@@ -49,10 +52,19 @@ def main(path, json_path=None, label=None):
     mix = collections.Counter(op for op, n in executed.values() if n == loop)
     print(f"loop body: {sum(mix.values())} instructions (each executed {loop} times)")
     print("  " + ", ".join(f"{op} {n}" for op, n in mix.most_common(14)))
+    addresses = [int(a, 16) for a in executed]
+    inside = [int(a, 16) for a, (_, n) in executed.items() if n == loop]
+    per_tile = collections.Counter()
+    for a, (op, n) in zip(addresses, executed.values()):
+        if min(inside) <= a <= max(inside):
+            per_tile[op] += n / loop
+    print(f"average per tile: {sum(per_tile.values()):.1f} instructions")
+    print("  " + ", ".join(f"{op} {n:.1f}" for op, n in per_tile.most_common(14)))
     if json_path:
         path = Path(json_path)
         data = json.loads(path.read_text()) if path.exists() else {}
-        data.setdefault("loop_body", {})[label] = dict(mix.most_common())
+        counts = {op: round(n) for op, n in per_tile.most_common() if round(n)} if average else dict(mix.most_common())
+        data.setdefault("loop_body", {})[label] = counts
         path.write_text(json.dumps(data, indent=1) + "\n")
 
 
@@ -61,5 +73,6 @@ if __name__ == "__main__":
     ap.add_argument("csv")
     ap.add_argument("--json")
     ap.add_argument("--label", default="run")
+    ap.add_argument("--average", action="store_true", help="--json: the average per tile, not the loop body")
     a = ap.parse_args()
-    main(a.csv, a.json, a.label)
+    main(a.csv, a.json, a.label, a.average)

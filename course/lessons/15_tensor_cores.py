@@ -341,11 +341,16 @@ print(tviz.source_between(src, "for j in range(n_tiles + U(LAG))", "# S = Q K^T 
 # - **After,** a thread copies the same column chunk in every tile, so its source offset grows by a constant
 #   (`cp_async16_flat`), and the intrinsics compute 32-bit shared addresses before the assembly, so ptxas
 #   folds each constant into the instruction (`LDSM [R+0x20]`).
+# - **Now,** each copy's source is the tile's first element (64-bit, once per tile) plus the chunk's offset
+#   in the tile, a 32-bit number that is the same in every tile, so the source address is one multiply-add.
+#   And O is rescaled only in tiles where some row's max grew (step 4), so the bar counts the rescale's
+#   multiplies at the share of tiles that ran them.
 #
-# The tensor-core and softmax instructions did not change. The integer ones fell by more than half, and the
-# forward at d = 64 ran 1.085× faster on an H100 (`docs/gpu-runs-issue14.md`, "Fifth session"). FA2's CUDA
-# C++ does the same through CuTe's layouts: each thread's pointers into K and V are computed once and moved
-# by one tile of rows per iteration (`flash_fwd_kernel.h`).
+# From before to after, the tensor-core and softmax instructions did not change, the integer ones fell by more
+# than half, and the forward at d = 64 ran 1.085× faster on an H100 (`docs/gpu-runs-issue14.md`, "Fifth
+# session"); the third bar gained less (same file, "Sixth session"). FA2's CUDA C++ does the same through
+# CuTe's layouts: each thread's pointers into K and V are computed once and moved by one tile of rows per
+# iteration (`flash_fwd_kernel.h`).
 
 # %%
 mix = tviz.load_sass_mix()
@@ -392,6 +397,14 @@ print(tviz.source_between(src, "# Online softmax on the C fragments", "# O += P 
 # %% [markdown]
 # The row *sum* l is not exchanged inside the loop: each lane keeps its share and the quad adds them once, at
 # the very end (step 6). Only the max must agree at every step, because P = exp(S - m) uses it.
+#
+# O's rescale is skipped where it would change nothing. If no row of an m-tile got a larger max from this
+# tile, every alpha is exp2(0) = 1, and the lane's 32 multiplies of O (at d = 64) would leave it as it is.
+# `vote_any(grew)` (PTX `vote.sync.any`) tells every lane whether the flag is true in *any* lane of the warp,
+# so the whole warp takes the same branch (no divergence). On random scores the chance that a row's max
+# grows at tile j is about 1/(j + 1); on real attention maps, where a few keys dominate a row, it stops
+# growing sooner. FlashAttention-4 (Zadouri et al. 2026, arXiv 2603.05451) lists conditional softmax
+# rescaling among the ways it cuts the work that is not matrix products.
 #
 # **Step 5. O += PV, P straight from registers.** Section 4 in code: two n-tiles of P packed into one A
 # fragment (`pack`), V's B fragments through `ldmatrix_x4_trans`. For 3xTF32 each tile's PV is summed from

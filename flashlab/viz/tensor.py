@@ -680,10 +680,10 @@ def plot_backward_speed(data: dict, n: int = 4096, ax=None):
 # SASS opcodes by what they do for the kernel (anything else counts as "other")
 OPCODE_GROUPS = {
     "tensor cores (HMMA)": ("HMMA",),
-    "softmax arithmetic": ("FMNMX", "FMUL", "FADD", "FFMA", "MUFU", "F2FP", "SHFL"),
+    "softmax arithmetic": ("FMNMX", "FMUL", "FADD", "FFMA", "MUFU", "F2FP", "SHFL", "FSETP", "VOTE"),
     "shared-memory loads, copies and their barriers": ("LDSM", "LDS", "LDGSTS", "LDGDEPBAR", "DEPBAR", "BAR"),
     "integer: addresses, indices, compares": ("IMAD", "IADD3", "LEA", "MOV", "SHF", "SEL", "ISETP", "LOP3", "IABS",
-                                               "VIADD", "UMOV", "ULEA", "UIADD3", "UIMAD", "S2UR", "CS2R"),
+                                               "VIADD", "UMOV", "ULEA", "UIADD3", "UIMAD", "USHF", "S2UR", "CS2R"),
 }
 
 
@@ -727,7 +727,7 @@ def plot_instruction_mix(data: dict, ax=None):
         ax.text(total + 8, y, f"{int(total)} in all", va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, left.max() * 1.18)
-    ax.set_xlabel("SASS instructions per warp and key tile (the loop body)")
+    ax.set_xlabel("SASS instructions per warp and key tile (the loop body, averaged over tiles)")
     ax.set_title(f"{data['kernel']}\n{data['gpu']}", fontsize=9)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=3, frameon=False)
     return ax
