@@ -3,6 +3,8 @@
     python benchmarks/ab_tensor.py new                                   # this checkout
     PYTHONPATH=/path/to/old/checkout python benchmarks/ab_tensor.py old  # another one (its flashlab first)
 
+    python benchmarks/ab_tensor.py new "d64,varlen,sdpa d64"             # some of the cases
+
 Prints "TAG round case ms" for 3 rounds (median of 30 CUDA-event samples each, float16 unless named) with two
 SDPA cases as a check on the GPU's state, so that two runs compare case by case
 (benchmarks/results/logs14/run24_ab_*.txt); and the largest error of two outputs against SDPA in float32.
@@ -15,7 +17,8 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH: an old checkout there wins
 
 
-def cases(torch):
+def cases(torch, only=None):
+    """{case: function to time} (only: the names to keep; kernels compile at their first call), and checks."""
     from flashlab.kernels import flash_attention, flash_attention_backward, varlen
 
     H, N = 16, 4096
@@ -33,6 +36,8 @@ def cases(torch):
             ("d64alibi", t64, dict(alibi_slopes=slopes)), ("d64win", t64, dict(causal=True, window_size=(1024, 0)))):
         out[name] = lambda q=q, k=k, v=v, kw=kw: flash_attention(q, k, v, variant="tensor", **kw)
     for name, (q, k, v, do), kw in (("bwd d64", t64, {}), ("bwd d128c", t128, dict(causal=True))):
+        if only and name not in only:
+            continue
         o, lse = flash_attention(q, k, v, variant="tensor", **kw)
         out[name] = lambda q=q, k=k, v=v, o=o, lse=lse, do=do, kw=kw: flash_attention_backward(
             q, k, v, o, lse, do, variant="tensor", **kw)
@@ -50,7 +55,7 @@ def cases(torch):
         o, _ = flash_attention(q, k, v, variant="tensor", causal=causal)
         ref = sdpa(q.float(), k.float(), v.float(), is_causal=causal)
         checks[name] = float((o.float() - ref).abs().max())
-    return out, checks
+    return {name: fn for name, fn in out.items() if not only or name in only}, checks
 
 
 def main():
@@ -60,8 +65,9 @@ def main():
     from flashlab.bench import time_cuda
 
     tag = sys.argv[1] if len(sys.argv) > 1 else "run"
+    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None  # e.g. d64,varlen,"sdpa d64": these cases only
     print(tag, flashlab.__file__, torch.cuda.get_device_name(), flush=True)
-    fns, checks = cases(torch)
+    fns, checks = cases(torch, only)
     for name, err in checks.items():
         print(tag, "check", name, err, flush=True)
     for rnd in range(3):
