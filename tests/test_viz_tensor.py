@@ -300,3 +300,32 @@ def test_instruction_mix_groups_every_opcode_and_draws_the_committed_counts(tmp_
     assert T.load_sass_mix(tmp_path / "none.json") is None
     ax = T.plot_instruction_mix(None)
     assert any("no instruction counts" in t.get_text() for t in ax.texts)
+
+
+def test_max_growth_marks_the_tiles_where_an_m_tiles_running_max_grows(rng):
+    """Against a loop over rows and tiles, as the kernel's online softmax sees them (ragged last tile)."""
+    S = rng.standard_normal((12, 23))
+    grew = T.max_growth(S, rows=4, block_k=5)
+    want = np.zeros((3, 5), bool)
+    for i in range(12):
+        m = -np.inf
+        for j in range(5):
+            new = max(m, S[i, 5 * j:5 * j + 5].max())
+            want[i // 4, j] |= new > m
+            m = new
+    np.testing.assert_array_equal(grew, want)
+    assert grew[:, 0].all()
+    sink = S.copy()
+    sink[:, 0] = 100.0  # key 0 beats every other: no m-tile rescales after tile 0
+    assert not T.max_growth(sink, rows=4, block_k=5)[:, 1:].any()
+    with pytest.raises(ValueError, match="multiple of rows=5"):
+        T.max_growth(S, rows=5)
+
+
+def test_the_measured_rescale_share_matches_random_scores_and_the_plot_draws_it(rng):
+    """The kernel's counters (h100_sass_mix.json) and max_growth on random scores of the same shape agree."""
+    q, k = rng.standard_normal((2, 4096, 64)).astype(np.float32)
+    grew = T.max_growth(q @ k.T / 8)
+    assert abs(grew.mean() - T.load_sass_mix()["rescale_share"]["now"]) < 0.02
+    ax = T.plot_max_growth({"random": grew})
+    assert len(ax.lines) == 2 and any(f"{grew.mean():.0%} of all" in t.get_text() for t in ax.get_legend().get_texts())

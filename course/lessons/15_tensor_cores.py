@@ -20,6 +20,7 @@
 #   against PyTorch, the FP32 kernels and the tensor cores' own ceiling;
 # - read a kernel's instruction mix from Nsight Compute's counters, and see how address arithmetic can take
 #   more instructions than the tensor-core products themselves;
+# - skip O's rescale with a warp vote when no row's max grew, and estimate how often that happens;
 # - say which fragment layouts the five products of the backward use, why dS must be transposed on its
 #   way to dQ, and why dQ is accumulated with atomics.
 #
@@ -27,7 +28,7 @@
 # `ldmatrix`), "cp.async" and "cvt"; FlashAttention-2 (Dao 2023, arXiv 2307.08691) for the algorithm and
 # its split of the work between warps; 3xTF32 from NVIDIA's CUTLASS 2.8 and Ootomo and Yokota,
 # "Recovering single precision accuracy from Tensor Cores while surpassing the FP32 theoretical peak
-# performance" (2022, arXiv 2203.03341).
+# performance" (2022, arXiv 2203.03341); PTX ISA "vote.sync" for the warp vote.
 
 # %%
 import matplotlib.pyplot as plt
@@ -405,6 +406,23 @@ print(tviz.source_between(src, "# Online softmax on the C fragments", "# O += P 
 # grows at tile j is about 1/(j + 1); on real attention maps, where a few keys dominate a row, it stops
 # growing sooner. FlashAttention-4 (Zadouri et al. 2026, arXiv 2603.05451) lists conditional softmax
 # rescaling among the ways it cuts the work that is not matrix products.
+#
+# How often does an m-tile of 16 rows rescale? Below, for the scores of random Q and K at d = 64 with
+# block_k = 64, and for the same scores with key 0 raised by 6 in every row: one early key that dominates,
+# as the "attention sink" keys that trained language models have (Xiao et al. 2023, arXiv 2309.17453).
+
+# %%
+q_r, k_r = rng.standard_normal((2, 4096, 64)).astype(np.float32)
+S_random = q_r @ k_r.T / 8  # scale 1/sqrt(64)
+S_sink = S_random.copy()
+S_sink[:, 0] += 6
+curves = {"random scores": tviz.max_growth(S_random), "key 0 raised by 6": tviz.max_growth(S_sink)}
+tviz.plot_max_growth(curves)
+plt.show()
+mix = tviz.load_sass_mix()
+if mix:
+    print(f"the kernel's counters, float16 random inputs at N = 4096 (B1 H16): O rescaled in "
+          f"{mix['rescale_share']['now']:.1%} of (m-tile, tile) pairs; NumPy above: {curves['random scores'].mean():.1%}")
 #
 # **Step 5. O += PV, P straight from registers.** Section 4 in code: two n-tiles of P packed into one A
 # fragment (`pack`), V's B fragments through `ldmatrix_x4_trans`. For 3xTF32 each tile's PV is summed from

@@ -7,6 +7,7 @@ kernel     plot_double_buffer, source_between (a commented section of a function
 speed      load_mma_ceiling, load_tensor_results, plot_mma_ceiling, plot_tensor_speed, ceiling_shares,
            plot_ceiling_shares, mma_roofs (lesson 10's roofline)
 mix        load_sass_mix, instruction_groups, plot_instruction_mix (the loop body's SASS, before / after)
+rescale    max_growth, plot_max_growth (which key tiles make an m-tile's running max grow)
 
 Measured data, package data so that a pip-installed flashlab (Colab) has it too:
 flashlab/data/h100_mma_ceiling.csv (benchmarks/mma_ceiling.py) and flashlab/data/h100_tensor.csv
@@ -730,4 +731,40 @@ def plot_instruction_mix(data: dict, ax=None):
     ax.set_xlabel("SASS instructions per warp and key tile (the loop body, averaged over tiles)")
     ax.set_title(f"{data['kernel']}\n{data['gpu']}", fontsize=9)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=3, frameon=False)
+    return ax
+
+
+# ------------------------------------------------------------------------------------------ rescale
+def max_growth(S, rows: int = 16, block_k: int = 64) -> np.ndarray:
+    """grew[i, j]: does some row of m-tile i (rows i*rows .. i*rows + rows - 1 of the scores S, (Nq, Nk)) get a
+    larger running max from key tile j? That is when the tensor forward rescales the m-tile's O (tile 0
+    always: the max starts at -inf). Nq must be a multiple of rows."""
+    S = np.asarray(S)
+    n_q, n_k = S.shape
+    if n_q % rows:
+        raise ValueError(f"S has {n_q} rows; expected a multiple of rows={rows}")
+    n_tiles = -(-n_k // block_k)
+    padded = np.full((n_q, n_tiles * block_k), -np.inf, dtype=np.result_type(S.dtype, np.float32))
+    padded[:, :n_k] = S
+    running = np.maximum.accumulate(padded.reshape(n_q, n_tiles, block_k).max(axis=2), axis=1)
+    grew = np.ones_like(running, dtype=bool)
+    grew[:, 1:] = running[:, 1:] > running[:, :-1]
+    return grew.reshape(n_q // rows, rows, n_tiles).any(axis=1)
+
+
+def plot_max_growth(curves: dict, rows: int = 16, ax=None):
+    """Share of m-tiles that rescale O at each key tile, one line per {label: grew} of max_growth, and the
+    share for independent random scores: 1 - (1 - 1/(j+1))^rows (each row's max is in tile j with odds
+    1/(j+1))."""
+    fig, ax = own_axes(ax, width=7, height=3)
+    n_tiles = 0
+    for label, grew in curves.items():
+        ax.plot(np.arange(grew.shape[1]), grew.mean(axis=0), label=f"{label}: {grew.mean():.0%} of all", lw=1.5)
+        n_tiles = max(n_tiles, grew.shape[1])
+    j = np.arange(n_tiles)
+    ax.plot(j, 1 - (1 - 1 / (j + 1)) ** rows, "k--", lw=1, label=f"1 - (1 - 1/(j+1))^{rows}: independent scores")
+    ax.set_xlabel("key tile j")
+    ax.set_ylabel("m-tiles that rescale O")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8)
     return ax
