@@ -423,7 +423,8 @@ mix = tviz.load_sass_mix()
 if mix:
     print(f"the kernel's counters, float16 random inputs at N = 4096 (B1 H16): O rescaled in "
           f"{mix['rescale_share']['now']:.1%} of (m-tile, tile) pairs; NumPy above: {curves['random scores'].mean():.1%}")
-#
+
+# %% [markdown]
 # **Step 5. O += PV, P straight from registers.** Section 4 in code: two n-tiles of P packed into one A
 # fragment (`pack`), V's B fragments through `ldmatrix_x4_trans`. For 3xTF32 each tile's PV is summed from
 # zero on the tensor cores and added to O with an fp32 multiply-add: a tensor-core accumulator over
