@@ -9,7 +9,8 @@
 #   skips, and what it computes inside a tile;
 # - check each option in flashlab's NumPy FlashAttention-2 against the explicit float64 reference
 #   `flashlab.reference_attention`, which builds every option as a full Nq x Nk mask or bias;
-# - say where flashlab differs from the library.
+# - say where flashlab differs from the library;
+# - tell from measured times what packing a batch can buy over a loop of launches, and what it cannot.
 #
 # Every section shows a figure, then the formula, then code that checks flashlab against the reference.
 # No algorithm is written here: the lesson calls `flashlab.reference`, `flashlab.tiled`, `flashlab.varlen`,
@@ -313,6 +314,41 @@ for run in runs:
     ms = run["ms"]
     print(f"{fig.varlen_batch_name(run):24s} loop / packed {ms['flashlab loop'] / ms['flashlab varlen']:5.2f}, "
           f"padded / packed {ms['flashlab padded'] / ms['flashlab varlen']:5.2f}")
+
+# %% [markdown]
+# **How far can one launch get ahead of the loop?** The loop does the packed launch's work plus an extra:
+# its launches and the tails of its waves. A faster kernel shortens the packed launch, and the loop's long
+# sequences just as much; the extra can at best stay as it is. So one launch is 2× faster than the loop only
+# once it takes no longer than that extra. Below, how much faster the kernel would have to be for that, in
+# useful TFLOP/s (the work of the unpadded batch, half of it under causal, as `bench_varlen.py` counts it),
+# against what `mma.sync` itself reaches on this GPU (lesson 15's ceiling).
+
+# %%
+from flashlab.viz import tensor as tviz
+
+ceiling = tviz.load_mma_ceiling().get("fp16 m16n8k16")
+for run in runs:
+    if run["variant"] != "tensor":
+        continue
+    ms, lens = run["ms"], np.asarray(run["lens"], dtype=float)
+    useful = 4 * run["H"] * run["d"] * np.sum(lens**2) * (0.5 if run["causal"] else 1.0)
+    now = useful / (ms["flashlab varlen"] * 1e-3) / 1e12
+    extra = ms["flashlab loop"] - ms["flashlab varlen"]
+    need = ms["flashlab varlen"] / extra  # the speed-up that brings the packed launch down to the extra
+    if need <= 1:
+        verdict = "already 2x the loop"
+    else:
+        verdict = f"needs a kernel {need:.2f}x faster: {need * now:.0f} TFLOP/s"
+        if ceiling:
+            verdict += f", {need * now / ceiling:.0%} of mma.sync's {ceiling:.0f}"
+    print(f"{fig.varlen_batch_name(run):24s} packed {now:4.0f} useful TFLOP/s, extra {extra:.2f} ms: {verdict}")
+
+# %% [markdown]
+# On the mixed batch the answer is above the ceiling: no kernel on `mma.sync` can be 2× its own loop there,
+# because the loop's long sequences would get the same speed-up. A bar for packing is therefore better put as:
+# never slower than padding, far ahead of the loop where the loop is bound by launches, and at least as fast
+# as the loop everywhere. FlashAttention's own varlen interface saves the same two things, padding and
+# launches; the work per token stays what it was.
 
 # %% [markdown]
 # ## 7. A paged KV cache: a block table
