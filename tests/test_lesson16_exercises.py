@@ -342,3 +342,22 @@ def test_the_varlen_figure_draws_the_committed_timings(tmp_path):
     assert R.load_varlen_results(tmp_path / "none.json") == []
     ax = R.plot_varlen_speed([]).axes[0]
     assert any("no varlen benchmark" in t.get_text() for t in ax.texts)
+
+
+def test_packing_bound_backs_what_lesson_16_says_of_the_committed_runs():
+    """Lesson 16: on the mixed batch, 2x the loop needs a kernel faster than mma.sync's ceiling; the batch of
+    short sequences is already past 2x. packing_bound's arithmetic on a made-up run, then on the committed ones."""
+    from flashlab.viz import real_api as R
+    from flashlab.viz import tensor as T
+
+    made_up = {"lens": [1000, 1000], "H": 2, "d": 50, "causal": False,
+               "ms": {"flashlab varlen": 2.0, "flashlab loop": 3.0}}
+    bound = R.packing_bound(made_up)
+    assert bound["tflops"] == pytest.approx(4 * 2 * 50 * 2e6 / 2e-3 / 1e12)
+    assert bound["extra_ms"] == pytest.approx(1.0) and bound["speedup"] == pytest.approx(2.0)
+    assert R.packing_bound({**made_up, "ms": {"flashlab varlen": 2.0, "flashlab loop": 1.5}})["speedup"] == float("inf")
+    ceiling = T.load_mma_ceiling()["fp16 m16n8k16"]
+    runs = {R.varlen_batch_name(r): R.packing_bound(r) for r in R.load_varlen_results()}
+    mixed = runs["64 x 129..4096"]
+    assert mixed["speedup"] > 1 and mixed["speedup"] * mixed["tflops"] > ceiling
+    assert runs["256 x 32..1024"]["speedup"] <= 1

@@ -328,13 +328,8 @@ from flashlab.viz import tensor as tviz
 
 ceiling = tviz.load_mma_ceiling().get("fp16 m16n8k16")
 for run in runs:
-    if run["variant"] != "tensor":
-        continue
-    ms, lens = run["ms"], np.asarray(run["lens"], dtype=float)
-    useful = 4 * run["H"] * run["d"] * np.sum(lens**2) * (0.5 if run["causal"] else 1.0)
-    now = useful / (ms["flashlab varlen"] * 1e-3) / 1e12
-    extra = ms["flashlab loop"] - ms["flashlab varlen"]
-    need = ms["flashlab varlen"] / extra  # the speed-up that brings the packed launch down to the extra
+    bound = fig.packing_bound(run)
+    now, extra, need = bound["tflops"], bound["extra_ms"], bound["speedup"]
     if need <= 1:
         verdict = "already 2x the loop"
     else:

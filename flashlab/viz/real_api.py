@@ -2,7 +2,8 @@
 
 Every picture is computed from flashlab's own semantics (reference.attention_mask, reference.alibi_bias,
 dropout.keep_scale, the cu_seqlens and block_table layouts), never redrawn from a description; the varlen
-timings come from benchmarks/results/varlen.json (benchmarks/bench_varlen.py on a GPU).
+timings come from benchmarks/results/varlen.json (benchmarks/bench_varlen.py on a GPU), and packing_bound
+says what they leave possible.
 """
 from __future__ import annotations
 
@@ -183,6 +184,19 @@ def load_varlen_results(path=None, variant="tensor") -> list:
     if not path.exists():
         return []
     return [r for r in json.loads(path.read_text()) if r.get("variant") == variant]
+
+
+def packing_bound(run) -> dict:
+    """What one packed launch of a bench_varlen.py run would need in order to be 2x faster than its loop.
+    tflops: its useful TFLOP/s now (the unpadded batch's work, half of it under causal, as bench_varlen.py
+    counts it); extra_ms: what the loop costs on top of the packed launch (launches, the tails of waves);
+    speedup: how much faster the kernel would have to be for the packed launch to take no more than that extra,
+    the best case for the loop (<= 1: already 2x; inf: the loop is not slower at all)."""
+    ms, lens = run["ms"], np.asarray(run["lens"], dtype=float)
+    useful = 4 * run["H"] * run["d"] * float(np.sum(lens**2)) * (0.5 if run["causal"] else 1.0)
+    extra = ms["flashlab loop"] - ms["flashlab varlen"]
+    return {"tflops": useful / (ms["flashlab varlen"] * 1e-3) / 1e12, "extra_ms": extra,
+            "speedup": ms["flashlab varlen"] / extra if extra > 0 else float("inf")}
 
 
 def varlen_batch_name(run) -> str:
