@@ -387,7 +387,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                 qh, doh, lh, dh = q[b, hq], do[b, hq], lse[b, hq], D[b, hq]
                 st = (j % U(NST)) * UBQ
                 qbase, dobase = qc * qstride, qc * dostride  # the tile's first element, once per tile
-                for it in range(-(-Q_CHUNKS // NT) if LINEAR else 0):
+                for it in range(-(-Q_CHUNKS // NT) if LINEAR else 0):  # (LINEAR is a compile-time constant)
                     row = copy_row + U(it * QSTEP)
                     if Q_EVEN or row < UBQ:
                         ok = qc + row < nq
@@ -396,7 +396,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                         doat = uint32(do_in + uint32(it) * do_step) if ok else uint32(copy_col)
                         mma.cp_async16_flat(Qs, dst, qh, qbase, qat, nbytes)
                         mma.cp_async16_flat(dOs, dst, doh, dobase, doat, nbytes)
-                for it in range(0 if LINEAR else -(-Q_CHUNKS // NT)):
+                for it in range(0 if LINEAR else -(-Q_CHUNKS // NT)):  # the general copy: sm_75, or odd row chunks
                     e = U(it * NT) + tid
                     if e < U(Q_CHUNKS):
                         row, col = e // U(CPR), (e % U(CPR)) * U(4)

@@ -192,10 +192,12 @@ def packing_bound(run) -> dict:
     counts it); extra_ms: what the loop costs on top of the packed launch (launches, the tails of waves);
     speedup: how much faster the kernel would have to be for the packed launch to take no more than that extra,
     the best case for the loop (<= 1: already 2x; inf: the loop is not slower at all)."""
-    ms, lens = run["ms"], np.asarray(run["lens"], dtype=float)
-    useful = 4 * run["H"] * run["d"] * float(np.sum(lens**2)) * (0.5 if run["causal"] else 1.0)
+    from ..bench import attention_flops, tflops
+
+    ms = run["ms"]
+    useful = sum(attention_flops(1, run["H"], n, n, run["d"], causal=run["causal"]) for n in run["lens"])
     extra = ms["flashlab loop"] - ms["flashlab varlen"]
-    return {"tflops": useful / (ms["flashlab varlen"] * 1e-3) / 1e12, "extra_ms": extra,
+    return {"tflops": tflops(useful, ms["flashlab varlen"]), "extra_ms": extra,
             "speedup": ms["flashlab varlen"] / extra if extra > 0 else float("inf")}
 
 
