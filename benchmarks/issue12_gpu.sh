@@ -6,7 +6,7 @@
 #                                              # (default 480); run it again until it says "suite complete"
 #   bash benchmarks/issue12_gpu.sh resources   # kernel_resources.csv compiled with this machine's toolchain
 # The suite writes benchmarks/results/suite.csv, suite_alternatives.csv (split / order / d128-redesign
-# timed the other way), suite.png, suite.md (minimum and geometric mean: for the README) and suite_env.json.
+# timed the other way), suite.png, suite.md (minimum and geometric mean: for docs/performance.md) and suite_env.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1

@@ -15,7 +15,7 @@ float32: suite.csv's last column, max_abs_err, and a count in suite.md.
 
 Writes to --out (default benchmarks/results/): suite.csv (flashlab.bench.SUITE_COLUMNS), suite.png (ratio
 against N, one panel per d and direction), suite.md (minimum and geometric mean of the ratio per variant and
-per d: the README quotes it), suite_env.json (GPU, driver, versions), and suite_alternatives.csv: where the
+per d: docs/performance.md quotes it), suite_env.json (GPU, driver, versions), and suite_alternatives.csv: where the
 plan splits the keys, orders causal blocks heaviest-first, or could use register.D128_REDESIGN, the same
 shape timed the other way, to tune kernels/plan.py's thresholds on measurements.
 """

@@ -148,7 +148,7 @@ def geometric_mean(values) -> float:
 
 def suite_summary(rows) -> list:
     """Per (direction, variant, dtype), and per d within each: shapes, minimum ratio (and where), geometric mean
-    and how many shapes are below 50%: what the suite prints and the README quotes."""
+    and how many shapes are below 50%: what the suite prints and docs/performance.md quotes."""
     groups = {}
     for r in rows:
         for key in ((r["direction"], r["variant"], r["dtype"], "all d"), (r["direction"], r["variant"], r["dtype"],

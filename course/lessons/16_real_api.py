@@ -392,7 +392,7 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 #   GPU kernels support GQA (forward, backward, paged decoding); the register kernels, forward and backward,
 #   also have the window, the alignment, ALiBi, softcap and dropout, and run varlen batches in one launch
 #   each way; the tensor-core forward and backward have all of them too. The
-#   README's feature table is kept up to date.
+#   feature table in [docs/package.md](../docs/package.md) is kept up to date.
 # - **ALiBi's constant.** The library's causal kernels add +m·j instead of −m·|pos_i − j|: under a causal
 #   mask (j ≤ pos_i) the two differ by m·pos_i, a constant per row, which cancels in the softmax. The output
 #   is the same, the lse is not. flashlab uses −m·|pos_i − j| everywhere (`reference.alibi_bias`).
