@@ -54,9 +54,14 @@ print("GPU present:", device.has_gpu())
 flashlab.check("safe_softmax", flashlab.safe_softmax)
 
 # %% [markdown]
-# and given the textbook formula `exp(x) / sum(exp(x))`, which lesson 03 shows breaking. A failed check
-# says what went wrong, on which inputs, gives a hint that points at the idea, and prints the seed that
-# reproduces the inputs:
+# It passes, of course: the package holds a working version of everything the course builds, so that later
+# lessons can use the earlier ones. Submitting `flashlab.safe_softmax` (or any other flashlab function) to
+# an exercise would pass too, and teach you nothing. The exercises are there for you to write your own;
+# the package's versions are the answers, to read after you have tried.
+#
+# Here is the same check given the textbook formula `exp(x) / sum(exp(x))`, which lesson 03 shows
+# breaking. A failed check says what went wrong, on which inputs, gives a hint that points at the idea, and
+# prints the seed that reproduces the inputs:
 
 # %%
 flashlab.check("safe_softmax", flashlab.naive_softmax)
