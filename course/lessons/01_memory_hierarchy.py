@@ -19,15 +19,18 @@ from flashlab import roofline, viz
 # ## Big and slow, or small and fast
 #
 # A GPU has a few tens of gigabytes of high-bandwidth memory (HBM) off the chip, and a few tens of
-# megabytes of SRAM on it, split across its streaming multiprocessors (SMs). The FlashAttention paper
-# (arXiv 2205.14135, Figure 1) gives these numbers for an A100:
+# megabytes of SRAM on it, split across its streaming multiprocessors (SMs). Here they are for the GPU
+# this lesson uses throughout, the A100 SXM with 80 GB of HBM: SRAM figures from the FlashAttention paper
+# (arXiv 2205.14135, Section 2.1), HBM from NVIDIA's A100 datasheet. (The paper's Figure 1 draws the
+# 40 GB model, whose HBM is slower; the roofline below uses the 80 GB one too.)
 
 # %%
 viz.plot_memory_hierarchy();
 
 # %% [markdown]
-# From SRAM to HBM the room grows two-thousand-fold and the bandwidth drops more than tenfold. Arithmetic happens only on the chip, so every operand must first travel from HBM to SRAM
-# (or registers), and every result back. FlashAttention is about making fewer of those trips.
+# From SRAM to HBM the room grows four-thousand-fold and the bandwidth drops almost tenfold. Arithmetic
+# happens only on the chip, so every operand must first travel from HBM to SRAM (or registers), and every
+# result back. FlashAttention is about making fewer of those trips.
 #
 # ## Two speed limits
 #
@@ -40,6 +43,14 @@ viz.plot_memory_hierarchy();
 # Dividing $F$ by the bound gives the best rate the kernel can reach,
 # $\min(\text{peak},\ \text{bandwidth} \times I)$: a slope on the left (memory-bound) meeting a flat
 # roof on the right (compute-bound) at the **ridge point** $I^* = \text{peak} / \text{bandwidth}$.
+#
+# A GPU has two kinds of arithmetic units, with very different peaks. **Tensor cores** are units inside
+# each SM built for one operation: multiply two small matrices and add the product to a third,
+# $D = A B + C$, on tiles of a fixed shape (16×16×16 for FP16, for example) that a group of 32 threads
+# issues as one instruction, with inputs in low precision (FP16, BF16, TF32, ...) and sums usually kept in
+# FP32 (CUDA C++ Programming Guide, "Warp Matrix Functions"; NVIDIA's A100 whitepaper). A GPU's headline
+# FLOP/s are theirs. Everything else, `exp`, max, division and ordinary float arithmetic, runs on the
+# plain FP32 cores (NVIDIA calls them CUDA cores), at a much lower peak: both are printed below.
 #
 # Let us measure both limits on the machine running this notebook: bandwidth by copying an array much
 # larger than the CPU caches, and FLOP rate by a float32 matrix product.

@@ -80,14 +80,22 @@ for n in tqdm(ns, desc="naive attention"):
 for n, p in zip(ns, peaks):
     print(f"N = {n:5d}: peak {p / 1e6:8.2f} MB, 2N² float32 = {2 * n * n * 4 / 1e6:8.2f} MB")
 
-viz.plot_memory_vs_n(2 ** np.arange(6, 17), d, measured={"measured peak (naive_attention)": (ns, peaks)});
+viz.plot_memory_vs_n(2 ** np.arange(6, 17), d, measured={"measured peak (naive_attention)": (ns, peaks)}, bytes_per_element=4);
 
 # %% [markdown]
-# Once $N$ is a few hundred, the measured peaks climb parallel to the $2N^2$ line, a small factor above
-# it: NumPy also holds a temporary of the same size (the exponentials before they are normalised) and
-# float32 copies of the inputs.
-# Extrapolate: at N = 65,536, one head needs $2 \cdot 65536^2 \cdot 2$ bytes = 17 GB of float16 for
-# $S$ and $P$, and a model has many heads and a batch. The inputs themselves are tiny in comparison.
+# Everything here is float32, 4 bytes per element, as in the runs. Once $N$ is a few hundred, the measured
+# peaks climb parallel to the $2N^2$ line, a small factor above it: NumPy also holds a temporary of the
+# same size (the exponentials before they are normalised) and float32 copies of the inputs.
+# Extrapolate to a long sequence:
+
+# %%
+n_long = 65536
+for dtype, nbytes in (("float32", 4), ("float16", 2)):
+    print(f"N = {n_long:,}: S and P take 2 · N² · {nbytes} bytes = {2 * n_long**2 * nbytes / 1e9:.0f} GB of {dtype}, one head")
+
+# %% [markdown]
+# Even in float16, half the bytes of float32, that is 17 GB for one head, and a model has many heads and a
+# batch. The inputs themselves are tiny in comparison.
 #
 # FlashAttention never stores $S$ or $P$. It keeps one row maximum and one row sum per query instead
 # (the green line), which lesson 03 builds, and lesson 04 shows how that also cuts the traffic.

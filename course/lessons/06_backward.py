@@ -26,10 +26,11 @@ rng = np.random.default_rng(0)
 # instead, $\mathrm{lse}_i = m_i + \log l_i$, from which any entry of $P$ can be rebuilt:
 
 # %%
-viz.plot_saved_for_backward(2 ** np.arange(8, 17), d=64);
+viz.plot_saved_for_backward(2 ** np.arange(8, 17), d=64, bytes_per_element=2);
 
 # %% [markdown]
-# At N = 16K, P is 512 MiB per head in float16; lse is 64 KiB.
+# The plot counts P and O in float16, 2 bytes per element, as a model trained in float16 keeps them; lse is
+# float32. At N = 16K, P is 512 MiB per head in float16; lse is 64 KiB.
 #
 # ## The gradients
 #

@@ -8,16 +8,19 @@ import numpy as np
 
 from ._base import COLORS, explore, human_bytes, own_axes, subplots
 
-# FlashAttention (arXiv 2205.14135), Figure 1 left: an A100 with 40 GB of HBM.
+# The A100 SXM 80GB, the GPU of lesson 01's roofline (flashlab.roofline.PUBLISHED["A100"]). SRAM: the
+# FlashAttention paper (arXiv 2205.14135, Section 2.1): 192 KB on each of 108 SMs, about 20 MB, at an
+# estimated 19 TB/s. HBM: 80 GB at 2,039 GB/s (A100 datasheet). CPU DRAM: the paper's Figure 1.
+# (The paper's Figure 1 shows the 40 GB model, whose HBM runs at 1.5 TB/s.)
 HIERARCHY = [  # (level, capacity in bytes, bandwidth in bytes/s)
     ("GPU SRAM\n(all SMs)", 20e6, 19e12),
-    ("GPU HBM", 40e9, 1.5e12),
+    ("GPU HBM", 80e9, 2039e9),
     ("CPU DRAM", 1e12, 12.8e9),
 ]
 
 
 def plot_memory_hierarchy(ax=None):
-    """Capacity against bandwidth for SRAM, HBM and CPU DRAM (A100 figures from arXiv 2205.14135, Fig. 1)."""
+    """Capacity against bandwidth for SRAM, HBM and CPU DRAM of an A100 SXM 80GB (see HIERARCHY for sources)."""
     fig, axes = (ax.figure, ax) if ax is not None else subplots(1, 2, width=9, height=2.8)
     if ax is not None:  # one panel given: draw bandwidth only
         axes = [None, ax]
@@ -40,6 +43,8 @@ def plot_memory_hierarchy(ax=None):
     for yi, h in zip(y, HIERARCHY):
         axes[1].text(h[2], yi, " " + human_bytes(h[2]) + "/s", va="center", fontsize=8)
     axes[1].set_xlim(1e9, 1e15)
+    if ax is None:
+        fig.suptitle("Memory of an A100 SXM 80GB and its host CPU", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -118,14 +123,19 @@ def peak_memory(fn, *args, **kwargs):
     return out, peak
 
 
+DTYPE_NAMES = {2: "float16", 4: "float32", 8: "float64"}  # bytes per element -> the dtype a plot names
+
+
 def plot_memory_vs_n(ns, d, measured=None, bytes_per_element=4, ax=None):
-    """Extra memory beyond Q, K, V, O: naive attention's S and P (2 N^2) against FlashAttention's m and l (2 N).
+    """Extra memory beyond Q, K, V, O: naive attention's S and P (2 N^2) against FlashAttention's m and l (2 N),
+    every array in the dtype of `bytes_per_element` (named on the axis and in the title).
 
     measured: {label: (ns, bytes)} measured peaks (for example from `peak_memory`) drawn as markers.
     """
     fig, ax = own_axes(ax, width=6, height=3.6)
     ns = np.asarray(ns, dtype=float)
     e = bytes_per_element
+    dtype = DTYPE_NAMES.get(e, f"{e}-byte elements")
     ax.plot(ns, 2 * ns**2 * e, color=COLORS["naive"], label="naive: S and P, 2N² elements")
     ax.plot(ns, 4 * ns * d * e, color="#555555", ls="--", label=f"Q, K, V, O themselves: 4Nd (d = {d})")
     ax.plot(ns, 2 * ns * e, color=COLORS["fa2"], label="FlashAttention: m and l (or lse), ≤ 2N")
@@ -135,8 +145,8 @@ def plot_memory_vs_n(ns, d, measured=None, bytes_per_element=4, ax=None):
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length N")
-    ax.set_ylabel("bytes (one head)")
-    ax.set_title("Memory beyond the inputs and output")
+    ax.set_ylabel(f"bytes (one head, {dtype})")
+    ax.set_title(f"Memory beyond the inputs and output, in {dtype}")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return fig
@@ -162,18 +172,20 @@ def plot_step_times(machine, kernels, ax=None):
 
 
 def plot_saved_for_backward(ns, d, bytes_per_element=2, ax=None):
-    """What the forward keeps for the backward, per head: P (N^2, standard) against lse (N, FlashAttention)."""
+    """What the forward keeps for the backward, per head: P (N^2, standard) against lse (N, FlashAttention).
+    P and O in the dtype of `bytes_per_element`; lse in float32, as FlashAttention keeps it."""
     fig, ax = own_axes(ax, width=6, height=3.6)
     ns = np.asarray(ns, dtype=float)
     e = bytes_per_element
-    ax.plot(ns, ns**2 * e, color=COLORS["naive"], label="standard: keep P (N² elements)")
-    ax.plot(ns, ns * d * e, color="#555555", ls="--", label=f"both: keep O (N·d, d = {d})")
-    ax.plot(ns, ns * 4, color=COLORS["fa2"], label="FlashAttention: keep lse (N floats)")
+    dtype = DTYPE_NAMES.get(e, f"{e}-byte elements")
+    ax.plot(ns, ns**2 * e, color=COLORS["naive"], label=f"standard: keep P (N² × {dtype})")
+    ax.plot(ns, ns * d * e, color="#555555", ls="--", label=f"both: keep O (N·d × {dtype}, d = {d})")
+    ax.plot(ns, ns * 4, color=COLORS["fa2"], label="FlashAttention: keep lse (N × float32)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length N")
     ax.set_ylabel("bytes kept per head")
-    ax.set_title("Saved for the backward pass")
+    ax.set_title(f"Saved for the backward pass (P and O in {dtype})")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return fig
