@@ -23,7 +23,9 @@ rng = np.random.default_rng(0)
 # Cut $Q$ into $T_r$ blocks of `block_q` rows ($B_r$ in the paper) and $K, V$ into $T_c$ blocks of
 # `block_k` rows ($B_c$). The score matrix $S$ becomes a $T_r \times T_c$ grid of tiles $S_{ij} =
 # Q_i K_j^\top / \sqrt d$, none of which is ever stored in HBM. This is the order in which
-# `flash_attention_v1` computes them (traced from the code itself):
+# `flash_attention_v1` computes them (traced from the code itself). The number in each tile is its step;
+# the arrows join only the first 12 steps, to keep the picture readable, and the walk goes on the same
+# way, down each column of tiles in turn:
 
 # %%
 viz.plot_tile_order("fa1", nq=128, nk=128, block_q=32, block_k=32);
@@ -107,7 +109,13 @@ viz.plot_traffic_vs_sram(N, d, algorithms=("naive", "fa1"), mark=(M, io.hbm_byte
 viz.plot_block_heatmap("fa1", n=4096, d=d, M=16384);
 
 # %% [markdown]
-# The best choice puts almost all of the budget into $K_j, V_j$: large key blocks, small query blocks.
+# Read it by columns. Every column has one colour: at a fixed block_k, changing block_q does not change
+# FA1's traffic at all. Moving right, each doubling of block_k halves the round trips of $Q, O, m, l$,
+# so the largest key block that fits wins. Here that is block_k = 64: block_k = 128 would not fit even
+# beside the smallest query block, since $Q_i, O_i, K_j, V_j$ would need $2 \cdot (8 + 128) \cdot 64 =
+# 17408$ elements, more than $M = 16384$. Every block_q up to 64 ties; the star takes the largest, which is
+# also the paper's rule ($B_c = \lceil M/4d \rceil = 64$, $B_r = \min(B_c, d) = 64$). A smaller block_q
+# would only pay if it freed enough room to double block_k.
 # FA2 (lesson 05) swaps the loops and with them the roles of $B_r$ and $B_c$.
 #
 # ## Explore

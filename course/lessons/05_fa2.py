@@ -22,7 +22,9 @@ q, k, v = (rng.standard_normal((N, d)).astype(np.float32) for _ in range(3))
 # %% [markdown]
 # ## Loop order
 #
-# Same tiles, other order. Both pictures are traced from flashlab's implementations:
+# Same tiles, other order. Both pictures are traced from flashlab's implementations; as in lesson 04 the
+# arrows join only the first 12 steps, and the numbers give the whole order: FA1 goes on down each column
+# of tiles, FA2 along each row.
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
@@ -92,6 +94,11 @@ print(f"causal / full: matmul FLOPs {causal.matmul_flops / full.matmul_flops:.2f
 # %% [markdown]
 # ## Work split over the sequence
 #
+# A GPU runs a kernel as a grid of **thread blocks**: groups of up to 1024 threads that run together on
+# one SM, share its SRAM and can wait for one another at a barrier; separate blocks run independently, and
+# the GPU hands each to an SM with room for it (CUDA C++ Programming Guide, "Thread Hierarchy"; lesson 07
+# writes them).
+#
 # On a GPU each query block of FA2 is an independent job: it reads $K$ and $V$ and writes only its own
 # rows of $O$. So FA2 launches one thread block per (batch, head, query block), where FA1 launched one
 # per (batch, head) and walked all tiles in it (arXiv 2307.08691, Section 3.2). Colors are thread
@@ -103,8 +110,11 @@ viz.plot_work_split(256, 256, 32, 32, causal=True);
 # %% [markdown]
 # Under the causal mask the thread blocks get unequal rows of work (right); the GPU's scheduler starts
 # the next waiting block on whichever SM frees up first. What the split buys is work for every SM: with
-# long sequences, batches are small, and an A100 has 108 SMs to fill. (The FA2 paper calls this
-# occupancy; from lesson 08 on, occupancy means something narrower, the warps resident on one SM.)
+# long sequences, batches are small, and an A100 has 108 SMs to fill. The FA2 paper calls this
+# *occupancy*. In CUDA's own, narrower sense, the one later lessons use, occupancy is how many **warps**
+# an SM keeps active at once against the most it could (CUDA C++ Best Practices Guide, "Occupancy"); a
+# warp is a group of 32 threads of one block that the SM issues each instruction to together (CUDA C++
+# Programming Guide, "SIMT Architecture"). Here we only count whether every SM gets a thread block at all:
 
 # %%
 viz.plot_occupancy(tr=flashlab.size(64, 16));

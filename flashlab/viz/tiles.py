@@ -83,10 +83,14 @@ def _diagonal_cells(nq, nk, block_q, block_k):
     return {(i, j) for i in range(tr) for j in range(tc) if min((j + 1) * block_k, nk) - 1 > i * block_q}
 
 
+ARROWS = 12  # plot_tile_order draws arrows through the first ARROWS tiles visited; the numbers give the rest
+
+
 def plot_tile_order(algorithm, nq, nk, block_q, block_k, causal=False, ax=None, numbers=True):
     """The S matrix as a Tr x Tc grid of tiles, each numbered and shaded by when `algorithm` visits it.
 
-    Tiles never visited (causal masking) stay grey and are crossed out; arrows follow the first visits.
+    Tiles never visited (causal masking) stay grey and are crossed out; arrows follow the first ARROWS visits,
+    and the axis label says so when there are more.
     """
     fig, ax = own_axes(ax, width=4.4, height=4.2)
     tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_k)
@@ -104,7 +108,7 @@ def plot_tile_order(algorithm, nq, nk, block_q, block_k, causal=False, ax=None, 
                 ax.plot([j + 0.15, j + 0.85], [i + 0.85, i + 0.15], color="#bbbbbb", lw=0.8)
             elif numbers and tr * tc <= 100:
                 ax.text(j + 0.5, i + 0.5, str(int(step[i, j])), ha="center", va="center", fontsize=8, color="white")
-    path = order[: min(len(order), 12)]
+    path = order[:ARROWS]
     for (i0, j0), (i1, j1) in zip(path[:-1], path[1:]):
         ax.annotate("", xy=(j1 + 0.5, i1 + 0.5), xytext=(j0 + 0.5, i0 + 0.5),
                     arrowprops=dict(arrowstyle="->", color="#ff7f0e", lw=1.2, shrinkA=6, shrinkB=6))
@@ -114,6 +118,9 @@ def plot_tile_order(algorithm, nq, nk, block_q, block_k, causal=False, ax=None, 
         ax.axhline(y, color="white", lw=1)
     loop = {"fa1": "outer j, inner i", "fa2": "outer i, inner j", "fa2_backward": "outer j, inner i"}[algorithm]
     _grid_axes(ax, tr, tc, f"{LABELS[algorithm]} visit order ({loop})" + (", causal" if causal else ""))
+    if len(order) > len(path):  # say in the figure that the arrows stop, and how the order goes on
+        walk = "row by row" if algorithm == "fa2" else "column by column"
+        ax.set_xlabel(f"{ax.get_xlabel()}\narrows: steps 0–{len(path) - 1} only; the rest go on {walk}", fontsize=8)
     return fig
 
 
