@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import signal
 import sys
@@ -259,38 +260,51 @@ class Checker:
 
     # -- comparing --------------------------------------------------------------------------------
     def array(self, out, shape, dtype=None, name="the output", min_dtype=None) -> np.ndarray:
-        """`out` as an ndarray of the right shape and dtype, else fail saying what is wrong."""
+        """`out` as an ndarray of the right shape and dtype, else fail saying what is wrong.
+
+        These failures carry a hint about the failure itself, never the hint of the case that was running.
+        """
         if not isinstance(out, (np.ndarray, np.generic)):
-            raise self.fail(f"{name} should be a NumPy array; got {type(out).__name__}")
+            raise self.fail(f"{name} should be a NumPy array; got {type(out).__name__}",
+                            hint="return NumPy arrays (np.asarray turns a list into one)")
         out = np.asarray(out)
         if out.shape != tuple(shape):
-            raise self.fail(f"{name} has shape {out.shape}; expected {tuple(shape)}")
+            raise self.fail(f"{name} has shape {out.shape}; expected {tuple(shape)}", hint=shape_hint(out.shape, shape))
         if dtype is not None and out.dtype != np.dtype(dtype):
-            raise self.fail(f"{name} has dtype {out.dtype}; expected {np.dtype(dtype)} (the input's dtype)")
+            raise self.fail(f"{name} has dtype {out.dtype}; expected {np.dtype(dtype)} (the input's dtype)",
+                            hint=dtype_hint(out.dtype, np.dtype(dtype)))
         if min_dtype is not None and not (out.dtype.kind == "f" and out.dtype.itemsize >= np.dtype(min_dtype).itemsize):
             raise self.fail(f"{name} has dtype {out.dtype}; expected a float dtype at least as precise as "
-                            f"{np.dtype(min_dtype)}")
+                            f"{np.dtype(min_dtype)}", hint=dtype_hint(out.dtype, np.dtype(min_dtype)))
         return out
 
-    def compare(self, out, ref, name="the output", dtype=None, min_dtype=None, tol=None, explain=None) -> float:
+    def compare(self, out, ref, name="the output", dtype=None, min_dtype=None, tol=None, explain=None,
+                floor=0.0) -> float:
         """Check `out` against the float64 `ref`; returns the relative error.
 
         dtype: the dtype `out` must have (the input's); min_dtype: or any float dtype at least this precise.
         Entries where ref is +-inf must match exactly. explain(out) -> (details, hint) adds a diagnosis.
+        floor: the error is ||out - ref|| / max(||ref||, floor). Where the answer can be near zero (a sum of
+        terms that cancel), a right answer is rounding noise of the size of the terms, and so is the reference:
+        the floor is that size (see `noise_floor`), so that noise is never judged relative to noise.
         """
         ref = np.asarray(ref, dtype=np.float64)
         out = self.array(out, ref.shape, dtype, name, min_dtype)
         o64 = out.astype(np.float64)
         finite = np.isfinite(ref)
         if np.isnan(o64).any():
-            raise self.fail(f"{name} contains NaN ({int(np.isnan(o64).sum())} of {o64.size} entries)",
-                            details=self._explained(explain, out)[0])
+            details, hint = self._explained(explain, out)
+            if not hint and not (self.current and self.current.hint):  # a case about NaN hints better than NAN_HINT
+                hint = NAN_HINT
+            raise self.fail(f"{name} contains NaN ({int(np.isnan(o64).sum())} of {o64.size} entries)", details=details,
+                            **({"hint": hint} if hint else {}))
         if not np.array_equal(o64[~finite], ref[~finite]):
             raise self.fail(f"{name} should be {ref[~finite][0]} where the answer is infinite (e.g. an empty row's max)")
         if np.isinf(o64[finite]).any():
             raise self.fail(f"{name} contains inf where the answer is finite (an overflow?)")
         tol = tol if tol is not None else tolerance(dtype or min_dtype or out.dtype)
-        err = _relative_error(o64[finite], ref[finite])
+        diff = float(np.linalg.norm(o64[finite] - ref[finite]))
+        err = diff / max(float(np.linalg.norm(ref[finite])), floor) if diff else 0.0
         if err > tol:
             details, hint = self._explained(explain, out)
             raise self.fail(f"{name} is wrong", error=err, tol=tol, details=details,
@@ -342,10 +356,44 @@ class Checker:
         return err
 
 
-def _relative_error(out, ref) -> float:
-    from .. import relative_error
+NAN_HINT = ("NaN comes from inf - inf, 0 * inf or 0 / 0: a row whose scores are all -inf (masked), or exp() of "
+            "a large number that overflowed before a subtraction.")
 
-    return relative_error(out, ref)
+
+def noise_floor(magnitude, dtype, tol, terms=1) -> float:
+    """The `floor` for `Checker.compare` of an output whose rounding noise is about eps * ||magnitude||.
+
+    magnitude: the same computation with every factor replaced by its absolute value (so no cancellation);
+    dtype: the input dtype (float16 inputs are computed in float32); terms: how many roundings pile up.
+    A right answer's noise then stays within tol of the floor, with a margin of 8.
+    """
+    eps = float(np.finfo(np.promote_types(dtype, np.float32)).eps)
+    return 8 * eps * math.sqrt(terms) * float(np.linalg.norm(magnitude)) / tol
+
+
+def shape_hint(got, want) -> str:
+    got, want = tuple(got), tuple(want)
+    if got == want[::-1] and len(want) == 2:
+        return "the shape is transposed: check which operand of each product is transposed"
+    if len(got) > len(want):
+        return "an extra axis: a sum or max that should have removed an axis kept it (keepdims?), or broadcasting " \
+               "made a matrix out of two vectors"
+    if len(got) < len(want):
+        return "an axis is missing: a sum or max ran over the whole array, or over the wrong axis"
+    return "check which axis each sum, max or product runs over, and the shapes of the inputs you combine"
+
+
+def dtype_hint(got, want) -> str:
+    got, want = np.dtype(got), np.dtype(want)
+    if got == np.float64 and want in (np.dtype(np.float32), np.dtype(np.float16)):
+        return ("your result was promoted to float64. In NumPy 2, math on a float32 array with a NumPy float64 "
+                "scalar gives float64: `Q @ K.T / np.sqrt(d)` is float64, because np.sqrt(d) is an np.float64. "
+                "Use math.sqrt(d) (a Python float keeps float32), or cast the result: out.astype(Q.dtype).")
+    if want == np.float16 and got == np.float32:
+        return "compute in float32, then cast the result back to the input's dtype: out.astype(np.float16)"
+    if got.kind != "f":
+        return "return floating-point numbers (an integer array loses every fraction)"
+    return f"cast the result to {want}: out.astype(...)"
 
 
 class _time_limit:

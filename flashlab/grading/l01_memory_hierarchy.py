@@ -41,14 +41,24 @@ def check_roofline(t, fn):
     machines = [Machine("A100", 312e12, 2039e9), Machine("T4", 65e12, 320e9)]
     machines += [Machine("random", float(10 ** t.rng.uniform(10, 15)), float(10 ** t.rng.uniform(9, 12)))
                  for _ in range(3)]
-    for mach in machines:
-        for label, factor in [("memory-bound side", t.rng.uniform(0.01, 0.9)), ("compute-bound side", t.rng.uniform(1.1, 50))]:
-            intensity = mach.ridge * factor
-            t.case(label, intensity=intensity, peak_flops=mach.peak_flops, bandwidth=mach.bandwidth)
-            out = t.call(intensity, mach.peak_flops, mach.bandwidth)
-            if not isinstance(out, tuple) or len(out) != 2:
-                raise t.fail(f"return a tuple (attainable FLOP/s, 'memory' or 'compute'); got {out!r:.80}")
-            t.scalar(out[0], float(mach.attainable(intensity)), "the attainable FLOP/s")
-            want = "memory" if intensity < mach.ridge else "compute"
-            if out[1] != want:
-                raise t.fail(f"the bound is {out[1]!r}; expected {want!r}")
+    cases = [(label, mach, mach.ridge * factor) for mach in machines
+             for label, factor in [("memory-bound side", t.rng.uniform(0.01, 0.9)),
+                                   ("compute-bound side", t.rng.uniform(1.1, 50))]]
+    # Exactly at the ridge: whole numbers, so that intensity = peak / bandwidth and intensity * bandwidth = peak
+    # hold exactly in floating point, however the comparison is written.
+    for ridge, bandwidth in [(156, 2_000_000_000_000), (int(t.rng.integers(1, 1000)), int(t.rng.integers(1, 3000)) * 10**9)]:
+        cases.append(("exactly at the ridge point", Machine("ridge", float(ridge * bandwidth), float(bandwidth)),
+                      float(ridge)))
+    for label, mach, intensity in cases:
+        t.case(label, intensity=intensity, peak_flops=mach.peak_flops, bandwidth=mach.bandwidth)
+        out = t.call(intensity, mach.peak_flops, mach.bandwidth)
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise t.fail(f"return a tuple (attainable FLOP/s, 'memory' or 'compute'); got {out!r:.80}")
+        t.scalar(out[0], float(mach.attainable(intensity)), "the attainable FLOP/s")
+        want = "memory" if intensity < mach.ridge else "compute"
+        if out[1] != want:
+            at_ridge = intensity == mach.ridge
+            raise t.fail(f"the bound is {out[1]!r}; expected {want!r}",
+                         hint="at the ridge point itself both limits are equal, and the docstring counts it as "
+                              "compute-bound: memory-bound means intensity < peak_flops / bandwidth, strictly"
+                         if at_ridge else None)

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
 from ..softmax import merge_softmax_states, safe_softmax
-from .core import exercise
+from .core import exercise, tolerance
 
 LESSON = "03_softmax"
 HUGE = "exp() overflows for inputs above ~709 (float64) or ~88 (float32). Shifting a row by a constant does not change its softmax."
@@ -42,11 +44,116 @@ def softmax_inputs(t):
         yield x
 
 
+def softmax_stats_tolerance(x, tol):
+    """l = sum exp(x - m) carries relative rounding errors of about eps * |x| from each exponent."""
+    eps = float(np.finfo(np.promote_types(x.dtype, np.float32)).eps)
+    finite = np.abs(x[np.isfinite(x)])
+    return max(tol, 16 * eps * float(finite.max(initial=0.0)))
+
+
 @exercise("safe_softmax", lesson=LESSON,
           hint="softmax(x) = exp(x) / sum(exp(x)) along the last axis; what can you subtract from a row first?")
 def check_safe_softmax(t, fn):
     for x in softmax_inputs(t):
-        t.compare(t.call(x), safe_softmax(x.astype(np.float64)), dtype=x.dtype)
+        t.compare(t.call(x), safe_softmax(x.astype(np.float64)), dtype=x.dtype,
+                  tol=softmax_stats_tolerance(x, tolerance(x.dtype)))
+
+
+class OnePassRows(NDArrayOperatorsMixin):
+    """An array the checker hands over in place of x, which notes whether any row is read a second time.
+
+    Reading one column, a run of columns, or a row, as often as needed in a row, is one pass; a read that
+    comes back to entries already read and moved past is a second one. So is reading a whole row of several
+    entries twice (`x.max(-1)`, then `x - m`): that keeps the whole row around, which is what one pass avoids.
+    Every read returns a plain copy, and `astype` / `copy` give a new OnePassRows, so a second pass over a
+    converted copy is seen too. Reads of shape and dtype are free.
+    """
+
+    _FREE = {np.shape, np.ndim, np.size, np.result_type, np.zeros_like, np.ones_like, np.empty_like, np.full_like}
+
+    def __init__(self, data):
+        self._data = np.array(data)
+        self._data.flags.writeable = False
+        self._seen = np.zeros(self._data.shape, bool)
+        self._last = np.zeros(self._data.shape, bool)  # each row's entries of its latest read
+        self.second_pass = False
+
+    shape = property(lambda self: self._data.shape)
+    dtype = property(lambda self: self._data.dtype)
+    ndim = property(lambda self: self._data.ndim)
+    size = property(lambda self: self._data.size)
+
+    def __len__(self):
+        return len(self._data)
+
+    def _read(self, key=Ellipsis):
+        mask = np.zeros(self.shape, bool)
+        mask[key] = True
+        read = mask.any(axis=-1)
+        again = (mask & self._seen).any(axis=-1)
+        whole = mask.all(axis=-1) & (self.shape[-1] > 1)
+        same = (mask == self._last).all(axis=-1)
+        if np.any(read & again & ~(same & ~whole)):
+            self.second_pass = True
+        self._seen |= mask
+        self._last = np.where(read[..., None], mask, self._last)
+        return self._data[key].copy()
+
+    def __getitem__(self, key):
+        return self._read(key)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __array__(self, dtype=None, copy=None):
+        out = self._read()
+        return out if dtype is None else out.astype(dtype)
+
+    def astype(self, dtype, *args, **kwargs):
+        return OnePassRows(self._read().astype(dtype, *args, **kwargs))
+
+    def copy(self, *args, **kwargs):
+        return self.astype(self.dtype)
+
+    def __getattr__(self, name):  # x.max(axis=-1), x.T, x.sum(), ...: a read of all of x
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._read(), name)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if any(isinstance(o, OnePassRows) for o in kwargs.get("out", ())):
+            raise ValueError("x is read-only here: compute new arrays (x - m) instead of changing x in place")
+        inputs = [np.asarray(x) if isinstance(x, OnePassRows) else x for x in inputs]
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        plain = (lambda x: x._data) if func in self._FREE else np.asarray
+        unwrap = lambda a: plain(a) if isinstance(a, OnePassRows) else \
+            type(a)(unwrap(v) for v in a) if isinstance(a, (list, tuple)) else a  # noqa: E731
+        return func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in kwargs.items()})
+
+    def __repr__(self):
+        return f"OnePassRows(shape={self.shape}, dtype={self.dtype})"
+
+
+ONE_PASS = ("This exercise is about one pass: m and l come out of a single sweep along each row, as a kernel sees "
+            "each key once. Your function read the row again after a first pass (x.max(-1), then "
+            "exp(x - m), say; np.asarray(x), x.max() and x - m each read all of x): keep a running max and a running sum instead, and rescale the sum when the max grows.")
+
+
+def _m_slip(m, x):
+    if np.allclose(np.asarray(m, np.float64), np.maximum(x.max(axis=-1), 0.0)):
+        return ("m starts at 0, so a row whose entries are all negative reports m = 0: start from m = -inf, which "
+                "any entry raises")
+    return None
+
+
+def _l_slip(l, x):
+    if np.isnan(np.asarray(l, np.float64)).all() and np.isfinite(x).all():
+        return ("l is NaN in every row, from the first element on: the factor that brings the old terms to a new "
+                "max is exp(m_old - m_new), at most 1. The other way round, exp(m_new - m_old) is inf while "
+                "m_old = -inf, and 0 * inf is NaN.")
+    return None
 
 
 @exercise("online_softmax_stats", lesson=LESSON,
@@ -57,11 +164,15 @@ def check_online_softmax_stats(t, fn):
         x64 = x.astype(np.float64)
         m_ref = x64.max(axis=-1)
         l_ref = np.exp(x64 - m_ref[..., None]).sum(axis=-1)
-        out = t.call(x)
+        stream = OnePassRows(x)
+        out = t.call(stream)
         if not isinstance(out, tuple) or len(out) != 2:
             raise t.fail(f"return a tuple (m, l); got {type(out).__name__}")
-        t.compare(out[0], m_ref, "m", min_dtype=x.dtype)
-        t.compare(out[1], l_ref, "l", min_dtype=x.dtype)
+        t.compare(out[0], m_ref, "m", min_dtype=x.dtype, explain=lambda m: ([], _m_slip(m, x64)))
+        t.compare(out[1], l_ref, "l", min_dtype=x.dtype, tol=softmax_stats_tolerance(x, tolerance(x.dtype)),
+                  explain=lambda l: ([], _l_slip(l, x64)))
+        if stream.second_pass:
+            raise t.fail("m and l are right, but your function read x a second time", hint=ONE_PASS)
 
 
 def _state(t, shape, empty):
