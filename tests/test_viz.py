@@ -134,6 +134,29 @@ def test_tile_figures():
     _png_ok(viz.plot_occupancy(16))
 
 
+def test_tile_order_says_where_its_arrows_stop():
+    assert "steps 0–11 only" in viz.plot_tile_order("fa1", 128, 128, 32, 32).axes[0].get_xlabel()  # 16 tiles
+    assert "only" not in viz.plot_tile_order("fa1", 64, 64, 32, 32).axes[0].get_xlabel()  # 4 tiles: all drawn
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_order_figure(causal):
+    """The backward's loop-order figure draws, and its bars say what the loops do: dK, dV written once,
+    dQ read and written once per key block that reaches it (plus the write that zeroes it)."""
+    nq = nk = 128
+    trips = viz.backward_round_trips(nq, nk, 32, 32, causal=causal)
+    assert trips["dK"] == trips["dV"] == (0.0, 1.0)
+    per_row = [len([j for (i, j) in viz.trace_tiles("fa2_backward", nq, nk, 32, 32, causal) if i == r]) for r in range(4)]
+    assert trips["dQ"] == (sum(per_row) / 4, sum(per_row) / 4 + 1)  # (4, 5) in full, (2.5, 3.5) causal
+    fig = viz.plot_backward_order(nq, nk, 32, 32, causal=causal)
+    order, bars = fig.axes[:2]
+    assert "outer j, inner i" in order.get_title()
+    assert sorted(int(t.get_text()) for t in order.texts if t.get_text().isdigit()) == list(range(sum(per_row)))
+    assert any("on chip" in t.get_text() for t in order.texts) and any("HBM" in t.get_text() for t in order.texts)
+    assert [round(p.get_height(), 6) for p in bars.patches] == [trips["dQ"][0], 0, 0, trips["dQ"][1], 1, 1]
+    _png_ok(fig)
+
+
 # --- traffic ----------------------------------------------------------------------------------------
 
 def test_fits_agrees_with_the_budget():

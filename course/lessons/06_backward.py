@@ -40,9 +40,21 @@ viz.plot_saved_for_backward(2 ** np.arange(8, 17), d=64, bytes_per_element=2);
 # $$ dV = P^\top dO, \qquad dP = dO\,V^\top, \qquad dS_{ij} = P_{ij}\,(dP_{ij} - D_i), \qquad
 #    dQ = s\, dS\, K, \qquad dK = s\, dS^\top Q, $$
 #
-# where $D_i = \sum_j P_{ij}\, dP_{ij}$ comes from differentiating the softmax. Written that way, $D$
-# needs a full row of $P$. But $\sum_j P_{ij} (dO_i \cdot V_j) = dO_i \cdot \sum_j P_{ij} V_j = dO_i \cdot O_i$,
-# so $D = \mathrm{rowsum}(dO \circ O)$: one cheap pass over $O$ and $dO$, before any tile is touched.
+# where $D_i = \sum_j P_{ij}\, dP_{ij}$. $dV$, $dP$, $dQ$ and $dK$ are the usual rules for a matrix
+# product. $dS$ comes from the softmax, row by row. With $P_{ij} = e^{S_{ij}} / \sum_l e^{S_{il}}$, the
+# softmax's Jacobian is
+#
+# $$ \frac{\partial P_{ij}}{\partial S_{ik}} = P_{ij}\,(\delta_{jk} - P_{ik}), \qquad
+#    \delta_{jk} = 1 \text{ if } j = k, \text{ else } 0, $$
+#
+# and the chain rule sums over every $P_{ij}$ that $S_{ik}$ moves:
+#
+# $$ dS_{ik} = \sum_j dP_{ij}\, P_{ij}\,(\delta_{jk} - P_{ik})
+#    = P_{ik}\, dP_{ik} - P_{ik} \sum_j P_{ij}\, dP_{ij} = P_{ik}\,(dP_{ik} - D_i). $$
+#
+# Written that way, $D_i$ needs a full row of $P$. But $dP_{ij} = dO_i \cdot V_j$, so
+# $D_i = \sum_j P_{ij} (dO_i \cdot V_j) = dO_i \cdot \sum_j P_{ij} V_j = dO_i \cdot O_i$:
+# $D = \mathrm{rowsum}(dO \circ O)$, one cheap pass over $O$ and $dO$, before any tile is touched.
 # Both facts, checked on small inputs (where materialising $P$ is fine):
 
 # %%
@@ -57,9 +69,21 @@ print("P rebuilt from lse:  ", relative_error(np.exp(S - lse[:, None]), P))
 print("rowsum(P * dP) = rowsum(dO * O):", relative_error((P * (do @ v.T)).sum(axis=1), (do * o).sum(axis=1)))
 
 # %% [markdown]
+# ## The loops
+#
 # `flash_attention_v2_backward` (arXiv 2307.08691, Algorithm 2) loops over key blocks outside, so each
 # thread block owns and accumulates its $dK_j, dV_j$ on chip; inside, for every query block it loads
 # $Q_i, dO_i, \mathrm{lse}_i, D_i$, recomputes $S_{ij}$ and $P_{ij}$, and adds its share to $dQ_i$ in HBM.
+# Traced from the code, with the counts of one instrumented run on the right:
+
+# %%
+viz.plot_backward_order(128, 128, 32, 32);
+
+# %% [markdown]
+# The order is FA1's (lesson 04), for the same reason: what stays on chip is what the outer loop owns.
+# $dK_j$ and $dV_j$ (green column) collect a term from every query block while the inner loop runs down
+# the column, and are written once. $dQ_i$ (red row) gets a term from every key block, one column apart,
+# so it lives in HBM: read, added to and written back at each tile, plus one write to zero it first.
 #
 # ## What recomputation costs and saves
 #
@@ -118,7 +142,8 @@ ax.legend(fontsize=8);
 # Define the scalar $L(Q, K, V) = \sum O \circ dO$, whose gradient with respect to $O$ is $dO$. Nudge
 # one entry of an input by $\pm\varepsilon$, recompute $L$ with the float64 reference, and the central
 # difference $(L_+ - L_-)/2\varepsilon$ approximates that entry's gradient to about $\varepsilon^2$.
-# Compare with flashlab's backward at a sample of entries, with and without the causal mask:
+# Compare with flashlab's backward at a sample of entries, with and without the causal mask, and with a
+# backward that has a bug:
 
 # %%
 n_fd, eps = flashlab.size(48, 24), 1e-5
@@ -127,34 +152,58 @@ q, k, v, do = (rng.standard_normal((n_fd, 16)) for _ in range(4))
 def loss(q, k, v, causal):
     return float(np.sum(reference_attention(q, k, v, causal=causal)[0] * do))
 
-fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-for ax, causal in zip(axes, (False, True)):
+def finite_differences(x, picks, causal):
+    """(L+ - L-) / 2 eps at each picked entry of x, one of q, k, v (nudged in place, then restored)."""
+    out = []
+    for idx in picks:
+        old = x[idx]
+        x[idx] = old + eps
+        up = loss(q, k, v, causal)
+        x[idx] = old - eps
+        down = loss(q, k, v, causal)
+        x[idx] = old
+        out.append((up - down) / (2 * eps))
+    return np.array(out)
+
+def backward_without_D(q, k, v, do):
+    """A dense backward with a bug on purpose: the D term dropped from dS."""
+    s = 1 / np.sqrt(q.shape[-1])
+    P = np.exp(q @ k.T * s - reference_attention(q, k, v)[1][:, None])
+    dS = P * (do @ v.T)  # right: P * (do @ v.T - D[:, None])
+    return s * dS @ k, s * dS.T @ q, P.T @ do
+
+inputs = dict(zip("QKV", (q, k, v)))
+picks = {name: [tuple(rng.integers(n) for n in x.shape) for _ in range(flashlab.size(12, 6))] for name, x in inputs.items()}
+numeric = {(causal, name): finite_differences(inputs[name], picks[name], causal)
+           for causal, name in tqdm([(c, n) for c in (False, True) for n in "QKV"], desc="finite differences")}
+
+runs = {}  # title -> (causal, (dQ, dK, dV))
+for causal in (False, True):
     o, lse = flash_attention_v2(q, k, v, causal=causal, block_q=16, block_k=16)
-    grads = flash_attention_v2_backward(q, k, v, o, lse, do, causal=causal, block_q=16, block_k=16)
-    for name, x, g, marker in zip("QKV", (q, k, v), grads, "os^"):
-        picks = [tuple(rng.integers(s) for s in x.shape) for _ in range(flashlab.size(12, 6))]
-        numeric = []
-        for idx in tqdm(picks, desc=f"d{name} causal={causal}", leave=False):
-            old = x[idx]
-            x[idx] = old + eps
-            up = loss(q, k, v, causal)
-            x[idx] = old - eps
-            down = loss(q, k, v, causal)
-            x[idx] = old
-            numeric.append((up - down) / (2 * eps))
-        analytic = np.array([g[idx] for idx in picks])
-        err = np.max(np.abs(analytic - numeric)) / np.max(np.abs(numeric))
-        ax.plot(numeric, analytic, marker, mfc="none", label=f"d{name}: max rel. error {err:.0e}")
-    lim = np.abs(ax.get_xlim()).max()
+    runs[f"flash_attention_v2_backward, causal={causal}"] = (
+        causal, flash_attention_v2_backward(q, k, v, o, lse, do, causal=causal, block_q=16, block_k=16))
+runs["a bug: D dropped from dS"] = (False, backward_without_D(q, k, v, do))
+
+fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+for ax, (title, (causal, grads)) in zip(axes, runs.items()):
+    for name, g, marker in zip("QKV", grads, "os^"):
+        fd = numeric[causal, name]
+        analytic = np.array([g[idx] for idx in picks[name]])
+        err = np.max(np.abs(analytic - fd)) / np.max(np.abs(fd))
+        ax.plot(fd, analytic, marker, mfc="none", label=f"d{name}: max rel. error {err:.0e}")
+    lim = max(np.abs(ax.get_xlim()).max(), np.abs(ax.get_ylim()).max())
     ax.plot([-lim, lim], [-lim, lim], color="#999999", lw=0.8, zorder=0)
-    ax.set(xlabel="finite difference", ylabel="flash_attention_v2_backward", title=f"causal={causal}")
+    ax.set(xlabel="finite difference", ylabel="backward's gradient", title=title)
+    ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
 fig.tight_layout()
 
 # %% [markdown]
-# All points sit on the diagonal, with errors near $10^{-9}$ or below, the size a central difference with
-# $\varepsilon = 10^{-5}$ leaves. A backward with a bug (the $D$ term dropped, a mask off by one) lands
-# visibly off it: the exercise grader tries exactly such mistakes on your code.
+# In the first two panels all points sit on the diagonal, with errors near $10^{-9}$ or below, the size a
+# central difference with $\varepsilon = 10^{-5}$ leaves. The third is a backward with a bug, the $D$ term
+# dropped from $dS$, on the same inputs: $dV$ does not involve $D$ and stays on the diagonal, while $dQ$
+# and $dK$ land visibly off it. The exercise grader tries mistakes like this one (and others, a mask off
+# by one) on your code.
 #
 # **Exercises:** [06_backward](../exercises/06_backward.ipynb): compute $D$, write the FA2
 # backward pass, and weigh recomputing P against storing it on a roofline.

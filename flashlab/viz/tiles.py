@@ -194,3 +194,55 @@ def plot_occupancy(tr, n_sm=108, batch_heads=(1, 2, 4, 8, 16, 32, 64, 128), ax=N
     ax.set_title("Parallelism over the sequence fills the GPU")
     ax.legend(fontsize=8, loc="lower right")
     return fig
+
+
+def backward_round_trips(nq, nk, block_q, block_k, causal=False, d=4):
+    """{name: (reads, writes)} for dQ, dK and dV in one run of flashlab's FA2 backward, each counted in
+    whole arrays (elements moved / elements of the array): how often each gradient crosses HBM."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((n, d)).astype(np.float32) for n in (nq, nk, nk))
+    kw = dict(causal=causal, block_q=block_q, block_k=block_k)
+    o, lse = flash_attention_v2(q, k, v, **kw)
+    io = HBMModel(M=None)
+    flash_attention_v2_backward(q, k, v, o, lse, rng.standard_normal(o.shape).astype(np.float32), io=io, **kw)
+    s = io.summary()
+    size = {"dQ": nq * d, "dK": nk * d, "dV": nk * d}
+    return {n: (s["reads"].get(n, 0) / size[n], s["writes"].get(n, 0) / size[n]) for n in size}
+
+
+def plot_backward_order(nq, nk, block_q, block_k, causal=False):
+    """The FA2 backward's loops (lesson 06), traced from flashlab's code: the outer loop walks the key blocks
+    j, the inner loop the query blocks i. Left: the visit order, with one key block's column marked (its dK_j,
+    dV_j stay on chip while the inner loop runs down it) and one query block's row (its dQ_i is read from
+    HBM, added to and written back at every tile of the row). Right: how often each gradient crosses HBM
+    in the same run (backward_round_trips)."""
+    fig, (left, right) = subplots(1, 2, width=10, height=4.6, gridspec_kw={"width_ratios": [1.1, 1]})
+    plot_tile_order("fa2_backward", nq, nk, block_q, block_k, causal=causal, ax=left)
+    tr, tc = math.ceil(nq / block_q), math.ceil(nk / block_k)
+    j, i = min(1, tc - 1), min(1, tr - 1)
+    left.add_patch(Rectangle((j, 0), 1, tr, fill=False, ec=COLORS["fa2"], lw=3, zorder=6))
+    left.add_patch(Rectangle((0, i), tc, 1, fill=False, ec=COLORS["naive"], lw=2, ls="--", zorder=6))
+    left.text(j + 0.5, -0.08, f"dK_{j}, dV_{j}: on chip", ha="center", va="bottom", fontsize=8,
+              color=COLORS["fa2"], fontweight="bold")
+    left.text(tc + 0.05, i + 0.5, f"dQ_{i}:\nin HBM,\n+= at\neach tile", ha="left", va="center", fontsize=8,
+              color=COLORS["naive"], fontweight="bold")
+    left.set_title(f"{left.get_title()}\n", fontsize=10)
+
+    trips = backward_round_trips(nq, nk, block_q, block_k, causal)
+    names = list(trips)
+    x = np.arange(len(names))
+    reads = np.array([trips[n][0] for n in names])
+    writes = np.array([trips[n][1] for n in names])
+    right.bar(x - 0.18, reads, 0.36, color="#4c72b0", label="read from HBM")
+    right.bar(x + 0.18, writes, 0.36, color="#dd8452", label="written to HBM")
+    for xi, r, w in zip(x, reads, writes):
+        right.text(xi - 0.18, r, f"{r:g}", ha="center", va="bottom", fontsize=8)
+        right.text(xi + 0.18, w, f"{w:g}", ha="center", va="bottom", fontsize=8)
+    right.set_xticks(x, names)
+    right.set_ylabel("times the whole array crosses HBM")
+    right.set_ylim(0, max(reads.max(), writes.max()) * 1.2 + 0.5)
+    right.set_title(f"Gradients through HBM (Tc = {tc} key blocks)", fontsize=10)
+    right.legend(fontsize=8, loc="upper right")
+    right.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
