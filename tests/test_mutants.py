@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from flashlab.grading import EXERCISES, check
-from conftest import load_exercise
+from conftest import assert_rejected_naming_its_slip, load_exercise
 from test_new_exercises_a import NEW_EXERCISES  # checked in their own file
 
 SEEDS = (1, 2, 3)
@@ -352,3 +352,91 @@ def test_mutants_fail(name, seed):
 def test_blank_is_not_implemented(name):
     blank = load_exercise(EXERCISES[name].lesson, keep=False)[name]
     assert check(name, blank, seed=0, quiet=True).status == "not implemented"
+
+
+# -- wrong answers the checkers once accepted, and slips whose verdict must name them -----------------
+NAMED = []  # (exercise, kept wrong solution, words its verdict must contain)
+
+
+def named(name, says):
+    def register(fn):
+        NAMED.append((name, fn, says))
+        return fn
+    return register
+
+
+@named("roofline", "at the ridge point itself")
+def roofline_memory_at_the_ridge(intensity, peak, bw):
+    return min(peak, bw * intensity), "memory" if intensity <= peak / bw else "compute"
+
+
+@named("online_softmax_stats", "read x a second time")
+def online_two_passes(x):
+    w = x.astype(_work(x))
+    m = w.max(axis=-1)
+    return m, np.exp(w - m[..., None]).sum(axis=-1)
+
+
+@named("online_softmax_stats", "read x a second time")
+def online_two_loops(x):
+    w = _work(x)
+    m = np.full(x.shape[:-1], -np.inf, w)
+    for j in range(x.shape[-1]):
+        m = np.maximum(m, x[..., j].astype(w))
+    safe = np.where(np.isneginf(m), 0.0, m)
+    l = np.zeros(x.shape[:-1], w)
+    for j in range(x.shape[-1]):  # a second sweep along each row
+        l = l + np.exp(x[..., j].astype(w) - safe)
+    return m, l
+
+
+@named("naive_attention", "float16 keeps about 3 decimal digits")
+def naive_in_float16(Q, K, V, causal=False):
+    S = Q @ K.T / Q.dtype.type(math.sqrt(Q.shape[1]))  # every step in the inputs' dtype
+    if causal:
+        S = _causal(S)
+    P = np.exp(S - S.max(axis=-1, keepdims=True))
+    return (P / P.sum(axis=-1, keepdims=True)) @ V
+
+
+@named("naive_attention", "promoted to float64")
+def naive_numpy_scalar_promotes(Q, K, V, causal=False):
+    w = _work(Q)
+    S = Q.astype(w) @ K.astype(w).T / np.sqrt(Q.shape[1])  # np.sqrt of an int is an np.float64
+    if causal:
+        S = _causal(S)
+    P = np.exp(S - S.max(axis=-1, keepdims=True))
+    return (P / P.sum(axis=-1, keepdims=True)) @ V.astype(w)
+
+
+named("fa2_backward", "without D")(lambda *a, **k: _bwd(*a, **k, use_D=False))
+named("fa2_backward", "dK is missing the softmax scale")(lambda *a, **k: _bwd(*a, **k, scale_dK=False))
+named("fa2_backward", "last key block")(lambda *a, **k: _bwd(*a, **k, drop_tail=True))
+named("fa2_backward", "hides the diagonal")(lambda *a, **k: _bwd(*a, **k, offset=-1))
+named("fa2_backward", "normalised within each tile")(lambda *a, **k: _bwd(*a, **k, P_from="block"))
+named("fa2_forward", "not rescaled")(lambda *a, **k: _fa2(*a, **k, rescale_O=False))
+named("fa2_forward", "divided by l_i after every key block")(lambda *a, **k: _fa2(*a, **k, normalise_each_step=True))
+named("fa2_forward", "last key block")(lambda *a, **k: _fa2(*a, **k, drop_tail=True))
+named("fa2_forward", "keys after the last query")(lambda *a, **k: _fa2(*a, **k, skip=False))
+named("naive_attention", "missing the scale")(lambda Q, K, V, causal=False: _naive(Q, K, V, causal, scale=False))
+named("naive_attention", "wrong axis")(lambda Q, K, V, causal=False: _naive(Q, K, V, causal, axis=0))
+named("naive_attention", "bottom-right")(lambda Q, K, V, causal=False: _naive(Q, K, V, causal, bottom_right=True))
+named("online_softmax_stats", "start from m = -inf")(lambda x: _online(x, m0=0.0))
+named("online_softmax_stats", "exp(m_old - m_new), at most 1")(lambda x: _online(x, invert=True))
+
+
+@pytest.mark.parametrize("name,fn,says", NAMED, ids=[f"{n}-{s}" for n, _, s in NAMED])
+def test_named_slip(name, fn, says):
+    assert_rejected_naming_its_slip(name, fn, getattr(fn, "__name__", "?"), says, SEEDS)
+
+
+def test_backward_huge_logits_hint_is_about_the_backward():
+    """A wrong backward that fails on huge logits is not told that exp() overflows: it cannot, with lse."""
+    def wrong_only_when_one_hot(Q, K, V, O, lse, dO, causal=False, block_q=16, block_k=16):
+        dQ, dK, dV = SOLUTIONS["fa2_backward"](Q, K, V, O, lse, dO, causal, block_q, block_k)
+        if np.abs(Q).max() > 50:  # the huge-logits cases only
+            dQ = dQ + 1e-3 * np.abs(Q).max()
+        return dQ, dK, dV
+    result = check("fa2_backward", wrong_only_when_one_hot, seed=0, quiet=True)
+    assert result.status == "failed" and "huge" in result.case, result
+    assert "overflow" not in str(result) and "cannot overflow" not in (result.hint or "")

@@ -22,10 +22,7 @@ import flashlab
 
 # %%
 def matmul_intensity(M, N, K, bytes_per_element):
-    """FLOPs per byte of C = A @ B, A: (M, K), B: (K, N), each matrix read or written exactly once.
-
-    NumPy spec:  flops = 2 * M * N * K;  bytes = bytes_per_element * (M*K + K*N + M*N);  return flops / bytes
-    """
+    """FLOPs per byte of C = A @ B, A: (M, K), B: (K, N), each matrix read or written exactly once."""
     ### BEGIN SOLUTION
     flops = 2 * M * N * K
     nbytes = bytes_per_element * (M * K + K * N + M * N)

@@ -19,8 +19,10 @@ import flashlab
 # %% [markdown]
 # ## 1. Block sizes from the SRAM size
 #
-# With M elements of SRAM, FlashAttention-1 streams four d-wide tiles through it (Q_i, K_j, V_j, O_i), so
-# it takes `block_k = ceil(M / (4 d))` and `block_q = min(block_k, d)`.
+# With M elements of SRAM, FlashAttention-1 keeps four d-wide tiles on chip at once: `Q_i`, `K_j`, `V_j`
+# and `O_i`, each (block rows) x d. Derive `block_k` as the number of rows for which four such tiles fill
+# the M elements, rounded up as the paper does. The paper then caps `block_q` at d (arXiv 2205.14135,
+# Algorithm 1, line 1); do the same.
 
 # %%
 def block_sizes(M, d):
@@ -42,11 +44,16 @@ flashlab.check("block_sizes", block_sizes)
 #
 # Query rows `i` have seen some keys already; their state is the max `m_i`, the sum `l_i` (relative to
 # `m_i`) and the **normalised** output `O_i` (FA1 divides by l after every step). A new block of scores
-# `S_ij` (rows x block keys, already scaled) and values `V_j` arrives:
+# `S_ij` (rows x block keys, already scaled) and values `V_j` arrives. The new max is
+# `m_new = max(m_i, rowmax(S_ij))`, and the block's own terms are `P = exp(S_ij - m_new[:, None])`.
 #
-# - `m_new = max(m_i, rowmax(S_ij))`
-# - `P = exp(S_ij - m_new[:, None])`, `l_new = exp(m_i - m_new) * l_i + rowsum(P)`
-# - `O_new = ((l_i * exp(m_i - m_new))[:, None] * O_i + P @ V_j) / l_new[:, None]`
+# Derive the other two updates from what each quantity means, then write them:
+#
+# - `l_new` is the sum of exp(s - m_new) over every key seen so far. The old `l_i` holds the earlier keys,
+#   but relative to `m_i`: what factor brings each of its terms to `m_new`?
+# - `O_new` is softmax(all scores seen so far) times their values. The old `O_i` is that for the earlier
+#   keys, already divided by `l_i`: undo that division, bring it to `m_new`, add the block's `P @ V_j`,
+#   and divide by `l_new`. (A lesson 03 exercise, merge_softmax_states, did the same for l alone.)
 #
 # (`m_i`, `l_i` hold one value per row, shape (r,); `[:, None]` makes them (r, 1) so they scale rows,
 # not columns.)

@@ -61,6 +61,8 @@ def attention_cases(t, *, causal=False, blocks=True, dv_differs=True, hints=None
             info["causal"] = c
         if blocks:
             info.update(block_q=bq, block_k=bk)
+        if not blocks and hint in (RAGGED, BLOCKS):  # about block sizes, which this exercise does not have
+            hint = None
         t.case(label, (hints or {}).get(hint, hint), **info)
         yield Q, K, V, c, bq, bk
 
@@ -108,6 +110,8 @@ def matching_slip(outs, refs, slips, tol, floors=None):
             if x.shape != y.shape or not np.array_equal(np.isfinite(x), np.isfinite(y)):
                 return False
             fin = np.isfinite(y)
+            if not fin.any():  # all NaN on both sides says nothing about which slip it was
+                return False
             if np.linalg.norm(x[fin] - y[fin]) > limit * max(float(np.linalg.norm(y[fin])), floor):
                 return False
         return True
@@ -118,6 +122,77 @@ def matching_slip(outs, refs, slips, tol, floors=None):
         if not close(wrong, refs, loose) and close(outs, wrong, loose):
             return hint
     return None
+
+
+def _dense_forward(Q, K, V, causal, *, scale=True, axis=-1, offset=0, bottom_right=False, key_end=None):
+    """(O, lse) in float64 from whole matrices, or a usual slip of it (see forward_slips)."""
+    Q, K, V = (np.asarray(x, np.float64) for x in (Q, K, V))
+    S = Q @ K.T / (math.sqrt(Q.shape[1]) if scale else 1.0)
+    rows, cols = np.arange(S.shape[0])[:, None], np.arange(S.shape[1])[None, :]
+    visible = np.ones(S.shape, bool)
+    if causal:
+        visible = cols <= rows + offset + (S.shape[1] - S.shape[0] if bottom_right else 0)
+    if key_end is not None:
+        visible &= cols < key_end
+    S = np.where(visible, S, -np.inf)
+    m = np.max(S, axis=axis, keepdims=True)
+    P = np.exp(S - m)
+    P = P / P.sum(axis=axis, keepdims=True)
+    m_row = S.max(axis=-1)
+    lse = m_row + np.log(np.exp(S - m_row[:, None]).sum(axis=-1))
+    return P @ V, lse
+
+
+def _fa2_flawed(Q, K, V, causal, block_q, block_k, *, rescale_O=True, normalise_each_step=False):
+    """FA2's loops in float64 with one slip: O_i not rescaled when the max grows, or divided by l every step."""
+    Q, K, V = (np.asarray(x, np.float64) for x in (Q, K, V))
+    S_all = np.where(causal_mask(len(Q), len(K)) if causal else True, Q @ K.T / math.sqrt(Q.shape[1]), -np.inf)
+    O, lse = np.zeros((len(Q), V.shape[1])), np.zeros(len(Q))
+    for q0 in range(0, len(Q), block_q):
+        r = slice(q0, q0 + block_q)
+        n = S_all[r].shape[0]
+        acc, l, m = np.zeros((n, V.shape[1])), np.zeros(n), np.full(n, -np.inf)
+        for k0 in range(0, len(K), block_k):
+            S = S_all[r, k0:k0 + block_k]
+            m_new = np.maximum(m, S.max(axis=1))
+            safe = np.where(np.isfinite(m_new), m_new, 0.0)
+            P, alpha = np.exp(S - safe[:, None]), np.exp(m - safe)
+            l_new = alpha * l + P.sum(axis=1)
+            if normalise_each_step:
+                acc = (alpha[:, None] * acc + P @ V[k0:k0 + block_k]) / np.where(l_new > 0, l_new, 1.0)[:, None]
+            else:
+                acc = (alpha[:, None] if rescale_O else 1.0) * acc + P @ V[k0:k0 + block_k]
+            l, m = l_new, m_new
+        O[r] = acc if normalise_each_step else acc / l[:, None]
+        lse[r] = m + np.log(l)
+    return O, lse
+
+
+def forward_slips(Q, K, V, causal, block_q=None, block_k=None):
+    """(hint, function giving the slip's (O, lse)) for the usual mistakes of an attention forward."""
+    nq, nk = len(Q), len(K)
+    dense = lambda c=causal, **kw: lambda: _dense_forward(Q, K, V, c, **kw)  # noqa: E731
+    slips = [("S is missing the scale 1/sqrt(d)", dense(scale=False)),
+             ("the softmax runs over the wrong axis: each query's row of S is normalised over its keys", dense(axis=0))]
+    if causal:
+        slips += [("the causal mask hides the diagonal: query i sees keys j <= i, its own position included",
+                   dense(offset=-1)),
+                  ("the causal mask lets query i see key i + 1: it sees keys j <= i only", dense(offset=1)),
+                  ("the causal mask is missing: with causal=True, query i sees keys j <= i only", dense(c=False))]
+        if nq != nk:
+            slips.append(("the causal mask is aligned bottom-right (the last query on the last key); here it is "
+                          "top-left: query i sees keys j <= i whatever Nq and Nk are", dense(bottom_right=True)))
+    if block_k and nk % block_k:
+        slips.append((f"the last key block (keys {nk // block_k * block_k}..{nk - 1}) is shorter than block_k and "
+                      "is left out: it counts too", dense(key_end=nk // block_k * block_k)))
+    if block_q and block_k:
+        flawed = lambda **kw: lambda: _fa2_flawed(Q, K, V, causal, block_q, block_k, **kw)  # noqa: E731
+        slips += [("lse is right but O_i is not rescaled when a key block raises the running max: its terms were "
+                   "weighted relative to the old max, like l's", flawed(rescale_O=False)),
+                  ("O_i is divided by l_i after every key block, but the next block adds to it as if it were not: "
+                   "either keep O_i unnormalised and divide once at the end, or undo the division first",
+                   flawed(normalise_each_step=True))]
+    return slips
 
 
 def _as_pair(t, out, names):
@@ -147,13 +222,14 @@ def check_forward(t, out, Q, K, V, causal, block_q, block_k, rerun=None):
         t.compare(lse, lse_ref, "lse", min_dtype=Q.dtype)
         return
 
-    details, hint = [], None
+    details, hint = [], matching_slip((O, lse), (o_ref, lse_ref), forward_slips(Q, K, V, causal, block_q, block_k),
+                                      tol)
     if o_bad.any() and not l_bad.any():
         details.append("lse is right but O is not: the statistics m and l are fine, so look at how O is "
                        "accumulated and normalised")
     elif l_bad.any() and not o_bad.any():
         details.append("O is right but lse is not")
-        hint = _lse_hint(Q, K, causal, lse)
+        hint = hint or _lse_hint(Q, K, causal, lse)
     else:
         details.append("O and lse are both wrong: the running max m or the running sum l already goes wrong")
     i, sentence = first_wrong_block(o_bad | l_bad, block_q)

@@ -71,7 +71,8 @@ class OnePassRows(NDArrayOperatorsMixin):
 
     _FREE = {np.shape, np.ndim, np.size, np.result_type, np.zeros_like, np.ones_like, np.empty_like, np.full_like}
 
-    def __init__(self, data):
+    def __init__(self, data, parent=None):
+        self._parent = parent  # a converted copy reports its second pass to the array it came from
         self._data = np.array(data)
         self._data.flags.writeable = False
         self._seen = np.zeros(self._data.shape, bool)
@@ -94,7 +95,9 @@ class OnePassRows(NDArrayOperatorsMixin):
         whole = mask.all(axis=-1) & (self.shape[-1] > 1)
         same = (mask == self._last).all(axis=-1)
         if np.any(read & again & ~(same & ~whole)):
-            self.second_pass = True
+            array = self
+            while array is not None:
+                array.second_pass, array = True, array._parent
         self._seen |= mask
         self._last = np.where(read[..., None], mask, self._last)
         return self._data[key].copy()
@@ -110,7 +113,7 @@ class OnePassRows(NDArrayOperatorsMixin):
         return out if dtype is None else out.astype(dtype)
 
     def astype(self, dtype, *args, **kwargs):
-        return OnePassRows(self._read().astype(dtype, *args, **kwargs))
+        return OnePassRows(self._read().astype(dtype, *args, **kwargs), parent=self)
 
     def copy(self, *args, **kwargs):
         return self.astype(self.dtype)

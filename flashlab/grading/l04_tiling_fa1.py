@@ -89,8 +89,8 @@ def check_fa1_update(t, fn):
 
 
 @exercise("fa1_forward", lesson=LESSON, time_limit=30,
-          hint="Outer loop over key/value blocks, inner loop over query blocks; every step reads O_i, l_i, "
-               "m_i back, applies the one-block update and writes them again. lse = m + log(l) at the end.")
+          hint="If your fa1_update passes its own check, look at the loops around it: which blocks are visited, "
+               "which rows and keys each slice holds (the last block is shorter), and how lse is formed at the end.")
 def check_fa1_forward(t, fn):
     for Q, K, V, _, bq, bk in attention_cases(t):
         out = t.call(Q, K, V, bq, bk)

@@ -37,8 +37,9 @@ def check_kv_blocks_to_visit(t, fn):
 
 
 @exercise("fa2_forward", lesson=LESSON, time_limit=30,
-          hint="Outer loop over query blocks, inner over key blocks; keep O_i unnormalised (rescale it by "
-               "exp(m_old - m_new) when the max grows) and divide by l_i once, after the inner loop.")
+          hint="Follow one query block of a small case through its key blocks: after each block, its m_i, l_i and "
+               "O_i should describe the softmax of the keys seen so far. The verdict names the first block where "
+               "they stop doing so.")
 def check_fa2_forward(t, fn):
     for Q, K, V, causal, bq, bk in attention_cases(t, causal=True):
         out = t.call(Q, K, V, causal=causal, block_q=bq, block_k=bk)
