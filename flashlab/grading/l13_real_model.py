@@ -35,7 +35,10 @@ def check_attention_function(t, fn):
         if out.grad_fn is None:
             raise t.fail("the output has no grad_fn: return the result of your autograd Function's apply(...), "
                          "computed from the inputs that require grad")
-        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        # The reference in float64, so that a float32 answer is judged against the truth, not against
+        # torch's own float32 rounding.
+        q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+        ref = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal)
         tol = 1e-10 if dtype == torch.float64 else 1e-5
         t.compare(out.detach().numpy(), ref.detach().numpy(), "o", dtype=out.detach().numpy().dtype, tol=tol)
         if out.dtype != q.dtype:
@@ -54,7 +57,7 @@ def check_attention_function(t, fn):
             grads = torch.autograd.grad(out, (q, k, v), do)
         except Exception as exc:
             raise t.fail(f"the backward raised {type(exc).__name__}: {exc}") from None
-        want = torch.autograd.grad(ref, (q, k, v), do)
+        want = torch.autograd.grad(ref, (q64, k64, v64), do.double())
         for name, g, w in zip(("dq", "dk", "dv"), grads, want):
             if g.shape != w.shape:
                 raise t.fail(f"{name} has shape {tuple(g.shape)}; expected {tuple(w.shape)} (the input's)")
