@@ -127,7 +127,7 @@ def causal_mask(n_q: int, n_k: int, q0: int = 0, k0: int = 0) -> np.ndarray:
     return (k0 + np.arange(n_k))[None, :] <= (q0 + np.arange(n_q))[:, None]
 
 
-# ---- The FlashAttention library's options (issue 14): window, alignment, ALiBi, softcap, dropout ----
+# ---- The FlashAttention library's options: window, alignment, ALiBi, softcap, dropout ----
 
 ALIGNS = ("top_left", "bottom_right")
 

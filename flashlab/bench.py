@@ -1,4 +1,4 @@
-"""Timing GPU work honestly (lesson 10, benchmarks/bench_kernels.py).
+"""Timing GPU work honestly (lesson 10, benchmarks/timing/bench_kernels.py).
 
 - CUDA events around the work, not host clocks: launches are asynchronous.
 - Warm-up calls first, so compilation (Numba compiles on the first launch) and module loading are not timed.
@@ -8,7 +8,7 @@ FLOP counts follow the FlashAttention papers: forward 4*B*H*Nq*Nk*d (two matrix 
 halved under causal masking; backward 2.5x the forward (five matrix products instead of two).
 
 load_lesson_facts() reads the numbers lessons 07, 09 and 14 quote when there is no GPU
-(flashlab/data/lesson_facts.json, written by benchmarks/lesson_facts.py).
+(flashlab/data/lesson_facts.json, written by benchmarks/generators/lesson_facts.py).
 """
 from __future__ import annotations
 
@@ -122,18 +122,18 @@ def check_lesson_facts(facts: dict) -> dict:
         if not isinstance(got, dict) or set(got) != set(FACTS_KERNEL_KEYS):
             problems.append(f"local_memory[{name!r}] must have keys {list(FACTS_KERNEL_KEYS)}; got {got!r}")
     if problems:
-        raise ValueError("lesson facts do not match the layout benchmarks/lesson_facts.py writes: " + "; ".join(problems))
+        raise ValueError("lesson facts do not match the layout benchmarks/generators/lesson_facts.py writes: " + "; ".join(problems))
     return facts
 
 
 def load_lesson_facts(path=None) -> dict:
-    """The recorded launch and local-memory measurements (see benchmarks/lesson_facts.py), checked."""
+    """The recorded launch and local-memory measurements (see benchmarks/generators/lesson_facts.py), checked."""
     path = Path(path) if path else FACTS_JSON
     with open(path) as f:
         return check_lesson_facts(json.load(f))
 
 
-#: The columns of benchmarks/results/suite.csv (`python benchmarks/bench_kernels.py --suite`, issue 12).
+#: The columns of benchmarks/results/suite.csv (`python benchmarks/timing/bench_kernels.py --suite`: every shape).
 SUITE_COLUMNS = ("direction", "variant", "dtype", "B", "H", "N", "d", "causal", "flashlab_tflops", "torch_tflops",
                  "ratio", "plan")
 

@@ -9,7 +9,7 @@ that function in all layers, e.g. for `flashlab.torch.scaled_dot_product_attenti
 
 `compare_attention` trains one copy of a model per attention function from the same weights on the same batches,
 in bf16 mixed precision on a GPU, and times each; `loss_gap` and BF16_LOSS_TOLERANCE judge whether two loss
-curves match (benchmarks/gpt_bf16.py, tests/test_gpt_bf16*.py, lesson 13).
+curves match (benchmarks/generators/gpt_bf16.py, tests/test_gpt_bf16*.py, lesson 13).
 
 This module imports torch; `import flashlab` does not import it.
 """
@@ -215,11 +215,11 @@ def train(model: GPT, data: torch.Tensor, steps: int, batch_size: int = 16, lr: 
 BF16_LOSS_TOLERANCE = 0.05
 BF16_LOSS_WINDOW = 10
 
-#: The comparison lesson 13 quotes (benchmarks/gpt_bf16.py): model (head dim n_embd / n_head = 64), text and
+#: The comparison lesson 13 quotes (benchmarks/generators/gpt_bf16.py): model (head dim n_embd / n_head = 64), text and
 #: training. About a minute for three runs on an H100, most of it flashlab's kernels compiling.
 BF16_SETUP = {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 1024, "batch_size": 8, "steps": 300,
               "lr": 2e-3, "grad_clip": 1.0, "warmup": 10, "text_chars": 200_000, "seed": 0}
-#: The measurement benchmarks/gpt_bf16.py writes (package data, so a pip-installed flashlab finds it).
+#: The measurement benchmarks/generators/gpt_bf16.py writes (package data, so a pip-installed flashlab finds it).
 BF16_JSON = Path(__file__).resolve().parent / "data" / "gpt_bf16.json"
 #: Names of the runs in that file, and how figures label them.
 RUN_LABELS = {"torch": "torch SDPA", "flashlab": "flashlab", "torch_again": "torch SDPA, again"}
@@ -338,7 +338,7 @@ def check_bf16_run(record: dict) -> dict:
 
 
 def load_bf16_run(path=None) -> dict | None:
-    """The committed bf16 comparison (benchmarks/gpt_bf16.py), checked; None when it has not been measured yet."""
+    """The committed bf16 comparison (benchmarks/generators/gpt_bf16.py), checked; None when it has not been measured yet."""
     path = Path(path) if path else BF16_JSON
     if not path.exists():
         return None

@@ -1,4 +1,4 @@
-"""Issue 14: the FlashAttention library's options (GQA, window, align, ALiBi, softcap, dropout, varlen, paged KV)
+"""The FlashAttention library's options (GQA, window, align, ALiBi, softcap, dropout, varlen, paged KV)
 in the NumPy reference and FA2, forward and backward, against explicit float64 ground truths."""
 import itertools
 

@@ -1,5 +1,5 @@
 """The bf16 training comparison of lesson 13 on the CPU: the text, the loss-gap metric and its tolerance (which a
-broken backward must fail), benchmarks/gpt_bf16.py's smoke mode and file layout, and the figure.
+broken backward must fail), benchmarks/generators/gpt_bf16.py's smoke mode and file layout, and the figure.
 
 tests/test_gpt_bf16_gpu.py runs the comparison itself in bf16 on a GPU.
 """
@@ -126,7 +126,7 @@ def test_compare_attention_checks_its_setup():
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpt_bf16_script", ROOT / "benchmarks" / "gpt_bf16.py")
+    spec = importlib.util.spec_from_file_location("gpt_bf16_script", ROOT / "benchmarks" / "generators" / "gpt_bf16.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -166,7 +166,7 @@ def test_check_bf16_run_names_the_problem(tmp_path):
 
 def test_the_committed_run_if_any_has_the_layout():
     record = gpt.load_bf16_run()
-    if record is not None:  # written by benchmarks/gpt_bf16.py on a GPU
+    if record is not None:  # written by benchmarks/generators/gpt_bf16.py on a GPU
         assert record["dtype"] == "bfloat16" and record["device"].startswith("cuda")
         assert record["config"]["head_dim"] == 64
         runs = record["runs"]  # what lesson 13 says of it: the curves match within the tolerance

@@ -3,7 +3,7 @@
 Same initial weights, seed and batches; the loss curves must match within flashlab.gpt.BF16_LOSS_TOLERANCE (the
 tolerance lesson 13 states), both runs must learn, and the same comparison must fail an attention whose backward
 forgets dQ and dK, so the test can fail. Skips without a CUDA GPU. Under a minute on an H100, most of it
-flashlab's kernels compiling; benchmarks/gpt_bf16.py runs the larger version lesson 13 shows.
+flashlab's kernels compiling; benchmarks/generators/gpt_bf16.py runs the larger version lesson 13 shows.
 """
 import math
 

@@ -1,4 +1,4 @@
-"""GQA / MQA in the kernels (issue 14): k and v with H_kv heads beside q's H, query head h reading K/V head
+"""GQA / MQA in the kernels: k and v with H_kv heads beside q's H, query head h reading K/V head
 h // (H / H_kv), with no copies of K and V. In the simulator, on tiny shapes, each forward kernel against the
 float64 reference on K/V repeated per query head (the tensor backward's GQA is in test_tensor_backward.py)."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""Dropout in the register kernels (issue 14): the forward drops P V's P, the backward regenerates the mask.
+"""Dropout in the register kernels: the forward drops P V's P, the backward regenerates the mask.
 
 In the simulator on small shapes, against flashlab's NumPy FA2 (same dropout_p and seed) and the float64
 reference: the kernels must drop exactly the elements the NumPy code drops, keyed by (seed, batch, query head,

@@ -107,7 +107,7 @@ def test_tile_choice_follows_device_limits():
 
 @pytest.mark.parametrize("options", [{"unroll": 8}, {"unroll": 16, "max_registers": 96}])
 def test_register_build_options_compute_the_same(rng, options):
-    # the variants benchmarks/register_experiments.py times (deeper unrolling, a register cap) stay correct
+    # the variants benchmarks/experiments/register_experiments.py times (deeper unrolling, a register cap) stay correct
     from flashlab.device import get_cuda
     from flashlab.kernels import register
 

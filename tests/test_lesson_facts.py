@@ -1,6 +1,6 @@
 """The demo kernels of lessons 07 and 09, and the recorded numbers they quote without a GPU.
 
-flashlab/data/lesson_facts.json is written by benchmarks/lesson_facts.py on a GPU; until then it holds the
+flashlab/data/lesson_facts.json is written by benchmarks/generators/lesson_facts.py on a GPU; until then it holds the
 numbers the lessons used to quote, marked as a placeholder. Either way its layout is the script's.
 """
 import copy
@@ -68,9 +68,9 @@ def _layout(obj):
 
 
 def test_the_script_writes_the_committed_layout(tmp_path, monkeypatch):
-    """benchmarks/lesson_facts.py, with the GPU measurements replaced by fakes, writes a file of exactly the
+    """benchmarks/generators/lesson_facts.py, with the GPU measurements replaced by fakes, writes a file of exactly the
     layout of the committed one (which lessons 07 and 09 read)."""
-    spec = importlib.util.spec_from_file_location("lesson_facts_script", ROOT / "benchmarks" / "lesson_facts.py")
+    spec = importlib.util.spec_from_file_location("lesson_facts_script", ROOT / "benchmarks" / "generators" / "lesson_facts.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     env = {"gpu": "Fake GPU", "compute_capability": "9.0", "sms": 1, "driver_cuda": "13.0", "nvidia_driver": "1",

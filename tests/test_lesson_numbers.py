@@ -3,7 +3,7 @@
 Every number with a unit of speed, time, share or count that results are quoted in (TFLOP/s, GFLOP/s,
 TB/s, GB/s, µs, ms, ns, %, registers, ×), in the markdown of course/ and in the strings its code prints,
 must either appear with the same unit, to the quoted precision, in a committed data file
-(benchmarks/results/**, flashlab/data/**, docs/gpu-runs*.md), or be in ALLOWED below: vendor specs,
+(benchmarks/results/**, flashlab/data/**, docs/runs/*.md), or be in ALLOWED below: vendor specs,
 published figures and arithmetic, each with where it comes from. Numbers in markdown tables take the unit
 of their column's header. A new, unmeasured number in a lesson fails here; so does an ALLOWED entry no
 lesson uses any more. The data files the lessons and their figures load must exist.
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "course").glob("*/*.py"))
 DATA_FILES = sorted({*ROOT.glob("benchmarks/results/**/*.csv"), *ROOT.glob("benchmarks/results/**/*.md"),
                      *ROOT.glob("benchmarks/results/**/*.json"), *ROOT.glob("flashlab/data/*"),
-                     *ROOT.glob("docs/gpu-runs*.md")})
+                     *ROOT.glob("docs/runs/*.md")})
 
 UNIT_ALIASES = {"TFLOP/s": "TFLOP/s", "GFLOP/s": "GFLOP/s", "TB/s": "TB/s", "GB/s": "GB/s", "µs": "µs", "us": "µs",
                 "ms": "ms", "ns": "ns", "%": "%", "registers": "registers", "×": "×", "x": "×"}

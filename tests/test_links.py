@@ -3,7 +3,7 @@
 `make lab` (and the README's conda command) start JupyterLab at the repository root, so a lesson's link
 `../exercises/04_tiling_fa1.ipynb` opens the exercise. These tests check that the documented commands
 serve that root, then follow every relative link (markdown links and images, reference definitions,
-HTML href/src) in the markdown cells of notebooks/, exercises/, solutions/, in README.md and docs/*.md. Anchors
+HTML href/src) in the markdown cells of notebooks/, exercises/, solutions/, in README.md and docs/**/*.md. Anchors
 (#...) must name a heading of the target. External links are not fetched, except that an "Open in Colab"
 badge must point at a notebook that exists in this repository.
 """
@@ -21,7 +21,7 @@ from flashlab.build import REF, REPO
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [p for folder in ("notebooks", "exercises", "solutions") for p in sorted((ROOT / folder).glob("*.ipynb"))]
-DOCS += [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS += [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 COLAB = f"https://colab.research.google.com/github/{REPO}/blob/{REF}/"
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)

@@ -154,8 +154,8 @@ def test_t4_every_chosen_kernel_fits():
 
 def test_the_table_has_every_configuration_the_planner_chooses():
     table = P.resource_table()
-    assert table, f"{P.RESOURCES_CSV} is missing: run benchmarks/kernel_resources.py"
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    assert table, f"{P.RESOURCES_CSV} is missing: run benchmarks/generators/kernel_resources.py"
+    sys.path.insert(0, str(ROOT / "benchmarks" / "generators"))
     import kernel_resources
 
     missing = [key for key in kernel_resources.all_keys()
@@ -463,7 +463,7 @@ def test_wave_explorer_static_fallback(tmp_path):
 def test_suite_summary_and_plot(tmp_path):
     from flashlab.bench import SUITE_COLUMNS, geometric_mean, suite_summary
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "timing"))
     import suite
 
     rows = [{"direction": "forward", "variant": "register", "dtype": "float32", "B": 1, "H": 16, "N": n, "d": d,

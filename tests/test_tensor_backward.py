@@ -203,7 +203,7 @@ def test_default_tiles_follow_the_devices_shared_memory_limit():
 
 def test_dynamic_shared_opt_in_is_asked_once_past_48_kb(monkeypatch):
     """_launch.allow_dynamic_shared: nothing at or under 48 KB; above, one driver call per kernel and device with
-    the bytes asked (a smaller request later needs no call). benchmarks/probe_dynamic_shared.py checks the call
+    the bytes asked (a smaller request later needs no call). benchmarks/experiments/probe_dynamic_shared.py checks the call
     itself on a GPU."""
     from types import SimpleNamespace
 

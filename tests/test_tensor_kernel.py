@@ -500,7 +500,7 @@ def test_kernel_info_describes_the_tensor_tile():
 
 
 def test_default_tiles_follow_the_spill_rule():
-    """Two m-tiles per warp for 16-bit inputs where ptxas showed no spill (docs/gpu-runs-issue14.md)."""
+    """Two m-tiles per warp for 16-bit inputs where ptxas showed no spill (docs/runs/options-varlen-paged.md)."""
     ch = tensor.choose_tile
     assert ch(64, "f16") == TensorTile(4, 64, m_tiles=2) and ch(64, "bf16", causal=True) == TensorTile(4, 64, 2)
     assert ch(64, "f16", extras="light") == TensorTile(4, 64, m_tiles=2)  # one cheap option: no spill at 64

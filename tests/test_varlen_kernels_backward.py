@@ -1,5 +1,5 @@
-"""The register backward over a packed variable-length batch in one launch (kernels/varlen_backward.py,
-issue 14), in the simulator on tiny shapes, against flashlab.varlen's NumPy backward in float64."""
+"""The register backward over a packed variable-length batch in one launch (kernels/varlen_backward.py),
+in the simulator on tiny shapes, against flashlab.varlen's NumPy backward in float64."""
 import numpy as np
 import pytest
 

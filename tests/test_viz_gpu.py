@@ -106,7 +106,7 @@ def test_other_figures_draw():
 
 
 def write_issue_profile(path, variants):
-    """A profile CSV in benchmarks/profile_issue.py's long format: {variant: {key: value}}."""
+    """A profile CSV in benchmarks/profiling/profile_issue_slots.py's long format: {variant: {key: value}}."""
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["gpu", "variant", "N", "d", "key", "value"])
         w.writeheader()
@@ -127,7 +127,7 @@ def test_issue_summary_is_busy_times_ffma_share(tmp_path):
     assert list(s["stalls"]) == ["barrier", "wait"]  # largest first; "selected" is not a stall
     assert profile["register"]["gpu"] == "Fake GPU" and profile["register"]["N"] == 4096
     assert gviz.load_issue_profile(tmp_path / "missing.csv") == {}
-    with pytest.raises(ValueError, match="profile_issue.py"):
+    with pytest.raises(ValueError, match="profile_issue_slots.py"):
         gviz.plot_issue_profile({})
 
 

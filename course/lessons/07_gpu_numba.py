@@ -231,7 +231,7 @@ for lanes_per_row in (32, 16, 8, 4, 2, 1):
 # launch's fourth argument (`kernel[grid, block, stream, nbytes]`). numba-cuda (0.30) has no public call for the
 # opt-in, but its driver wrapper has the one CUDA uses (`cuKernelSetAttribute` with
 # `MAX_DYNAMIC_SHARED_SIZE_BYTES`): `flashlab.kernels._launch.allow_dynamic_shared` calls it, and
-# `benchmarks/probe_dynamic_shared.py` shows an H100 refusing a 100 KB block without it and running it with
+# `benchmarks/experiments/probe_dynamic_shared.py` shows an H100 refusing a 100 KB block without it and running it with
 # it. Most of flashlab's kernels still size their tiles to fit 48 KB of static shared memory, which keeps
 # them simple and lets the same code run on a T4; the tensor-core backward of lesson 15 is the one that
 # needs more.
@@ -357,7 +357,7 @@ print(f"{'Numba, empty kernel, device array':38s} {us('numba_event_us'):>12s}  {
 print(f"{'Numba, empty kernel, torch tensor':38s} {'':>12s}  {us('numba_torch_arg_host_us'):>16s}")
 print(f"{'PyTorch (C++), Tensor.zero_':38s} {us('torch_event_us'):>12s}  {us('torch_host_us'):>16s}")
 if None in (launch.get(k) for k in ("numba_host_us", "numba_torch_arg_host_us", "torch_event_us", "torch_host_us")):
-    print("—: not measured here (no torch) or not in the recorded file yet (benchmarks/lesson_facts.py)")
+    print("—: not measured here (no torch) or not in the recorded file yet (benchmarks/generators/lesson_facts.py)")
 flop_per_launch = launch["numba_event_us"] * 1e-6 * PUBLISHED_FP32["H100"]
 print(f"at its FP32 peak an H100 does {flop_per_launch / 1e9:.1f} GFLOP in one Numba launch; one head's "
       f"attention forward at N = 1024, d = 64 is {4 * 1024**2 * 64 / 1e9:.2f} GFLOP")

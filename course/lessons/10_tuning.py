@@ -49,7 +49,7 @@ print(f"forward FLOPs at B={B} H={H} N={N} d={d}: {attention_flops(B, H, N, N, d
 # The register kernel's configuration is `(block_q, block_k, tr, tc)`: tile size and thread layout. The
 # best one depends on the GPU (registers, shared memory per SM, SM count) and on d, so we measure. On a GPU
 # this cell times a few shapes live; otherwise it shows the sweep recorded on the project's H200 (the
-# H100's SM with faster memory) by `benchmarks/bench_kernels.py` (`flashlab/data/tile_sweep.csv`).
+# H100's SM with faster memory) by `benchmarks/timing/bench_kernels.py` (`flashlab/data/tile_sweep.csv`).
 
 # %%
 rows = gviz.load_tile_sweep()
@@ -102,7 +102,7 @@ gviz.tile_explorer(rows);
 # decided inside the SM (lessons 08 and 09). PyTorch's SDPA in float32 uses tensor cores (3xTF32),
 # a different and higher roof; in float16 it is higher still. Lesson 15's tensor-core kernel is on the
 # plot too (float16 and 3xTF32, `flashlab/data/h100_tensor.csv`), under the `mma.sync` ceilings a
-# Numba kernel reaches (measured by `benchmarks/mma_ceiling.py`): the roofs that bound it.
+# Numba kernel reaches (measured by `benchmarks/timing/mma_ceiling.py`): the roofs that bound it.
 
 # %%
 results, source = gviz.load_forward_results()
@@ -129,7 +129,7 @@ gviz.plot_kernel_roofline(points, roofs=tviz.mma_roofs(tviz.load_mma_ceiling()))
 #
 #     fraction of the FP32 peak  =  (fraction of cycles a scheduler issues)  x  (FFMA share of what it issues)
 #
-# Nsight Compute (`ncu`) measures both. `benchmarks/profile_issue.py` profiles one launch of each
+# Nsight Compute (`ncu`) measures both. `benchmarks/profiling/profile_issue_slots.py` profiles one launch of each
 # kernel at B = 1, H = 16, N = 4096, d = 64 and saves the counts in `flashlab/data/issue_profile.csv`
 # (recorded on an H100; run the script on a machine where `ncu` may read the GPU's counters to profile
 # yours). Left: the instructions issued per FFMA, by kind. Right: the two factors, their product, and the
@@ -180,7 +180,7 @@ if profile:
 # The benchmark script measures everything in one run, on one GPU, with the same timing rules:
 #
 # ```bash
-# python benchmarks/bench_kernels.py        # forward, backward, memory and the tile sweep; CSVs + plot
+# python benchmarks/timing/bench_kernels.py        # forward, backward, memory and the tile sweep; CSVs + plot
 # ```
 #
 # Its results: the run committed in `benchmarks/results/forward.csv` (an H200, the H100's SM with faster
@@ -217,7 +217,7 @@ gviz.plot_vs_torch(results, N=N, d=d, source=f"from {source}");
 # grid runs in **waves** of that many blocks. `flashlab.kernels.plan` is the one place that decides how every
 # kernel of the course is launched, and it plans for any GPU from its properties, so we can plan for an
 # H100 here without one (registers come from `flashlab/data/kernel_resources.csv`, compiled for each GPU
-# generation by `benchmarks/kernel_resources.py`; on a GPU the planner asks the compiled kernel).
+# generation by `benchmarks/generators/kernel_resources.py`; on a GPU the planner asks the compiled kernel).
 
 # %%
 from flashlab.kernels.plan import H100, T4, plan
@@ -300,7 +300,7 @@ print(pc.explain())
 # %% [markdown]
 # Move the sliders: B·H, N, d, the GPU and causal. Left, the launch before the planner; middle, the plan;
 # right, the predicted efficiency against N, with the measured flashlab / SDPA ratios of the shape suite
-# (`python benchmarks/bench_kernels.py --suite` writes them to `suite.csv` among the benchmark results) once
+# (`python benchmarks/timing/bench_kernels.py --suite` writes them to `suite.csv` among the benchmark results) once
 # that file exists. On a T4 the blocks per SM and the waves change with its 40 SMs and 64 KB of shared memory
 # per SM. (Without widgets, or in the fast mode: the efficiency curves for d = 64 and 128.)
 
@@ -348,7 +348,7 @@ if ON_GPU:
 # %% [markdown]
 # ## Every shape, and the host's share
 #
-# One shape says little: the shape suite (`python benchmarks/bench_kernels.py --suite`) times 60 of them,
+# One shape says little: the shape suite (`python benchmarks/timing/bench_kernels.py --suite`) times 60 of them,
 # B·H 16 and 64, N from 1024 to 16384, d 32, 64 and 128, causal and not, through the same
 # `flash_attention` call a user makes, against SDPA in the same run. Here is the register kernel's forward
 # over SDPA for B·H = 16, from the committed results of an H100 run:
@@ -388,7 +388,7 @@ else:
 # between two calls with the same shapes, so the first call records it all (the plan, the compiled kernel,
 # the argument list with blanks for the data pointers) and later calls only fill in the pointers, allocate
 # the outputs and launch (`flashlab/kernels/_fast.py`). The host time of one call on tiny inputs, measured
-# by `python benchmarks/bench_kernels.py --parts host`:
+# by `python benchmarks/timing/bench_kernels.py --parts host`:
 
 # %%
 host_csv = Path(gwaves.ROOT) / "benchmarks" / "results" / "host.csv"

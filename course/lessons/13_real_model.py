@@ -238,7 +238,7 @@ print(tok.decode(out[0]))
 #
 # Large models train in 16-bit mixed precision, not in float32. Here is the same comparison in bf16, at a size
 # where attention matters (head dim 64 and long contexts: the figure's title gives the model), measured on a GPU by
-# `benchmarks/gpt_bf16.py`: three copies of one GPT trained from the same initial weights on the same batches,
+# `benchmarks/generators/gpt_bf16.py`: three copies of one GPT trained from the same initial weights on the same batches,
 # with torch's attention, with flashlab's, and with torch's a second time. The text is
 # `flashlab.gpt.copy_text`: lines of random words from the lines above, each said twice, so that the second half
 # of a line can be predicted only by attending back to the first.
@@ -249,7 +249,7 @@ from flashlab.viz.training import plot_bf16_run
 
 bf16_run = gpt.load_bf16_run()  # the committed measurement, or None before its first GPU run
 if bf16_run is None:
-    print("The bf16 measurement has not been committed yet (python benchmarks/gpt_bf16.py writes it on a GPU): "
+    print("The bf16 measurement has not been committed yet (python benchmarks/generators/gpt_bf16.py writes it on a GPU): "
           "no figure here. With a GPU, the last cell of this section measures it live.")
 else:
     plot_bf16_run(bf16_run)

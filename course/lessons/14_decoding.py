@@ -200,7 +200,7 @@ print(f"kernel output vs float64 reference: o {flashlab.relative_error(o, o_ref)
 # %% [markdown]
 # ## 5. On a GPU
 #
-# Measured with `benchmarks/bench_decoding.py` on an NVIDIA H200 (132 SMs; CUDA events, median of 30 after
+# Measured with `benchmarks/timing/bench_decoding.py` on an NVIDIA H200 (132 SMs; CUDA events, median of 30 after
 # warm-up), Nq = 1, batch 1, 16 heads, d = 128; the full table (more shapes) is in
 # `benchmarks/results/decoding.md`:
 #

@@ -70,7 +70,7 @@ print(f"an H100 SM has {h100.tensor_cores_per_sm} tensor cores, one per schedule
       f"{h100.fp32_per_sm} FP32 lanes")
 
 # %% [markdown]
-# More work per instruction is only worth it if the hardware keeps up. `benchmarks/mma_ceiling.py` measures
+# More work per instruction is only worth it if the hardware keeps up. `benchmarks/timing/mma_ceiling.py` measures
 # what a pure-Python Numba kernel gets out of each `mma` flashlab wraps: every warp runs 8 independent chains
 # of mma on registers, no memory traffic at all, so this is the ceiling for any kernel built from them. Next
 # to it, two datasheet numbers of the H100 SXM: the FP32 units' peak (lessons 08 to 10 worked under it) and
@@ -334,7 +334,7 @@ print(tviz.source_between(src, "for j in range(n_tiles + U(LAG))", "# S = Q K^T 
 # %% [markdown]
 # **What the copies and loads cost in instructions.** Bytes are not the only price: every address a thread
 # computes is an instruction too. Nsight Compute counts how often each machine (SASS) instruction ran, and
-# `benchmarks/sass_mix.py` turns that into the mix of the loop body, one warp and one key tile, of the
+# `benchmarks/profiling/sass_mix.py` turns that into the mix of the loop body, one warp and one key tile, of the
 # float16 forward at d = 64. It was measured before and after one change to the code above:
 # - **Before,** `cp_async16(shared, i, K, row, col, n)` multiplied row by K's row stride in 64-bit integers
 #   for every copy, and `ldmatrix` turned its generic address into a shared one inside its inline assembly,
@@ -348,8 +348,9 @@ print(tviz.source_between(src, "for j in range(n_tiles + U(LAG))", "# S = Q K^T 
 #   multiplies at the share of tiles that ran them.
 #
 # From before to after, the tensor-core and softmax instructions did not change, the integer ones fell by more
-# than half, and the forward at d = 64 ran 1.085× faster on an H100 (`docs/gpu-runs-issue14.md`, "Fifth
-# session"); the third bar gained less (same file, "Sixth session"). FA2's CUDA C++ does the same through
+# than half, and the forward at d = 64 ran 1.085× faster on an H100 (`docs/runs/options-varlen-paged.md`,
+# "Fewer integer instructions per tile in the tensor kernels"); the third bar gained less (same file, "copy
+# addresses and the rescale skip"). FA2's CUDA C++ does the same through
 # CuTe's layouts: each thread's pointers into K and V are computed once and moved by one tile of rows per
 # iteration (`flash_fwd_kernel.h`).
 
@@ -465,7 +466,7 @@ for dtype, precision in ((np.float16, None), (np.float32, "3xtf32"), (np.float32
 # %% [markdown]
 # On a GPU, time it against torch's SDPA in the same dtype, at B = 1, H = 16, N = 4096, d = 64 (CUDA events,
 # median of 10 after warm-up; the first call compiles), twice: the whole `flash_attention` call, and the
-# launch alone on arrays prepared once (`tensor.prepare`, what `benchmarks/bench_kernels.py` times). The
+# launch alone on arrays prepared once (`tensor.prepare`, what `benchmarks/timing/bench_kernels.py` times). The
 # difference is flashlab's Python work per call: checking the inputs, wrapping torch's memory for Numba,
 # allocating the outputs. While Python works the GPU waits, so the events see it. Without a GPU this cell
 # does nothing; section 7 shows the committed measurements.
@@ -495,7 +496,7 @@ if ON_GPU:
 # %% [markdown]
 # ## 7. How fast is it?
 #
-# `benchmarks/bench_kernels.py` times the tensor kernel in each precision, the register kernel (lesson 09,
+# `benchmarks/timing/bench_kernels.py` times the tensor kernel in each precision, the register kernel (lesson 09,
 # fp32 units) and torch's SDPA in the *same* dtype, at B = 1, H = 16 (CUDA events, medians; its file is
 # `flashlab/data/h100_tensor.csv`). Solid lines are flashlab, dashed ones torch.
 
@@ -663,7 +664,7 @@ for name, g, w in zip(("dQ", "dK", "dV"), got_grads, want_grads):
 
 # %% [markdown]
 # On a GPU this backward is the default for float16 and bfloat16 gradients (float32 keeps the FP32-unit
-# kernel unless you ask for `variant="tensor"`, which runs 3xTF32). `bash benchmarks/issue13_gpu.sh bench`
+# kernel unless you ask for `variant="tensor"`, which runs 3xTF32). `bash benchmarks/check_tensor_backward_gpu.sh bench`
 # times it against torch SDPA's backward in the same dtype and the same run (`flashlab/data/tensor_backward.json`);
 # the dashed line is SDPA.
 
@@ -687,13 +688,13 @@ else:
 # SDPA's speed at N = 4096 (more under causal masking), and 3xTF32 at d = 64 at about SDPA's own float32
 # speed (less at d = 128). These are whole calls, host included: the checks, the plan and numba's typing of
 # three kernels' arguments happen once per shape and options, and later calls only allocate the gradients
-# and launch (`kernels/_fast.py`; `docs/gpu-runs-issue13.md` shows what that saved).
+# and launch (`kernels/_fast.py`; `docs/runs/tensor-backward.md` shows what that saved).
 #
 # **Bigger tiles need more than 48 KB.** The kernel's shared memory is one *dynamic* array (lesson 7), sized
 # at launch, and the kernel opts in to more than 48 KB where the device allows it. That is what lets a block
 # own 128 keys (8 warps) at d = 128: 78 KB, where the 48 KB tile held 64 keys. Each block then streams Q_i and
 # dO_i and adds its dQ atomics once for twice as many keys, and the run that chose these tiles measured 1.37x
-# at d = 128 (`benchmarks/results/logs13/tiles_dynamic_h100.txt`). The registers tell the rest of the story:
+# at d = 128 (`benchmarks/results/logs-tensor-backward/tiles_dynamic_h100.txt`). The registers tell the rest of the story:
 # an SM has 64K of them, so a tile that needs close to 255 a thread fits 8 warps per SM, too few to hide all
 # of the latency of the shared-memory loads between the `mma`. The atomics' price is visible too: dQ moves in
 # its last bits between identical calls, while dK and dV come out bit for bit the same.

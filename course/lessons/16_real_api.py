@@ -86,7 +86,7 @@ plt.show()
 # query per sequence, packing is a reshape: q of shape (B, H, 1, d) is q of shape (B, H_kv, G, d), G rows of one
 # (batch, K/V head). On tensor cores those G ≤ 16 rows fill a 16-row mma tile that one query would have padded
 # anyway, so the group costs what one head costs: `kernels.paged_decoding`'s tensor variant decodes this way
-# (benchmarks/bench_paged.py measures it). The check: GQA must equal MHA with each K/V head repeated G times.
+# (benchmarks/timing/bench_paged.py measures it). The check: GQA must equal MHA with each K/V head repeated G times.
 
 # %%
 q, k, v = qkv(2, 8, 2, 9, 13)
@@ -275,7 +275,7 @@ plt.show()
 # every query block of every sequence as (sequence, first row), heaviest first, and one thread block per entry
 # and head.) One launch pays most when the sequences are short: a loop over them then spends its time on
 # launches of grids too small to fill the GPU. When a few long sequences hold most of the work (it grows as
-# n²), their own launches already fill it, and looping costs little more (docs/gpu-runs-issue14.md has the
+# n²), their own launches already fill it, and looping costs little more (docs/runs/options-varlen-paged.md has the
 # H100 measurements). The check: the packed call (with GQA too) against the reference run on
 # each sequence alone.
 
@@ -295,7 +295,7 @@ padded, packed = len(lengths_q) * lengths_q.max() * lengths_k.max(), (lengths_q 
 print(f"scores of a padded batch: {padded}; of the packed one: {packed} ({packed / padded:.2f} of them)")
 
 # %% [markdown]
-# **Measured.** `benchmarks/bench_varlen.py` times three batches on a GPU, each five ways: one packed launch,
+# **Measured.** `benchmarks/timing/bench_varlen.py` times three batches on a GPU, each five ways: one packed launch,
 # a loop of one launch per sequence, padding to the longest (flashlab's kernel, and torch SDPA with a mask),
 # and torch SDPA called once per sequence. The figure reads its last run (`benchmarks/results/varlen.json`,
 # in a clone of the repository). Compare the two uncausal batches:

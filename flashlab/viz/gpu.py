@@ -7,8 +7,8 @@ lesson 09  plot_micro_tiles, plot_reads_per_fma
 lesson 10  load_tile_sweep, plot_tile_sweep, tile_explorer, kernel_intensity, plot_kernel_roofline,
            load_forward_results, plot_vs_torch, load_issue_profile, issue_summary, plot_issue_profile
 
-Recorded data: flashlab/data/tile_sweep.csv (benchmarks/bench_kernels.py's sweep),
-flashlab/data/issue_profile.csv (benchmarks/profile_issue.py, Nsight Compute) and
+Recorded data: flashlab/data/tile_sweep.csv (benchmarks/timing/bench_kernels.py's sweep),
+flashlab/data/issue_profile.csv (benchmarks/profiling/profile_issue_slots.py, Nsight Compute) and
 benchmarks/results/forward.csv when present; otherwise the numbers of the project's H100 run (RECORDED).
 """
 from __future__ import annotations
@@ -353,7 +353,7 @@ def plot_vs_torch(rows, N=4096, d=64, ax=None, source=""):
 
 
 def load_issue_profile(path=None) -> dict:
-    """{variant: {key: value, "gpu": name, "N": .., "d": ..}} from benchmarks/profile_issue.py's CSV
+    """{variant: {key: value, "gpu": name, "N": .., "d": ..}} from benchmarks/profiling/profile_issue_slots.py's CSV
     (flashlab/data/issue_profile.csv by default); {} when the file is missing."""
     path = Path(path) if path else ISSUE_CSV
     if not path.exists():
@@ -384,7 +384,7 @@ def issue_summary(rec: dict) -> dict:
                                    if k.startswith("stall_") and k != "stall_selected"), key=lambda kv: -kv[1]))}
 
 
-_KIND_COLORS = {  # the kinds benchmarks/profile_issue.py writes
+_KIND_COLORS = {  # the kinds benchmarks/profiling/profile_issue_slots.py writes
     "FFMA": "#2ca02c", "FADD/FMUL": "#98df8a", "IMAD (index math)": "#ff7f0e",
                 "ALU: integer/compare/max": "#ffbb78", "shared memory": "#1f77b4", "global memory": "#aec7e8",
                 "MUFU: exp2/convert": "#9467bd", "uniform/branch/barrier": "#8c564b", "other (moves etc.)": "#c7c7c7"}
@@ -396,7 +396,7 @@ def plot_issue_profile(profile: dict, peak_tflops=None, ax=None):
     TFLOP/s / peak is drawn beside it)."""
     if not profile:
         raise ValueError("profile is empty: pass load_issue_profile()'s result after running "
-                         "benchmarks/profile_issue.py (it needs Nsight Compute, ncu)")
+                         "benchmarks/profiling/profile_issue_slots.py (it needs Nsight Compute, ncu)")
     names = [n for n in ("shared", "register") if n in profile] + \
         [n for n in profile if n not in ("shared", "register")]
     if ax is None:

@@ -2,7 +2,7 @@
 
 Every picture is computed from flashlab's own semantics (reference.attention_mask, reference.alibi_bias,
 dropout.keep_scale, the cu_seqlens and block_table layouts), never redrawn from a description; the varlen
-timings come from benchmarks/results/varlen.json (benchmarks/bench_varlen.py on a GPU), and packing_bound
+timings come from benchmarks/results/varlen.json (benchmarks/timing/bench_varlen.py on a GPU), and packing_bound
 says what they leave possible.
 """
 from __future__ import annotations
@@ -211,7 +211,7 @@ def plot_varlen_speed(runs, ax=None):
     and torch SDPA's loop and padded call, from one run each of bench_varlen.py."""
     fig, ax = own_axes(ax, width=9, height=3.6)
     if not runs:
-        ax.text(0.5, 0.5, "no varlen benchmark: run benchmarks/bench_varlen.py on a GPU\n"
+        ax.text(0.5, 0.5, "no varlen benchmark: run benchmarks/timing/bench_varlen.py on a GPU\n"
                 "(benchmarks/results/varlen.json, in a clone of the repository)", ha="center", va="center",
                 transform=ax.transAxes, fontsize=9)
         ax.axis("off")

@@ -10,8 +10,8 @@ mix        load_sass_mix, instruction_groups, plot_instruction_mix (the loop bod
 rescale    max_growth, plot_max_growth (which key tiles make an m-tile's running max grow)
 
 Measured data, package data so that a pip-installed flashlab (Colab) has it too:
-flashlab/data/h100_mma_ceiling.csv (benchmarks/mma_ceiling.py) and flashlab/data/h100_tensor.csv
-(benchmarks/bench_kernels.py --parts tensor), flashlab/data/h100_sass_mix.json (benchmarks/sass_mix.py). A
+flashlab/data/h100_mma_ceiling.csv (benchmarks/timing/mma_ceiling.py) and flashlab/data/h100_tensor.csv
+(benchmarks/timing/bench_kernels.py --parts tensor), flashlab/data/h100_sass_mix.json (benchmarks/profiling/sass_mix.py). A
 missing file makes the loaders return [] (or None) and the plots say so.
 """
 from __future__ import annotations
@@ -493,7 +493,7 @@ def _read(path):
 
 
 def load_mma_ceiling(path=None) -> dict:
-    """{instruction: TFLOP/s} of benchmarks/mma_ceiling.py's run ({} without the file), and the GPU's name
+    """{instruction: TFLOP/s} of benchmarks/timing/mma_ceiling.py's run ({} without the file), and the GPU's name
     under the key "gpu"."""
     rows = _read(path or MMA_CSV)
     out = {r["instruction"]: r["tflops"] for r in rows}
@@ -508,7 +508,7 @@ def load_tensor_results(path=None) -> list:
     return _read(path or TENSOR_CSV)
 
 
-# the mma instruction each kernel precision is made of (names as benchmarks/mma_ceiling.py writes them)
+# the mma instruction each kernel precision is made of (names as benchmarks/timing/mma_ceiling.py writes them)
 CEILING_OF = {"flashlab tensor f16": "fp16 m16n8k16", "flashlab tensor bf16": "bf16 m16n8k16",
               "flashlab tensor tf32": "tf32 m16n8k8", "flashlab tensor 3xtf32": "3xTF32 (3 tf32 mma per product)"}
 IMPL_COLORS = {"flashlab tensor f16": "#d62728", "flashlab tensor bf16": "#9467bd", "flashlab tensor tf32": "#ff7f0e",
@@ -621,7 +621,7 @@ def mma_roofs(ceiling: dict, bandwidth=None, names=("fp16 m16n8k16", "3xTF32 (3 
 
     bw = bandwidth or PUBLISHED["H100"].bandwidth
     return [Machine(f"mma.sync {n.split(' (')[0]} from Numba (measured)", ceiling[n] * 1e12, bw,
-                    "benchmarks/mma_ceiling.py") for n in names if n in ceiling]
+                    "benchmarks/timing/mma_ceiling.py") for n in names if n in ceiling]
 
 
 def tensor_roofline_points(rows, N=4096, d=64, causal=0,
@@ -648,7 +648,7 @@ BACKWARD_JSON = DATA / "tensor_backward.json"
 
 
 def load_backward_results(path=None) -> dict | None:
-    """flashlab/data/tensor_backward.json (benchmarks/issue13_gpu.sh bench): the tensor backward against torch
+    """flashlab/data/tensor_backward.json (benchmarks/check_tensor_backward_gpu.sh bench): the tensor backward against torch
     SDPA's backward in the same dtype and run; None without the file."""
     import json
 

@@ -1,7 +1,7 @@
 """Lesson 10's waves explorer: how a grid of thread blocks fills a GPU, and what split-KV and the causal block
 order change. Every number comes from flashlab.kernels.plan, the planner the kernels launch with (its model:
 each block holds one of SMs x blocks-per-SM slots for a time proportional to its work). Measured points come
-from benchmarks/results/suite.csv (`python benchmarks/bench_kernels.py --suite`) when that file exists."""
+from benchmarks/results/suite.csv (`python benchmarks/timing/bench_kernels.py --suite`) when that file exists."""
 from __future__ import annotations
 
 import csv
