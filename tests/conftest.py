@@ -14,6 +14,8 @@ from hypothesis import HealthCheck, settings
 
 from flashlab.build import parse_cells, strip_solutions
 
+pytest.register_assert_rewrite("exercise_harness")  # the tests it generates report their values as test files do
+
 # Property tests: enough examples to hit tails, causal and float16 often; no deadline (CI is a slow 2-core box).
 settings.register_profile("flashlab", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("flashlab")
