@@ -11,12 +11,25 @@ NUMBA_ENABLE_CUDASIM only at that moment:
 `get_cuda()` returns the `numba.cuda` module after that choice; kernels import it through here.
 `doctor()` prints what was chosen, the versions involved and a smoke test, and names the fix for the
 breakages seen in practice. It never raises: it is the first cell of every notebook.
+
+In the simulator, flashlab also arranges the simulator's threads (`arrange_simulator`, once, when the
+simulator is chosen). The simulator runs each CUDA thread of a block as a Python thread, and those threads
+take turns holding the GIL. Numba's block loop busy-polls the threads for `cuda.syncthreads()` and never
+blocks, so every thread that wants the GIL waits out the poller's switch interval (5 ms by default): a warp
+instruction, where 32 lanes meet (kernels/mma.py), cost tens of milliseconds, and the same check took from
+one to twenty times as long from run to run. flashlab replaces that loop with one that sleeps until the last
+thread reaches the barrier (or a thread ends or fails), and sets `sys.setswitchinterval(SIM_SWITCH_INTERVAL)`
+while a simulated kernel runs, restoring the interpreter's value when the launch returns or raises.
+Barriers, races, warp divergence and errors are reported as before. FLASHLAB_SIM_THREADS=numba in the
+environment leaves Numba's simulator as it is (to compare, or to rule flashlab out).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
+import threading
 import warnings
 
 _state = {"backend": None, "problem": None}
@@ -123,7 +136,148 @@ def get_cuda():
             f"numba.cuda could not be imported ({exc}). Fix: pip install numba-cuda "
             "(and numba itself if missing), then restart the Python kernel."
         ) from exc
+    if _state["backend"] == "simulator" and _SIM["arranged"] is None:
+        arrange_simulator()
     return cuda
+
+
+# ------------------------------------------------------------------------------------- simulator threads
+# While a simulated kernel runs, the interpreter hands the GIL between threads at least this often (seconds).
+# A lane released from a warp instruction or a barrier then waits at most this long for a thread that is busy
+# computing. Measured on the project's simulator tests (benchmarks/simulator_speed.py); the default is 5e-3.
+SIM_SWITCH_INTERVAL = 5e-4
+
+_SIM = {"arranged": None, "how": "not arranged (no simulated kernel yet)", "switch_interval": None}
+_SIM_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def simulator_threads():
+    """Run the body with the GIL switch interval of a simulated kernel, restoring the interpreter's value after.
+
+    Every simulated launch runs inside this (an outer launch only: a device function or a nested call does not
+    set it again). Kernels on a GPU do not need it."""
+    with _SIM_LOCK:
+        before = sys.getswitchinterval()
+        depth = _SIM.setdefault("depth", 0)
+        _SIM["depth"] = depth + 1
+        if depth == 0:
+            _SIM["restore"] = before
+            sys.setswitchinterval(SIM_SWITCH_INTERVAL)
+    try:
+        yield
+    finally:
+        with _SIM_LOCK:
+            _SIM["depth"] -= 1
+            if _SIM["depth"] == 0:
+                sys.setswitchinterval(_SIM.pop("restore"))
+
+
+def arrange_simulator() -> str:
+    """Make Numba's CUDA simulator, once per process, run a block's threads without a busy-polling loop and
+    each launch under `simulator_threads()`. Returns (and doctor() shows) what was done; never raises."""
+    with _SIM_LOCK:
+        if _SIM["arranged"] is not None:
+            return _SIM["how"]
+        _SIM["arranged"] = False
+        if os.environ.get("FLASHLAB_SIM_THREADS", "").strip().lower() == "numba":
+            _SIM["how"] = "Numba's own (FLASHLAB_SIM_THREADS=numba): a polling block loop, the interpreter's switch interval"
+            return _SIM["how"]
+        try:
+            from numba.cuda.simulator import kernel as sim
+            _patch_simulator(sim)
+        except Exception as exc:  # a numba-cuda whose simulator is built differently: run it as it is
+            _SIM["how"] = f"Numba's own (flashlab could not arrange it: {type(exc).__name__}: {exc})"
+            return _SIM["how"]
+        _SIM["arranged"], _SIM["switch_interval"] = True, SIM_SWITCH_INTERVAL
+        _SIM["how"] = (f"flashlab's: a block's threads wake its loop only at a barrier, an end or an error; "
+                       f"switch interval {SIM_SWITCH_INTERVAL * 1e3:g} ms while a kernel runs")
+        return _SIM["how"]
+
+
+def _patch_simulator(sim):
+    """Replace the simulator's BlockThread and BlockManager with subclasses that count arrivals at
+    cuda.syncthreads() under one condition variable, and wrap FakeCUDAKernel's launch in simulator_threads().
+
+    Numba's BlockManager.run polls every thread's `syncthreads_blocked` in a loop that holds the GIL; here the
+    thread that completes a barrier (the last to arrive, counting threads that have ended, as Numba does)
+    wakes the block's loop, which releases them all. Errors abort the block's other threads as in Numba."""
+    import numpy as np
+
+    base_thread, base_manager, kernel_cls = sim.BlockThread, sim.BlockManager, sim.FakeCUDAKernel
+    for owner, name in ((base_thread, "syncthreads"), (base_thread, "run"), (base_manager, "run"),
+                        (kernel_cls, "__call__"), (sim, "_get_kernel_context")):
+        if not callable(getattr(owner, name, None)):
+            raise AttributeError(f"numba's simulator has no {getattr(owner, '__name__', owner)}.{name}")
+
+    class BlockThread(base_thread):
+        def syncthreads(self):
+            if self.abort:
+                raise RuntimeError("abort flag set on syncthreads call")
+            block = self._manager
+            with block.changed:
+                self.syncthreads_blocked = True
+                block.waiting += 1
+                if block.waiting + block.finished == block.count:
+                    block.changed.notify()
+            self.syncthreads_event.wait()
+            self.syncthreads_event.clear()
+            if self.abort:
+                raise RuntimeError("abort flag set on syncthreads clear")
+
+        def run(self):
+            try:
+                super().run()  # Numba's: runs the kernel, keeps its exception in self.exception
+            finally:
+                block = self._manager
+                with block.changed:
+                    block.finished += 1
+                    if self.exception is not None or block.waiting + block.finished == block.count:
+                        block.changed.notify()
+
+    class BlockManager(base_manager):
+        def run(self, grid_point, *args):
+            self.changed = threading.Condition(threading.Lock())
+            self.count, self.waiting, self.finished = int(np.prod(self._block_dim)), 0, 0
+
+            def target():
+                self._f(*args)
+
+            threads = []
+            for block_point in np.ndindex(*self._block_dim):
+                t = sim.BlockThread(target, self, grid_point, block_point, self._debug)
+                t.start()
+                threads.append(t)
+            with self.changed:
+                while True:
+                    failed = next((t for t in threads if t.exception), None)
+                    if failed is not None:  # as Numba: stop the others, leave them unjoined for debugging
+                        for t in threads:
+                            t.abort, t.syncthreads_blocked = True, False
+                            t.syncthreads_event.set()
+                        raise failed.exception[0].with_traceback(failed.exception[1])
+                    if self.finished == self.count:
+                        break
+                    if self.waiting and self.waiting + self.finished == self.count:  # the barrier is complete
+                        self.waiting = 0
+                        for t in threads:
+                            if t.syncthreads_blocked:
+                                t.syncthreads_blocked = False
+                                t.syncthreads_event.set()
+                        continue
+                    self.changed.wait(1.0)  # a safety net: every change this loop waits for notifies it
+            for t in threads:
+                t.join()
+
+    launch = kernel_cls.__call__
+
+    def __call__(self, *args):
+        if self._device or sim._get_kernel_context() is not None:  # a device function, or called inside a kernel
+            return launch(self, *args)
+        with simulator_threads():
+            return launch(self, *args)
+
+    sim.BlockThread, sim.BlockManager, kernel_cls.__call__ = BlockThread, BlockManager, __call__
 
 
 _LIMITS = {}  # device id -> its limits
@@ -262,6 +416,7 @@ def doctor(file=None) -> dict:
                 say("CUDA toolkit", f"unknown ({type(exc).__name__}: {exc})")
         else:
             say("gpu", "none: kernels run in Numba's CUDA simulator (correct, but ~0.1 ms per thread: many orders of magnitude slower than a GPU)")
+            say("simulator", arrange_simulator())
         say("smoke kernel", _smoke(cuda))
     except Exception as exc:
         say("smoke kernel", f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

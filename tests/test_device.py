@@ -3,7 +3,9 @@ import io
 import os
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 
 import flashlab
@@ -126,3 +128,110 @@ def test_kernel_size_is_small_in_the_simulator_and_full_on_a_gpu(monkeypatch):
     monkeypatch.setattr(device, "has_gpu", lambda: False)
     monkeypatch.delenv("FLASHLAB_FAST")
     assert device.kernel_size(1000, 16) == 16
+
+
+# ----------------------------------------------------------------------------------- the simulator's threads
+sim_only = pytest.mark.skipif(device.has_gpu(), reason="checks how flashlab arranges the CUDA simulator's threads")
+cuda = device.get_cuda()  # a module global: the simulator swaps it for its own inside a kernel
+
+
+@cuda.jit
+def record_switch_interval(out):
+    out[cuda.threadIdx.x] = sys.getswitchinterval()
+
+
+@cuda.jit
+def fail_in_one_thread(out):
+    if cuda.threadIdx.x == 5:
+        raise ValueError("thread 5 fails")
+    cuda.syncthreads()
+    out[cuda.threadIdx.x] = 1
+
+
+@cuda.jit
+def one_slow_thread(out, seconds):
+    if cuda.threadIdx.x == 0:
+        time.sleep(seconds)  # the other threads wait at the barrier meanwhile
+    cuda.syncthreads()
+    out[cuda.threadIdx.x] = 1
+
+
+@cuda.jit
+def neighbours_after_barriers(out, count):
+    shared = cuda.shared.array(64, np.float32)
+    i = cuda.threadIdx.x
+    for step in range(3):
+        shared[i] = i + step
+        cuda.syncthreads()
+        out[step, i] = shared[(i + 1) % 64]
+        cuda.syncthreads()
+    if i >= 48:
+        return  # these threads leave: the barrier below waits for the 48 others only
+    count[i] = cuda.syncthreads_count(i % 2)
+
+
+
+
+@sim_only
+def test_switch_interval_is_set_while_a_simulated_kernel_runs_and_restored_after():
+    record, fail = record_switch_interval, fail_in_one_thread
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.0123)  # a value no one else uses: the launch must give it back, not a default
+        out = np.zeros(32)
+        record[1, 32](out)
+        assert np.all(out == device.SIM_SWITCH_INTERVAL)
+        assert sys.getswitchinterval() == pytest.approx(0.0123)
+        with pytest.raises(ValueError, match="thread 5 fails"):  # a failing kernel restores it too
+            fail[1, 32](np.zeros(32))
+        assert sys.getswitchinterval() == pytest.approx(0.0123)
+    finally:
+        sys.setswitchinterval(before)
+
+
+@sim_only
+def test_simulated_block_waits_at_a_barrier_without_polling():
+    """While one thread sleeps and 63 wait at cuda.syncthreads(), the launching thread sleeps too (Numba's own
+    block loop polls them and burns a core for as long as the barrier lasts)."""
+    slow = one_slow_thread
+    out = np.zeros(64)
+    slow[1, 64](out, 0.01)  # the first launch of a kernel does one-time work: not measured
+    start_cpu, start = time.thread_time(), time.perf_counter()
+    slow[1, 64](out, 0.5)
+    cpu, wall = time.thread_time() - start_cpu, time.perf_counter() - start
+    assert np.all(out == 1) and wall >= 0.5
+    assert cpu < 0.2, f"the launching thread used {cpu:.2f} s of CPU in a {wall:.2f} s launch"
+
+
+@sim_only
+def test_simulated_barriers_keep_their_meaning():
+    """Each barrier holds every running thread until all arrive; threads that returned no longer count (as in
+    Numba's simulator); syncthreads_count sees every value; a failing thread stops its block with its error."""
+    fail, neighbours = fail_in_one_thread, neighbours_after_barriers
+    out, count = np.zeros((3, 64)), np.zeros(64)
+    neighbours[2, 64](out, count)
+    want = (np.arange(64)[None, :] + 1) % 64 + np.arange(3)[:, None]
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(count[:48], 24)  # 48 threads reach it, half of them with 1
+    with pytest.raises(ValueError, match=r"tid=\[5, 0, 0\].*thread 5 fails"):
+        fail[2, 32](np.zeros(32))
+
+
+@sim_only
+def test_doctor_reports_the_simulator_arrangement():
+    out = io.StringIO()
+    facts = device.doctor(file=out)
+    assert "switch interval" in facts["simulator"] and "while a kernel runs" in facts["simulator"]
+    assert f"{device.SIM_SWITCH_INTERVAL * 1e3:g} ms" in out.getvalue()
+
+
+@sim_only
+def test_numba_simulator_threads_can_be_kept():
+    code = ("import sys, io, flashlab.device as d; b = sys.getswitchinterval(); f = d.doctor(file=io.StringIO()); "
+            "print(f['simulator'].split(' (')[0], f['smoke kernel'][:2], sys.getswitchinterval() == b)")
+    res = _run(code, NUMBA_ENABLE_CUDASIM="1", FLASHLAB_SIM_THREADS="numba")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["Numba's", "own", "ok", "True"]
+    res = _run(code, NUMBA_ENABLE_CUDASIM="1", FLASHLAB_SIM_THREADS="")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[:1] == ["flashlab's:"] and res.stdout.split()[-2:] == ["ok", "True"]
