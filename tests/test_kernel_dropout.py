@@ -166,15 +166,15 @@ def test_compile_signatures_have_the_seed():
 
     from numba import int64
 
-    from flashlab.kernels import backward, info, plan
-    from flashlab.kernels.forward import resolve_config
+    from flashlab.kernels import info, plan, register_backward
+    from flashlab.kernels.plan import resolve_config
 
     def n_params(kernel):
         return len(inspect.signature(kernel.py_func).parameters)
 
     for variant, direction, precision in [("register", "forward", None), ("register", "backward", None),
                                           ("shared", "forward", None), ("tensor", "forward", "3xtf32")]:
-        config = backward.default_config(16, simulator=True) if direction == "backward" else \
+        config = register_backward.default_config(16, simulator=True) if direction == "backward" else \
             resolve_config(variant, 16, precision=precision)
         kernel, sig = plan.kernel_and_signature(variant, direction, 16, "float32", precision, config, True, False,
                                                 False)

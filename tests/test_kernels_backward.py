@@ -11,6 +11,7 @@ import flashlab as fl
 from flashlab.device import has_gpu
 
 kb = pytest.importorskip("flashlab.kernels.backward")
+from flashlab.kernels import SUPPORTED_D, register_backward  # noqa: E402
 
 TOL = {np.float32: 1e-4, np.float16: 1e-2}
 
@@ -86,7 +87,7 @@ def test_default_config_and_explicit_scale(rng):
 
 def test_tile_split_covers_every_entry_once():
     for rows, cols, threads in [(16, 64, 128), (8, 32, 64), (64, 64, 128), (8, 16, 32), (32, 64, 256)]:
-        tr, tc, nr, nc = kb.tile_split(rows, cols, threads)
+        tr, tc, nr, nc = register_backward.tile_split(rows, cols, threads)
         owned = [(y + nr * a, x + nc * b) for t in range(threads) for y, x in [divmod(t, nc)]
                  for a in range(tr) for b in range(tc)]
         assert sorted(owned) == [(r, c) for r in range(rows) for c in range(cols)]
@@ -128,7 +129,7 @@ def test_unsupported_d_and_configs(rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", kb.SUPPORTED_D)
+@pytest.mark.parametrize("d", SUPPORTED_D)
 @pytest.mark.parametrize("n", [1, 17, 128, 1000, 4096])
 @pytest.mark.gpu
 @pytest.mark.skipif(not has_gpu(), reason="needs a CUDA GPU")

@@ -115,24 +115,24 @@ def test_paged_kernel_on_gpu(rng, H, H_kv):
 @gpu
 @pytest.mark.parametrize("variant", ["tensor", "register"])
 def test_paged_prepared_path_on_gpu(rng, variant):
-    """Torch CUDA tensors: the first call prepares (kernels/_fast.py), later calls with new lengths and a new
+    """Torch CUDA tensors: the first call prepares (kernels/prepared.py), later calls with new lengths and a new
     block table reuse it and give the general path's (NumPy inputs') outputs bit for bit; the device check of the
     tables raises the host check's errors."""
     torch = pytest.importorskip("torch")
-    from flashlab.kernels import _fast
+    from flashlab.kernels import prepared
 
-    if not _fast.available():
+    if not prepared.available():
         pytest.skip("the prepared path needs numba-cuda's launch internals")
     q, kc, vc, table, lens = paged_case(rng, 3, 8, 2, 1, 64, 16, [300, 1, 77], dtype=np.float16, spare=5)
     on_gpu = lambda *xs: [torch.from_numpy(np.ascontiguousarray(x)).cuda() for x in xs]  # noqa: E731
     tq, tk, tv = on_gpu(q, kc, vc)
-    _fast._CALLS.clear()
+    prepared._CALLS.clear()
     steps = [(table, lens), (table[::-1], np.array([299, 0, 300], np.int32)), (table, np.array([1, 2, 3], np.int64))]
     for bt, sl in steps:
         want_o, want_lse = paged.paged_decoding(q, kc, vc, bt, sl, variant=variant)
         o, lse = paged.paged_decoding(tq, tk, tv, *on_gpu(bt.astype(np.int64), sl), variant=variant)
         assert np.array_equal(o.cpu().numpy(), want_o) and np.array_equal(lse.cpu().numpy(), want_lse)
-    kinds = [type(c).__name__ for c in _fast._CALLS.values()]
+    kinds = [type(c).__name__ for c in prepared._CALLS.values()]
     assert kinds == ["PreparedPaged", "PreparedPaged"], kinds  # one per table dtype: int64 lengths are a new key
     bad_table = table.astype(np.int64)
     bad_table[1, 0] = kc.shape[0]

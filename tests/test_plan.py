@@ -1,10 +1,11 @@
-"""The launch planner (flashlab/kernels/plan.py), every launch path it can choose, its exercise and explorer.
+"""The launch planner (flashlab/kernels/plan.py), every launch path it can choose, and its explorer.
 
 Simulator tests (CI) run the split-KV, heaviest-first and d128-redesign paths of the kernels on tiny shapes
 against float64 attention, check the planner's choices for hand-passed devices (a T4 from the committed
-kernel_resources.csv), its model, the prepared-call marshalling against numba-cuda's own, the exercise's
-checker with its kept wrong solutions and the waves explorer. GPU tests (marked gpu) check the suite's edge
-shapes, the prepared (fast) path against the general one, and the compiled registers.
+kernel_resources.csv), its model, the prepared-call marshalling against numba-cuda's own and the waves
+explorer. GPU tests (marked gpu) check the suite's edge shapes, the prepared (fast) path against the general
+one, and the compiled registers. Lesson 10's waves exercise, whose checker gives the planner's answers, is
+tested in tests/exercises/test_l10_tuning.py.
 """
 import dataclasses
 import math
@@ -18,8 +19,7 @@ import pytest
 
 import flashlab as fl
 from flashlab.device import get_cuda, has_gpu
-from flashlab.grading import check
-from flashlab.kernels import _fast, flash_attention, register, tensor
+from flashlab.kernels import flash_attention, prepared, register, tensor
 from flashlab.kernels import plan as P
 from flashlab.kernels.plan import A100, H100, T4, plan
 
@@ -109,7 +109,7 @@ def test_flash_attention_splits_through_the_planner(rng):
 
 
 def test_backward_heaviest_first_in_sections(rng):
-    from flashlab.kernels import backward as kb
+    from flashlab.kernels import register_backward as kb
     from test_kernels_backward import make_case
 
     cuda = get_cuda()
@@ -187,14 +187,14 @@ def test_the_table_has_every_configuration_the_planner_chooses():
 
 @pytest.mark.parametrize("device", [T4, A100, H100], ids=["T4", "A100", "H100"])
 def test_unsplit_plans_keep_todays_tiles(device):
-    from flashlab.kernels import backward, shared
+    from flashlab.kernels import register_backward, shared
 
     for d in (16, 32, 64, 128):
         p = plan((1, 16, 4096, d), device=device)
         assert p.config == register.choose_tile(d, None, None, device.shared_per_block, device.shared_per_sm)
         assert plan((1, 16, 4096, d), device=device, variant="shared").config == (shared.DEFAULT_BLOCK_Q,
                                                                                  shared.DEFAULT_BLOCK_K)
-        assert plan((1, 16, 4096, d), device=device, direction="backward").config == backward.GPU_CONFIG[d]
+        assert plan((1, 16, 4096, d), device=device, direction="backward").config == register_backward.GPU_CONFIG[d]
         if device is not T4:
             assert plan((1, 16, 4096, d), device=device, variant="tensor", dtype="float16").config == \
                 tensor.choose_tile(d, "f16")
@@ -292,7 +292,7 @@ dev._state["backend"] = "gpu"  # compile-only: no driver is touched
 import numpy as np
 from numba.cuda import dispatcher as nd
 from numba.cuda.cudadrv.devicearray import _StridedLayoutShim, _StridedMemoryViewShim
-from flashlab.kernels import _fast
+from flashlab.kernels import prepared
 
 class View:  # what numba-cuda reads from a device array when it marshals it
     __cuda_memory__ = True
@@ -312,83 +312,28 @@ def numba_args(ty, val):
 
 def mine(val, ty, ptr=None):
     out = []
-    slot = _fast.marshal(val, ty, out)
+    slot = prepared.marshal(val, ty, out)
     if slot is not None:
         out[slot] = ptr
     return [(type(a).__name__, a.value) if hasattr(a, "value") else a for a in out]
 
-for spec in [_fast.Spec.contiguous((2, 3, 4, 8), np.float32), _fast.Spec((2, 3, 5, 4), (960, 320, 64, 4), np.dtype(np.float16)),
-             _fast.Spec.contiguous((6, 4, 16), np.float16).words(), _fast.Spec.contiguous((2, 3, 4, 8), np.uint32).values(np.float16)]:
+for spec in [prepared.Spec.contiguous((2, 3, 4, 8), np.float32), prepared.Spec((2, 3, 5, 4), (960, 320, 64, 4), np.dtype(np.float16)),
+             prepared.Spec.contiguous((6, 4, 16), np.float16).words(), prepared.Spec.contiguous((2, 3, 4, 8), np.uint32).values(np.float16)]:
     assert numba_args(spec.numba_type, View(spec, 4096)) == mine(spec, spec.numba_type, 4096), spec
 for val in (5, np.float32(0.5), True):
-    assert numba_args(_fast.scalar_type(val), val) == mine(val, _fast.scalar_type(val)), val
+    assert numba_args(prepared.scalar_type(val), val) == mine(val, prepared.scalar_type(val)), val
 print("ok")
 """
 
 
 def test_prepared_calls_marshal_like_numba():
-    """kernels/_fast.py builds kernel arguments itself: they must be the ones numba-cuda builds (checked with
+    """kernels/prepared.py builds kernel arguments itself: they must be the ones numba-cuda builds (checked with
     numba-cuda's own _Kernel._prepare_args, which runs without a GPU)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     out = subprocess.run([sys.executable, "-c", MARSHAL], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
-    assert not _fast.available() or has_gpu()
-
-
-# ------------------------------------------------------------------------------------- exercise 10.4
-def _load_solution(edits=()):
-    from test_kernel_exercises import load
-
-    return load("10_tuning", edits=edits)["waves_and_split"]
-
-
-WAVES_MUTANTS = [
-    ("no rounding of registers to 256 per warp",
-     [("(-(-registers * 32 // 256) * 256)", "(registers * 32)")]),
-    ("warps not rounded down to a multiple of 4", [("// 4 * 4", "")]),
-    ("reserved shared memory forgotten", [('(shared_bytes + gpu["reserved_shared_per_block"])', "shared_bytes")]),
-    ("whole query blocks not counted", [("blocks = -(-N // block_q) * B * H", "blocks = N / block_q * B * H")]),
-    ("split below one wave only", [("if blocks / slots < 2:", "if blocks / slots < 1:")]),
-    ("no minimum chunk", [("if N // s >= 256]", "]")]),
-    ("occupancy in blocks", [('"occupancy": blocks_per_sm * warps / max_warps',
-                              '"occupancy": blocks_per_sm / gpu["max_blocks_per_sm"]')]),
-]
-
-
-def test_waves_exercise_solution_and_blank():
-    from flashlab.grading.l10_tuning import GPU_H100, waves_and_split_reference
-    from test_kernel_exercises import load
-
-    assert check("waves_and_split", _load_solution(), seed=1, quiet=True).passed
-    assert check("waves_and_split", load("10_tuning", keep=False)["waves_and_split"], seed=1,
-                 quiet=True).status == "not implemented"
-    # the checker's answer is the planner's, on grids of equal blocks
-    for B, H, N, d in [(1, 16, 1024, 64), (1, 16, 2048, 64), (1, 16, 4096, 64), (4, 16, 1024, 32), (1, 8, 1024, 128),
-                       (1, 4, 8192, 64), (2, 16, 2048, 128)]:
-        p = plan((B, H, N, d), device=H100)
-        want = waves_and_split_reference(B, H, N, p.block_q, p.threads, p.registers, p.shared_bytes, GPU_H100)
-        assert (want["blocks_per_sm"], want["splits"]) == (p.blocks_per_sm, p.splits), (B, H, N, d)
-        assert want["waves"] == pytest.approx(p.unsplit[0]) and want["efficiency"] == pytest.approx(p.unsplit[1])
-        assert want["occupancy"] == pytest.approx(p.occupancy)
-
-
-@pytest.mark.parametrize("label,edits", WAVES_MUTANTS, ids=[m[0] for m in WAVES_MUTANTS])
-def test_waves_exercise_rejects_mutants(label, edits):
-    from flashlab.build import strip_solutions
-
-    source = strip_solutions((ROOT / "course" / "exercises" / "10_tuning.py").read_text(), True)
-    for old, _ in edits:
-        assert old in source, f"mutant {label!r}: the solution no longer contains {old!r}"
-    result = check("waves_and_split", _load_solution(edits), seed=1, quiet=True)
-    assert result.status == "failed", f"mutant {label!r} passed"
-
-
-def test_waves_exercise_names_the_slip():
-    result = check("waves_and_split", _load_solution(WAVES_MUTANTS[2][1]), seed=1, quiet=True)
-    assert "reserved" in str(result), str(result)
-    result = check("waves_and_split", _load_solution(WAVES_MUTANTS[4][1]), seed=1, quiet=True)
-    assert "2 waves" in str(result), str(result)
+    assert not prepared.available() or has_gpu()
 
 
 # ------------------------------------------------------------------------------------ the explorer
@@ -533,7 +478,7 @@ def test_gpu_prepared_path_matches_the_general_path(monkeypatch, variant, dtype,
     torch.manual_seed(1)
     q, k, v, do = (torch.randn(1, 4, 700, 64, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
     monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
-    assert _fast.available()
+    assert prepared.available()
     fast = [flash_attention(q, k, v, causal=causal, variant=variant, splits=splits) for _ in range(2)]
     monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
     slow = flash_attention(q, k, v, causal=causal, variant=variant, splits=splits)
@@ -555,21 +500,21 @@ def test_gpu_prepared_path_matches_the_general_path(monkeypatch, variant, dtype,
 @gpu
 @pytest.mark.parametrize("variant, dtype", [("register", "float32"), ("tensor", "float16")])
 def test_gpu_direct_launch_matches_cuda_core_launch(monkeypatch, variant, dtype):
-    # _fast._DirectLaunch (cuLaunchKernel on a prebuilt kernelParams array) against cuda.core's launch
+    # prepared._DirectLaunch (cuLaunchKernel on a prebuilt kernelParams array) against cuda.core's launch
     import torch
 
     q, k, v = (torch.randn(2, 3, 300, 64, device="cuda", dtype=getattr(torch, dtype)) for _ in range(3))
     runs = []
     for direct in ("1", "0"):
         monkeypatch.setenv("FLASHLAB_DIRECT_LAUNCH", direct)
-        _fast._CALLS.clear()
+        prepared._CALLS.clear()
         call = [flash_attention(q, k, v, causal=True, variant=variant, splits=2) for _ in range(2)][1]
         assert all((kern.direct is not None) == (direct == "1")
-                   for kern in next(iter(_fast._CALLS.values())).kernels)
+                   for kern in next(iter(prepared._CALLS.values())).kernels)
         runs.append(call)
     for a, b in zip(*runs):
         assert torch.equal(a, b)
-    _fast._CALLS.clear()
+    prepared._CALLS.clear()
 
 
 @pytest.mark.gpu
@@ -584,7 +529,9 @@ def test_gpu_plan_reads_the_compiled_kernel():
 def test_automatic_split_switch_and_the_tensor_core_kernel(monkeypatch):
     # the same problem: split on "this GPU" (device=None) as on an H100 passed by hand; plan.AUTO_SPLIT = False
     # turns it off for this GPU only; splits= always splits. The tensor-core kernel splits only when asked.
-    monkeypatch.setattr(P, "current_device", lambda: H100)
+    from flashlab.kernels import devices
+
+    monkeypatch.setattr(devices, "current_device", lambda: H100)
     shape = (1, 16, 1024, 1024, 64)
     assert plan(shape, device=H100).splits > 1
     assert plan(shape).splits == plan(shape, device=H100).splits

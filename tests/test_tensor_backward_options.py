@@ -101,7 +101,7 @@ def test_query_tiles_outside_the_band_are_never_read(rng, align, monkeypatch):
 
 
 def test_options_are_checked_and_the_simulator_default_stays_register(rng, monkeypatch):
-    import flashlab.kernels.tensor_backward as tb
+    import flashlab.kernels.backward as kb
 
     q, k, v, do = inputs(rng, 1, 1, 1, 16, 16, np.float16)
     lse = np.zeros((1, 1, 16), np.float32)
@@ -110,7 +110,7 @@ def test_options_are_checked_and_the_simulator_default_stays_register(rng, monke
     with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
         flash_attention_backward(q, k, v, q, lse, do, variant="tensor", dropout_p=1.5)
     called = []
-    monkeypatch.setattr(tb, "backward", lambda *a, **kw: called.append(kw))
+    monkeypatch.setattr(kb, "_tensor_backward", lambda *a, **kw: called.append(kw))
     flash_attention_backward(q, k, v, q, lse, do, variant="tensor", softcap=2.0, dropout_p=0.1, seed=7)
     assert called and called[0]["softcap"] == 2.0 and called[0]["dropout_p"] == 0.1 and called[0]["seed"] == 7
     if not fl.device.has_gpu():  # the default for float16 in the simulator: the register backward
@@ -149,21 +149,21 @@ def test_gpu_tensor_backward_options(rng, d):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_prepared_calls_match_the_general_path(rng, monkeypatch, dtype):
     """Torch CUDA tensors: the forward with options and the tensor backward take prepared paths
-    (kernels/_fast.py) from their first call; they give what the general path gives: o, lse, dK and dV bit for bit,
+    (kernels/prepared.py) from their first call; they give what the general path gives: o, lse, dK and dV bit for bit,
     dQ to its float32 atomics' rounding, under GQA. One prepared entry per key, reused by later calls, and a new
     dropout seed is passed to the launch, not a new entry."""
     import torch
 
-    from flashlab.kernels import _fast, flash_attention
+    from flashlab.kernels import flash_attention, prepared
 
-    monkeypatch.setattr(_fast, "_CALLS", {})  # counted below: no entries from other tests, none evicted
+    monkeypatch.setattr(prepared, "_CALLS", {})  # counted below: no entries from other tests, none evicted
     B, H, H_kv, N, d = 2, 4, 2, 300, 64
     t = lambda *shape: torch.from_numpy(rng.standard_normal(shape)).to("cuda", getattr(torch, dtype))  # noqa: E731
     q, k, v, do = t(B, H, N, d), t(B, H_kv, N, d), t(B, H_kv, N, d), t(B, H, N, d)
     option_sets = (dict(), dict(causal=True, window_size=(64, 0), softcap=20.0, alibi_slopes=np.linspace(0.1, 0.4, H)),
                    dict(dropout_p=0.2, causal=True))
     for opts in option_sets:
-        before = len(_fast._CALLS)
+        before = len(prepared._CALLS)
         for seed in (7, 2 ** 40 + 8):  # the second call reuses the entries with another seed
             monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
             o, lse = flash_attention(q, k, v, variant="tensor", seed=seed, **opts)  # GQA: 2 query heads a K/V head
@@ -184,15 +184,15 @@ def test_prepared_calls_match_the_general_path(rng, monkeypatch, dtype):
                     assert err < (1e-2 if dtype == "bfloat16" else 1e-3 if dtype == "float16" else 1e-6), (name, err)
                 else:
                     assert torch.equal(g, w), (name, opts, seed)
-        assert len(_fast._CALLS) == before + (2 if dtype == "bfloat16" else 3), opts  # forwards and a backward
+        assert len(prepared._CALLS) == before + (2 if dtype == "bfloat16" else 3), opts  # forwards and a backward
 
 
 def test_prepared_paths_key_without_the_seed(monkeypatch):
     """The prepared-call wiring, on the CPU with the GPU-only pieces faked: the forward with options, the tensor
     backward and varlen each prepare once per key and pass each call's dropout seed to the launch (the GPU test
     above checks what the launches compute)."""
-    import flashlab.kernels._fast as fast
-    from flashlab.kernels import forward, tensor_backward, varlen
+    import flashlab.kernels.prepared as fast
+    from flashlab.kernels import backward, forward, varlen
 
     calls = []
 
@@ -207,17 +207,17 @@ def test_prepared_paths_key_without_the_seed(monkeypatch):
     monkeypatch.setattr(fast, "available", lambda: True)
     monkeypatch.setattr(fast, "torch_key", lambda *tensors: tuple(x.shape for x in tensors))
     monkeypatch.setattr(fast, "_CALLS", {})
-    for module, name in ((fast, "PreparedForward"), (tensor_backward, "PreparedBackward"), (varlen, "PreparedVarlen")):
+    for module, name in ((forward, "PreparedForward"), (backward, "PreparedTensorBackward"), (varlen, "PreparedVarlen")):
         monkeypatch.setattr(module, name, type(name, (Fake,), {}))
     q, lse = np.zeros((1, 2, 16, 16), np.float32), np.zeros((1, 2, 16), np.float32)
     qv, cu = np.zeros((16, 2, 16), np.float32), np.array([0, 7, 16], np.int32)
     for seed in (3, 4):
         assert forward.flash_attention(q, q, q, variant="register", softcap=2.0, dropout_p=0.1, seed=seed) == "prepared"
     for seed in (5, 6):
-        assert tensor_backward.backward(q, q, q, q, lse, q, dropout_p=0.1, seed=seed) == "prepared"
+        assert backward.flash_attention_backward(q, q, q, q, lse, q, variant="tensor", dropout_p=0.1, seed=seed) == "prepared"
     for seed in (7, 2 ** 40):
         assert varlen.flash_attention_varlen(qv, qv, qv, cu, cu, dropout_p=0.2, seed=seed) == "prepared"
-    assert calls == [("prepare", "PreparedForward"), ("call", 3), ("call", 4), ("prepare", "PreparedBackward"),
+    assert calls == [("prepare", "PreparedForward"), ("call", 3), ("call", 4), ("prepare", "PreparedTensorBackward"),
                      ("call", 5), ("call", 6), ("prepare", "PreparedVarlen"), ("call", 7), ("call", 2 ** 40)]
     with pytest.raises(ValueError, match="seed must be an integer"):  # a later call's seed is still checked
         varlen.flash_attention_varlen(qv, qv, qv, cu, cu, dropout_p=0.2, seed=-1)

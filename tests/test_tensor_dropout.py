@@ -13,7 +13,7 @@ from flashlab.reference import dropout_scale
 
 kernels = pytest.importorskip("flashlab.kernels")
 from flashlab.kernels import flash_attention, tensor  # noqa: E402
-from flashlab.kernels.register import Extras  # noqa: E402
+from flashlab.kernels.options import Extras  # noqa: E402
 from flashlab.kernels.tensor import TensorTile  # noqa: E402
 
 BIG = 2 ** 40 + 11  # a seed whose high 32 bits are not 0

@@ -409,9 +409,9 @@ def spy_tensor_backward_builds(monkeypatch):
     """A list that gets (precision, extras) for each tensor-backward build the calls ask for: the general path
     (launch) and the prepared one (PreparedBackward, emptied here so it prepares again) both call build."""
     import flashlab.kernels.tensor_backward as tb
-    from flashlab.kernels import _fast
+    from flashlab.kernels import prepared
 
-    monkeypatch.setattr(_fast, "_CALLS", {})
+    monkeypatch.setattr(prepared, "_CALLS", {})
     calls, real = [], tb.build
     monkeypatch.setattr(tb, "build", lambda *a, **kw: calls.append((a[3], kw.get("extras"))) or real(*a, **kw))
     return calls

@@ -118,13 +118,13 @@ def test_varlen_kernel_on_gpu(rng, d, dtype, variant):
 @gpu
 @pytest.mark.parametrize("variant,dtype", [("tensor", "float16"), ("tensor", "bfloat16"), ("register", "float32")])
 def test_prepared_varlen_calls_match_the_general_path(rng, monkeypatch, variant, dtype):
-    """Torch CUDA tensors take the prepared path (kernels/_fast.py): it gives the general path's output bit for
+    """Torch CUDA tensors take the prepared path (kernels/prepared.py): it gives the general path's output bit for
     bit; a new cu_seqlens is a new entry, a new dropout seed is not."""
     import torch
 
-    from flashlab.kernels import _fast
+    from flashlab.kernels import prepared
 
-    monkeypatch.setattr(_fast, "_CALLS", {})  # counted below: no entries from other tests, none evicted
+    monkeypatch.setattr(prepared, "_CALLS", {})  # counted below: no entries from other tests, none evicted
     lens_q, lens_k = [1, 300, 0, 777, 64], [5, 300, 9, 700, 0]
     q, k, v, cu_q, cu_k = packed(rng, lens_q, lens_k, 4, 2, 64)
     q, k, v = (torch.from_numpy(x).to("cuda", getattr(torch, dtype)) for x in (q, k, v))
@@ -133,16 +133,16 @@ def test_prepared_varlen_calls_match_the_general_path(rng, monkeypatch, variant,
     monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
     want = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **opts)
     monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
-    before = len(_fast._CALLS)
+    before = len(prepared._CALLS)
     for _ in range(2):  # the first call prepares, the second only launches
         got = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **opts)
         for g, w in zip(got, want):
             assert g.dtype == w.dtype and torch.equal(g, w)
-    assert len(_fast._CALLS) == before + 1
+    assert len(prepared._CALLS) == before + 1
     cu_k2 = cu_k.copy()
     cu_k2[1:] = np.minimum(cu_k2[1:] + 3, cu_k[-1])  # other key lengths: a new prepared call, the right output
     got = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k2, **opts)
-    assert len(_fast._CALLS) == before + 2
+    assert len(prepared._CALLS) == before + 2
     monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
     want = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k2, **opts)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
@@ -153,7 +153,7 @@ def test_prepared_varlen_calls_match_the_general_path(rng, monkeypatch, variant,
         monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
         got = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **drop)
         assert all(torch.equal(g, w) for g, w in zip(got, want)), seed
-    assert len(_fast._CALLS) == before + 3
+    assert len(prepared._CALLS) == before + 3
 
 
 def test_varlen_kernels_forward_then_backward(rng):

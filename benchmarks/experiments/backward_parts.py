@@ -26,14 +26,14 @@ NO_OPTIONS = dict(causal=False, scale=None, precision=None, block_q=None, block_
 
 def parts(d, dtype, n=4096, heads=16, repeats=20):
     """{launch name: median ms} for one prepared tensor-backward call, plus "whole call"."""
-    from flashlab.kernels import _fast, flash_attention, flash_attention_backward
+    from flashlab.kernels import flash_attention, flash_attention_backward, prepared
     from flashlab.kernels import tensor_backward as tb
 
     torch = _torch()
     q, k, v, do = _inputs(1, heads, n, d, getattr(torch, dtype))
     o, lse = flash_attention(q, k, v, variant="tensor")
     call = tb.PreparedBackward(q, k, v, o, lse, do, **NO_OPTIONS)
-    stream = _fast.current_stream(q)
+    stream = prepared.current_stream(q)
     new = lambda shape, dt: torch.empty(shape, dtype=dt, device=q.device)  # noqa: E731
     D = new(call.q_shape[:3], torch.float32)
     dq = new(call.q_shape, call.dtype)

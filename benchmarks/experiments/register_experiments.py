@@ -33,7 +33,7 @@ def main():
     import torch.nn.functional as F
 
     from flashlab.device import get_cuda
-    from flashlab.kernels import forward, register
+    from flashlab.kernels import plan, register
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "register_experiments.md"))
@@ -47,7 +47,7 @@ def main():
     o = torch.empty_like(q)
     lse = torch.empty(B, H, N, device="cuda")
     od, lsed = cuda.as_cuda_array(o), cuda.as_cuda_array(lse)
-    tile = forward.resolve_config("register", d)
+    tile = plan.resolve_config("register", d)
     rows = []
 
     def record(name, fn, regs="", spill="", check=True):

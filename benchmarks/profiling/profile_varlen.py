@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def main():
     import torch
 
-    from flashlab.kernels import tensor, varlen
+    from flashlab.kernels import forward, varlen
 
     rng = np.random.default_rng(0)  # bench_varlen.py's batch
     lens = np.exp(rng.uniform(np.log(128), np.log(4096), 64)).astype(int)
@@ -29,7 +29,7 @@ def main():
     q, k, v = (torch.randn(int(lens.sum()), 16, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     run = varlen.prepare(q, k, v, cu, cu)[0]
     qp, kp, vp = (torch.randn(1, 16, 4096, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-    plain = tensor.prepare(qp, kp, vp)[0]
+    plain = forward.prepare(qp, kp, vp)[0]
     for fn in (run, run, plain, plain):
         fn()
     torch.cuda.synchronize()

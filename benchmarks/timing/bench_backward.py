@@ -281,12 +281,12 @@ def _tile_limits(dtype: str):
 def _as_default_tile(tile, q, run):
     """run() with tile as the tensor backward's default for q's dtype and d (prepared calls forgotten before and
     after, since their keys do not name the tile)."""
-    from flashlab.kernels import _fast, plan, tensor_backward as tb
+    from flashlab.kernels import plan, prepared, tensor_backward as tb
 
     kind = "float32" if q.dtype == _torch().float32 else "16-bit"
     d, saved = q.shape[-1], dict(tb.DEFAULT_TILES[kind])
     tb.DEFAULT_TILES[kind][d] = (tile.warps, tile.block_q, tile.stages, tile.v_shared)
-    forget = lambda: (_fast._CALLS.clear(), plan._cached_plan.cache_clear(), plan._plan.cache_clear())  # noqa: E731
+    forget = lambda: (prepared._CALLS.clear(), plan._cached_plan.cache_clear(), plan._plan.cache_clear())  # noqa: E731
     forget()
     try:
         return run()

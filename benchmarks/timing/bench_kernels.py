@@ -76,14 +76,14 @@ def qkv(B, H, n, d, dtype, seed=0):
 def flashlab_forward(variant, q, k, v, tile=None):
     """A closure launching the kernel on pre-converted arrays: times the kernel, not Python argument checks."""
     from flashlab.device import get_cuda
-    from flashlab.kernels import forward, register, shared
+    from flashlab.kernels import plan, register, shared
 
     cuda = get_cuda()
     qd, kd, vd = (cuda.as_cuda_array(x) for x in (q, k, v))
     B, H, n, d = q.shape
     o = cuda.device_array((B, H, n, d), np.float32 if q.dtype.itemsize == 4 else np.float16)
     lse = cuda.device_array((B, H, n), np.float32)
-    config = tile or forward.resolve_config(variant, d)
+    config = tile or plan.resolve_config(variant, d)
     scale = 1 / math.sqrt(d)
     if variant == "register":
         return lambda: register.launch(qd, kd, vd, o, lse, H, scale, False, config)
@@ -92,9 +92,9 @@ def flashlab_forward(variant, q, k, v, tile=None):
 
 def flashlab_tensor(q, k, v, precision, causal):
     """A closure launching the tensor-core kernel on pre-converted arrays (torch tensors in, no copies)."""
-    from flashlab.kernels import tensor
+    from flashlab.kernels import forward
 
-    return tensor.prepare(q, k, v, causal=causal, precision=precision)[0]
+    return forward.prepare(q, k, v, causal=causal, precision=precision)[0]
 
 
 TENSOR_PRECISIONS = {"float16": ["f16"], "bfloat16": ["bf16"], "float32": ["3xtf32", "tf32"]}

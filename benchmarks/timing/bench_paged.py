@@ -6,7 +6,7 @@ mma tiles, the group's heads as rows) and "register" (FP32 units):
     python benchmarks/timing/bench_paged.py [--n 32768] [--batch 4] [--page 256] [--json out.json] [--sweep 16 64 ...]
 
 Two clocks. "call ms": CUDA events around whole calls (median of 20), host work included. Calls with torch tensors
-take the prepared path (kernels/_fast.py) after the first: by default they check the block table and lengths on
+take the prepared path (kernels/prepared.py) after the first: by default they check the block table and lengths on
 the GPU and wait for the answer (one synchronisation); "unchecked" calls pass check_tables=False and never wait.
 "GPU us": the kernels' own durations per call from the profiler (CUPTI),
 for paged.prepare's run() (the split and merge kernels on prepared buffers) and for torch SDPA; the bar compares

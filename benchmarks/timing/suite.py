@@ -271,7 +271,7 @@ def host_overhead(reps=2000):
     import torch.nn.functional as F
 
     from flashlab.device import get_cuda
-    from flashlab.kernels import _fast, flash_attention, flash_attention_backward
+    from flashlab.kernels import flash_attention, flash_attention_backward, prepared
 
     cuda = get_cuda()
     q, k, v, do = (torch.randn(1, 1, 16, 64, device="cuda") for _ in range(4))
@@ -305,7 +305,7 @@ def host_overhead(reps=2000):
         for way, env in ways if "torch tensors" in name else (("general path", {}),):
             saved = {key: os.environ.get(key) for key in env}
             os.environ.update(env)
-            _fast._CALLS.clear()  # prepared calls remember how they launch
+            prepared._CALLS.clear()  # prepared calls remember how they launch
             try:
                 rows.append({"call": f"{name}: {way}", "host_us": round(per_call(fn), 2)})
             finally:

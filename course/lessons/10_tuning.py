@@ -387,7 +387,7 @@ else:
 # kernel arguments (each array is a pointer, a size, its shape and its strides). Nothing of that changes
 # between two calls with the same shapes, so the first call records it all (the plan, the compiled kernel,
 # the argument list with blanks for the data pointers) and later calls only fill in the pointers, allocate
-# the outputs and launch (`flashlab/kernels/_fast.py`). The host time of one call on tiny inputs, measured
+# the outputs and launch (`flashlab/kernels/prepared.py`). The host time of one call on tiny inputs, measured
 # by `python benchmarks/timing/bench_kernels.py --parts host`:
 
 # %%

@@ -37,7 +37,7 @@ import numpy as np
 import flashlab
 from flashlab import device, fragments as F, reference_attention, relative_error
 from flashlab.hardware import GPUS
-from flashlab.kernels import flash_attention, mma, tensor
+from flashlab.kernels import flash_attention, forward, mma, tensor
 from flashlab.roofline import PUBLISHED, PUBLISHED_FP32
 from flashlab.viz import tensor as tviz
 
@@ -466,7 +466,7 @@ for dtype, precision in ((np.float16, None), (np.float32, "3xtf32"), (np.float32
 # %% [markdown]
 # On a GPU, time it against torch's SDPA in the same dtype, at B = 1, H = 16, N = 4096, d = 64 (CUDA events,
 # median of 10 after warm-up; the first call compiles), twice: the whole `flash_attention` call, and the
-# launch alone on arrays prepared once (`tensor.prepare`, what `benchmarks/timing/bench_kernels.py` times). The
+# launch alone on arrays prepared once (`forward.prepare`, what `benchmarks/timing/bench_kernels.py` times). The
 # difference is flashlab's Python work per call: checking the inputs, wrapping torch's memory for Numba,
 # allocating the outputs. While Python works the GPU waits, so the events see it. Without a GPU this cell
 # does nothing; section 7 shows the committed measurements.
@@ -482,7 +482,7 @@ if ON_GPU:
     for tdtype in (torch.float16,) if CC < (8, 0) else (torch.float16, torch.bfloat16, torch.float32):
         qt, kt, vt = (torch.randn(Bt, Ht, Nt, dt, device="cuda", dtype=tdtype) for _ in range(3))
         call = time_cuda(lambda: flash_attention(qt, kt, vt, variant="tensor"), warmup=2, reps=10)["median_ms"]
-        launch = time_cuda(tensor.prepare(qt, kt, vt)[0], warmup=2, reps=10)["median_ms"]
+        launch = time_cuda(forward.prepare(qt, kt, vt)[0], warmup=2, reps=10)["median_ms"]
         sdpa = time_cuda(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt), warmup=2,
                          reps=10)["median_ms"]
         print(f"{str(tdtype):15s} flash_attention call {tflops(flops, call):6.1f} TFLOP/s, launch alone "
@@ -688,7 +688,7 @@ else:
 # SDPA's speed at N = 4096 (more under causal masking), and 3xTF32 at d = 64 at about SDPA's own float32
 # speed (less at d = 128). These are whole calls, host included: the checks, the plan and numba's typing of
 # three kernels' arguments happen once per shape and options, and later calls only allocate the gradients
-# and launch (`kernels/_fast.py`; `docs/runs/tensor-backward.md` shows what that saved).
+# and launch (`kernels/prepared.py`; `docs/runs/tensor-backward.md` shows what that saved).
 #
 # **Bigger tiles need more than 48 KB.** The kernel's shared memory is one *dynamic* array (lesson 7), sized
 # at launch, and the kernel opts in to more than 48 KB where the device allows it. That is what lets a block

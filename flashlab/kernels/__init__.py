@@ -13,6 +13,18 @@ Inputs are (B, H, N, d) NumPy arrays, numba device arrays or torch CUDA tensors 
 back in the same kind. Variants: "shared" (lesson 08: one thread per query row, K/V tiles in shared
 memory), "register" (lesson 09: FA2 with register tiling) and "tensor" (lesson 15: mma.sync tensor cores,
 forward in tensor.py, backward in tensor_backward.py).
+
+The modules, in layers; each imports only from its own layer or those below (tests/test_kernel_layers.py):
+- entry points: forward.py, backward.py, varlen.py, varlen_backward.py, paged.py, info.py (checks, the plan,
+  and a prepared call per entry point for torch tensors);
+- prepared.py: the generic prepared launch (argument lists built once, pointers filled in per call);
+- planning: devices.py (what a GPU has, occupancy) and plan.py (tile, split-KV, block order, explain());
+- kernels that build and launch: shared.py, register.py, register_backward.py, tensor.py, tensor_backward.py,
+  decoding.py;
+- device functions shared by the kernels: options.py (the library's options), split_kv.py (key chunks, the
+  grid, the merge kernel);
+- at the bottom: common.py (constants), mma.py (PTX intrinsics, emulated in the simulator), _launch.py (host
+  arrays and input checks).
 """
 from ._launch import SUPPORTED_D
 from .backward import flash_attention_backward

@@ -92,7 +92,7 @@ def check_row_stride(name: str, stride: int, layout: str = "(B, H, N, d)"):
 
 def _words(x, name: str, layout: str):
     if _is_torch(x):
-        import torch
+        import torch  # optional: only torch tensors come here
 
         if not x.is_cuda:
             raise TypeError(f"{name} is a torch tensor on the CPU; pass {name}.cuda()")
@@ -135,7 +135,7 @@ def empty_words(shape, dtype: str, kind: str, like=None):
     memory, and the same memory as uint32 pairs (16-bit dtypes) or as is (float32)."""
     cuda = get_cuda()
     if kind == "torch":
-        import torch
+        import torch  # optional: only torch tensors come here
 
         t = torch.empty(tuple(shape), dtype=getattr(torch, dtype), device=like.device)
         out = cuda.as_cuda_array(t if dtype == "float32" else t.view(torch.int32))
@@ -166,7 +166,7 @@ def like_input(dev, kind: str):
     if kind == "numpy":
         return dev.copy_to_host()
     if kind == "torch":
-        import torch
+        import torch  # optional: only torch tensors come here
 
         owner = getattr(dev, "_flashlab_tensor", None)  # set by empty(): hand back torch's own tensor
         return owner if owner is not None else torch.as_tensor(dev, device="cuda")
@@ -178,7 +178,7 @@ def empty(shape, dtype, kind: str, like=None):
     allocator then counts it, e.g. in torch.cuda.max_memory_allocated), on `like`'s device."""
     cuda = get_cuda()
     if kind == "torch":
-        import torch
+        import torch  # optional: only torch tensors come here
 
         tdtype = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16}[np.dtype(dtype)]
         t = torch.empty(tuple(shape), dtype=tdtype, device=like.device)

@@ -29,12 +29,11 @@ from .._inputs import check_block
 from ..decoding import check_num_splits, chunk_bounds, default_num_splits
 from ..device import device_limits, get_cuda, has_gpu
 from ._launch import check_kernel_inputs, empty, like_input, to_device
+from .common import LN2, LOG2E, NEG
+from .split_kv import build_merge
 
-cuda = None  # numba.cuda, bound when a kernel is first built (see device.py); a global for the simulator
+cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-NEG = -1.0e30  # a finite -inf for masked scores
 MAX_NQ = 16
 K_TILE_BYTES = 40 * 1024  # shared memory for one K tile of BK x (d + 1) floats
 
@@ -53,8 +52,6 @@ def key_tile(d: int, n_q: int, threads: int) -> int:
 @functools.lru_cache(maxsize=None)
 def build(d: int, n_q: int, threads: int):
     """(split, merge) kernels for head dim d, n_q queries and `threads` threads per block."""
-    global cuda
-    cuda = get_cuda()
     from numba import float32
 
     D, NQ, T = d, n_q, threads
@@ -136,8 +133,6 @@ def online_softmax_step(NS: int, BK: int):
     and sum Ls, leaving each row's rescale factor alpha = 2^(m_old - m_new) in As for the O update. Tree
     reductions in shared memory (red, one segment of BK per row; BK a power of two), no warp shuffles, so the
     simulator runs the same code. Every thread of the block must call it: it synchronises."""
-    global cuda
-    cuda = get_cuda()
     from numba import float32
 
     @cuda.jit(device=True, inline=True)
@@ -179,58 +174,6 @@ def online_softmax_step(NS: int, BK: int):
         cuda.syncthreads()
 
     return step
-
-
-@functools.lru_cache(maxsize=None)
-def build_merge(d: int, normalised: bool = False):
-    """The merge kernel, grid (Nq, H, B), one thread per output dim. Partial states are m_part, l_part
-    (B, H, n_splits, Nq) and o_part (B, H, n_splits, Nq, d), float32, m in natural-log units.
-
-    normalised=True: each chunk's state is written as an attention output over its keys, o_c = O_c / l_c and
-    lse_c = m_c + log(l_c) (the forward kernels' split mode, kernels/plan.py); that is the state
-    (m = lse_c, l = 1, O = o_c), so l_part is not read. The same merge rule either way."""
-    global cuda
-    cuda = get_cuda()
-    from numba import float32
-
-    UNIT_L = normalised
-
-    @cuda.jit(fastmath={"contract", "afn", "arcp"})
-    def merge(m_part, l_part, o_part, o, lse, n_splits):
-        x = cuda.threadIdx.x
-        qi, h, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
-        m = float32(NEG)  # log2 units again below
-        for c in range(n_splits):
-            m = max(m, m_part[b, h, c, qi] * LOG2E)
-        l = float32(0.0)
-        acc = float32(0.0)
-        for c in range(n_splits):
-            w = math.exp2(m_part[b, h, c, qi] * LOG2E - m)
-            l += w if UNIT_L else l_part[b, h, c, qi] * w
-            acc += o_part[b, h, c, qi, x] * w
-        if l > 0 and m > 0.5 * NEG:  # some chunk saw a key (an empty chunk's m is NEG)
-            o[b, h, qi, x] = acc / l
-            if x == 0:
-                lse[b, h, qi] = (m + math.log2(l)) * LN2
-        else:  # no chunk saw a key for this row (paged decoding, causal or empty): o = 0, lse = +inf
-            o[b, h, qi, x] = 0.0
-            if x == 0:
-                lse[b, h, qi] = math.inf
-
-    return merge
-
-
-def merge_split(run, o, lse, splits: int, alloc=None):
-    """Split-KV for the forward kernels (kernels/plan.py): `run(o_part, lse_part)` launches a forward kernel that
-    writes each key chunk's float32 attention output and lse into views (B, H * splits, Nq, d) and
-    (B, H * splits, Nq); the merge kernel then folds the chunks into o (B, H, Nq, d) and lse (B, H, Nq).
-    alloc(shape, dtype) makes the partial buffers (default: numba device arrays)."""
-    B, H, Nq, d = o.shape
-    alloc = alloc or (lambda shape, dtype: get_cuda().device_array(shape, dtype=dtype))
-    o_part = alloc((B, H, splits, Nq, d), np.float32)
-    lse_part = alloc((B, H, splits, Nq), np.float32)
-    run(o_part.reshape(B, H * splits, Nq, d), lse_part.reshape(B, H * splits, Nq))
-    build_merge(d, normalised=True)[(Nq, H, B), d](lse_part, lse_part, o_part, o, lse, splits)
 
 
 def default_threads() -> int:

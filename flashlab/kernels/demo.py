@@ -100,7 +100,7 @@ def torch_launch_cost(reps: int = 200, loop: int = 2000) -> dict:
     numba_torch_arg_host_us         host time per launch of `empty` given that torch tensor instead of a
                                     numba device array (numba converts the tensor on every call).
     """
-    import torch
+    import torch  # optional: only torch tensors come here
 
     from ..bench import time_cuda
 

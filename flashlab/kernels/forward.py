@@ -3,36 +3,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._inputs import check_block
+from .._inputs import check_options, check_seed
 from ..device import device_limits
-from . import _fast
 from . import plan as planner
-from ._launch import check_dropout_variant, check_kernel_inputs, empty, like_input, to_device
+from . import prepared, register, shared, tensor
+from ._launch import (all_to_device_words, check_dropout_variant, check_kernel_inputs, empty, empty_words, like_input,
+                      to_device)
+from .common import LOG2E
+from .options import Extras
+from .split_kv import build_merge
 
-VARIANTS = ("shared", "register", "tensor")
-
-
-def resolve_config(variant: str, d: int, block_q=None, block_k=None, precision=None):
-    """The launch configuration a call would use: a register.Tile, a tensor.TensorTile, or (block_q, block_k)
-    for "shared"."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
-    block_q, block_k = check_block(block_q, "block_q"), check_block(block_k, "block_k")
-    if variant == "tensor":
-        from .tensor import choose_tile as choose_tensor_tile
-
-        return choose_tensor_tile(d, precision or "f16", block_q, block_k)
-    limits = device_limits()
-    limit = limits["shared_per_block"]
-    if variant == "register":
-        from .register import choose_tile
-
-        return choose_tile(d, block_q, block_k, limit, limits["shared_per_sm"])
-    from .shared import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, check_blocks
-
-    bq, bk = block_q or DEFAULT_BLOCK_Q, block_k or DEFAULT_BLOCK_K
-    check_blocks(d, bq, bk, limit)
-    return bq, bk
+VARIANTS = planner.VARIANTS["forward"]
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", block_q=None, block_k=None,
@@ -51,10 +32,10 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     block_q / block_k override the tile shape, `tile` (a register.Tile) sets the register kernel's thread
     layout as well (used by the tile sweep), splits=n forces n key chunks (1: no split), and plan= launches a
     plan made beforehand with flashlab.kernels.plan.plan (then no overrides). Torch tensors on a GPU take
-    kernels/_fast.py's prepared path after the first call with their shapes.
+    the prepared path (kernels/prepared.py) after the first call with their shapes.
 
     window_size, align, alibi_slopes, softcap, dropout_p, seed: the FlashAttention library's options, as in
-    flashlab.reference_attention (lesson 16); the register and tensor variants compile them in (register.Extras;
+    flashlab.reference_attention (lesson 16); the register and tensor variants compile them in (options.Extras;
     the dropout seed is a kernel argument, so a new seed needs no new compile), and key tiles outside a block's
     causal/window band are skipped. A row that sees no key gets o = 0, lse = +inf. lse is dropout-free, as in the
     library; both variants draw flashlab.dropout's mask, the NumPy one for the same seed.
@@ -68,47 +49,37 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
                           allowed=("register", "tensor"))
     if not plain:
         return _with_extras(q, k, v, options, library)
-    if _fast.available():
-        key = _fast.torch_key(q, k, v)
+    if prepared.available():
+        key = prepared.torch_key(q, k, v)
         if key is not None:
             key = ("forward", key, options)
-            call = _fast.lookup(key)
+            call = prepared.lookup(key)
             if call is None:
                 plan_, scale_, _ = setup(q, k, v, *options)
-                call = _fast.store(key, _fast.PreparedForward(plan_, scale_, q, k, v))
+                call = prepared.store(key, PreparedForward(plan_, scale_, q, k, v))
             return call(q, k, v)
     plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options)
     H, causal = plan.problem.H, plan.problem.causal
     alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731 (partial results of split-KV)
     if plan.variant == "register":
-        from .register import launch
-
-        launch(q_d, k_d, v_d, o, lse, H, scale, causal, plan.config, splits=plan.splits,
+        register.launch(q_d, k_d, v_d, o, lse, H, scale, causal, plan.config, splits=plan.splits,
                heavy_first=plan.heavy_first, section=plan.section, alloc=alloc)
     elif plan.variant == "tensor":
-        from .tensor import launch
-
-        launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, plan.config, plan.precision, splits=plan.splits,
+        tensor.launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, plan.config, plan.precision, splits=plan.splits,
                heavy_first=plan.heavy_first, section=plan.section, alloc=alloc)
     else:
-        from .shared import launch
-
-        launch(q_d, k_d, v_d, o, lse, H, scale, causal, *plan.config)
+        shared.launch(q_d, k_d, v_d, o, lse, H, scale, causal, *plan.config)
     return like_input(o, kind), like_input(lse, kind)
 
 
 def _with_extras(q, k, v, options, library):
     """flash_attention with window / align / ALiBi / softcap / dropout: the register or tensor kernel with those
     compiled in."""
-    from .._inputs import check_options, check_seed
-    from .register import Extras
-    from .tensor import library_weight
-
-    key = _fast.prepared_key("forward", (q, k, v), options, options=library)
-    call = _fast.lookup(key) if key is not None else None
+    key = prepared.prepared_key("forward", (q, k, v), options, options=library)
+    call = prepared.lookup(key) if key is not None else None
     if call is not None:
         return call(q, k, v, check_seed(library["seed"]))
-    plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options, extras=library_weight(library))
+    plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options, extras=tensor.library_weight(library))
     B, H, Nq, d = plan.problem.B, plan.problem.H, plan.problem.Nq, plan.problem.d
     opt = check_options((B, H, Nq, d), causal=plan.problem.causal, scale=scale, **library)
     extras = Extras.from_options(opt, B, H)
@@ -116,18 +87,14 @@ def _with_extras(q, k, v, options, library):
         raise NotImplementedError(f"window_size, align, alibi_slopes, softcap and dropout_p run on variant="
                                   f"'register' or 'tensor' so far; got variant={plan.variant!r}")
     if key is not None:  # checked: prepare this key's launch once, as plain calls do
-        return _fast.store(key, _fast.PreparedForward(plan, scale, q, k, v, extras))(q, k, v, opt.seed)
+        return prepared.store(key, PreparedForward(plan, scale, q, k, v, extras))(q, k, v, opt.seed)
     alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
     common = dict(splits=plan.splits, heavy_first=plan.heavy_first, section=plan.section, alloc=alloc, extras=extras,
                   seed=opt.seed)
     if plan.variant == "tensor":
-        from .tensor import launch
-
-        launch(q_d, k_d, v_d, o_words, lse, H, scale, plan.problem.causal, plan.config, plan.precision, **common)
+        tensor.launch(q_d, k_d, v_d, o_words, lse, H, scale, plan.problem.causal, plan.config, plan.precision, **common)
     else:
-        from .register import launch
-
-        launch(q_d, k_d, v_d, o, lse, H, scale, plan.problem.causal, plan.config, **common)
+        register.launch(q_d, k_d, v_d, o, lse, H, scale, plan.problem.causal, plan.config, **common)
     return like_input(o, kind), like_input(lse, kind)
 
 
@@ -143,14 +110,11 @@ def setup(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, sp
             raise ValueError("plan= already fixes the tile, precision and splits; pass either plan= or the overrides")
         variant = plan.variant
     if variant == "tensor":
-        from ._launch import all_to_device_words, empty_words
-        from .tensor import resolve_precision
-
         if tile is not None:
             raise ValueError("tile= configures the register kernel; for variant='tensor' use block_q / block_k")
         (q_d, k_d, v_d), kind, dtype = all_to_device_words((("q", q), ("k", k), ("v", v)))
         if plan is None:
-            precision = resolve_precision(dtype, precision, device_limits()["cc"])
+            precision = tensor.resolve_precision(dtype, precision, device_limits()["cc"])
         B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale,
                                                              words=dtype != "float32", gqa=True)
     else:
@@ -173,3 +137,90 @@ def setup(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, sp
         o, o_words = empty((B, H, Nq, d), q_d.dtype, kind, like=q), None
         lse = empty((B, H, Nq), np.float32, kind, like=q)
     return plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words)
+
+
+def prepare(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, precision=None, splits=None,
+            plan=None):
+    """Everything flash_attention(..., variant="tensor") does before the launch: check the inputs, pack
+    16-bit ones as uint32 pairs (no copy), allocate o and lse, make the plan (kernels/plan.py: precision,
+    tile, split-KV, block order).
+
+    Returns (run, o, lse, kind): run() launches the kernel(s) on the prepared arrays and can be called again
+    (benchmarks time it, so that Python's work per call is not counted as kernel time); kind says how the
+    inputs came ("numpy", "numba" or "torch") for _launch.like_input."""
+    p, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, causal, scale, "tensor", block_q, block_k,
+                                                             None, precision, splits, plan)
+    H, causal = p.problem.H, p.problem.causal
+
+    def run():
+        tensor.launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, p.config, p.precision, splits=p.splits,
+               heavy_first=p.heavy_first, section=p.section, alloc=lambda shape, dt: empty(shape, dt, kind, like=q))
+
+    return run, o, lse, kind
+
+
+class PreparedForward:
+    """flash_attention for torch tensors of one key: torch allocates the outputs, then one launch (or the
+    split kernel and the merge). k and v may have fewer heads (GQA: the build that maps query heads to K/V heads).
+    extras: the library's options (options.Extras), or None; call(q, k, v, seed) passes the dropout seed to the
+    kernel."""
+
+    def __init__(self, plan, scale, q, k, v, extras=None):
+        import torch  # optional: only torch tensors come here
+
+        p = plan.problem
+        self.plan = plan
+        self.words = plan.variant == "tensor" and p.dtype != "float32"
+        self.out_dtype = q.dtype
+        self.shapes = ((p.B, p.H, p.Nq, p.d), (p.B, p.H, p.Nq))
+        self.part_shapes = ((p.B, p.H, plan.splits, p.Nq, p.d), (p.B, p.H, plan.splits, p.Nq))
+        ins = [prepared.torch_spec(x) for x in (q, k, v)]
+        o = prepared.Spec.contiguous(self.shapes[0], {torch.float32: np.float32, torch.float16: np.float16,
+                                             torch.bfloat16: np.uint16}[q.dtype])
+        lse = prepared.Spec.contiguous(self.shapes[1], np.float32)
+        if self.words:
+            ins, o = [s.words() for s in ins], o.words()
+        scalars = (p.Nq, p.Nk, p.H, np.float32(scale * LOG2E))
+        if plan.variant in ("register", "tensor"):
+            scalars += (np.int64(0),)  # the dropout seed, set on each call that has dropout
+        kernel = self._kernel(extras, gqa=k.shape[1] != q.shape[1])
+        threads = plan.threads
+        if plan.splits == 1:
+            self.kernels = [prepared.PreparedKernel(kernel, plan.grid, threads, ins + [o, lse, *scalars])]
+        else:
+            S = plan.splits
+            o_part = prepared.Spec.contiguous(self.part_shapes[0], np.float32)
+            lse_part = prepared.Spec.contiguous(self.part_shapes[1], np.float32)
+            views = [o_part.reshape((p.B, p.H * S, p.Nq, p.d)), lse_part.reshape((p.B, p.H * S, p.Nq))]
+            out = o.values(np.float16) if self.words else o
+            self.kernels = [prepared.PreparedKernel(kernel, plan.grid, threads, ins + views + list(scalars)),
+                            prepared.PreparedKernel(build_merge(p.d, normalised=True), (p.Nq, p.H, p.B), p.d,
+                                           [lse_part, lse_part, o_part, out, lse, S])]
+
+    def _kernel(self, extras, gqa):
+        plan, p = self.plan, self.plan.problem
+        split = plan.splits > 1
+        if plan.variant == "register":
+            return register.build(p.d, plan.config, p.causal, split=split, heavy_first=plan.heavy_first, gqa=gqa,
+                         extras=extras)
+        if plan.variant == "tensor":
+            return tensor.build(p.d, plan.config, p.causal, plan.precision, split=split, heavy_first=plan.heavy_first,
+                         gqa=gqa, extras=extras)
+        return shared.build(p.d, *plan.config, p.causal, gqa=gqa)
+
+    def __call__(self, q, k, v, seed=None):
+        import torch  # optional: only torch tensors come here
+
+        stream = prepared.current_stream(q)
+        o = torch.empty(self.shapes[0], dtype=self.out_dtype, device=q.device)
+        lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
+        ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr()]
+        if len(self.kernels) == 1:
+            self.kernels[0].launch(stream, ptrs + [o.data_ptr(), lse.data_ptr()], seed)
+        else:
+            o_part = torch.empty(self.part_shapes[0], dtype=torch.float32, device=q.device)
+            lse_part = torch.empty(self.part_shapes[1], dtype=torch.float32, device=q.device)
+            self.kernels[0].launch(stream, ptrs + [o_part.data_ptr(), lse_part.data_ptr()], seed)
+            self.kernels[1].launch(stream, [lse_part.data_ptr(), lse_part.data_ptr(), o_part.data_ptr(),
+                                            o.data_ptr(), lse.data_ptr()])
+        return o, lse

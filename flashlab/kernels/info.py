@@ -14,8 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..device import device_limits, get_cuda, has_gpu
+from . import register, shared, tensor
 from ._launch import check_d
-from .forward import resolve_config
+from .devices import occupancy
+from .plan import resolve_config
 
 
 def _signature(dtype, words=False, seed=False):
@@ -24,27 +26,6 @@ def _signature(dtype, words=False, seed=False):
     nb = {np.dtype(np.float32): float32, np.dtype(np.float16): types.float16}[np.dtype(dtype)]
     arr = types.Array(types.uint32 if words else nb, 4, "C")  # the tensor kernel reads 16-bit pairs as words
     return (arr, arr, arr, arr, types.Array(float32, 3, "C"), int64, int64, int64, float32) + ((int64,) if seed else ())
-
-
-def occupancy(threads: int, regs: int | None, shared_bytes: int, limits: dict) -> dict:
-    """Resident blocks per SM and theoretical occupancy, with the resource that limits it.
-
-    The rules of NVIDIA's CUDA Occupancy Calculator (now part of Nsight Compute): registers are handed out per
-    warp in units of 256, and the warps that registers allow are rounded down to a multiple of 4 (the warp
-    allocation granularity); every block also takes the shared memory the driver reserves per block,
-    limits["reserved_shared_per_block"] (1 KB from compute capability 8.0 on; 1 KB when not given)."""
-    warps = -(-threads // limits["warp"])
-    max_warps = limits["max_threads_per_sm"] // limits["warp"]
-    bounds = {"threads": max_warps // warps, "blocks": limits["max_blocks_per_sm"]}
-    if regs:
-        per_warp = -(-regs * limits["warp"] // 256) * 256
-        bounds["registers"] = limits["regs_per_sm"] // per_warp // 4 * 4 // warps
-    if shared_bytes:
-        bounds["shared memory"] = limits["shared_per_sm"] // (shared_bytes + limits.get("reserved_shared_per_block", 1024))
-    limiter = min(bounds, key=bounds.get)
-    blocks = bounds[limiter]
-    return {"blocks_per_sm": blocks, "occupancy": blocks * warps / max_warps, "limited_by": limiter,
-            "bounds": bounds}
 
 
 def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k=None, causal: bool = False,
@@ -64,27 +45,21 @@ def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k
             precision = "3xtf32" if np.dtype(dtype) == np.float32 else "f16"
         config = resolve_config(variant, d, block_q, block_k, precision)
     if variant == "tensor":
-        from . import tensor as tensor_mod
-
-        kernel = tensor_mod.build(d, config, bool(causal), precision)
-        threads, shared = config.threads, 4 * config.shared_words(d, precision)
+        kernel = tensor.build(d, config, bool(causal), precision)
+        threads, smem = config.threads, 4 * config.shared_words(d, precision)
         info = {"variant": variant, "precision": precision, "block_q": config.block_q, "block_k": config.block_k,
                 "warps": config.warps}
     elif variant == "register":
-        from . import register
-
         kernel = register.build(d, config, bool(causal))
-        threads, shared = config.threads, config.shared_bytes(d)
+        threads, smem = config.threads, config.shared_bytes(d)
         info = {"variant": variant, "block_q": config.block_q, "block_k": config.block_k, "tr": config.tr,
                 "tc": config.tc, "micro_tile": dict(zip(("rows", "keys", "dims"), config.micro(d)))}
     else:
-        from . import shared as shared_mod
-
         bq, bk = config
-        kernel = shared_mod.build(d, bq, bk, bool(causal))
-        threads, shared = bq, shared_mod.shared_bytes(d, bk)
+        kernel = shared.build(d, bq, bk, bool(causal))
+        threads, smem = bq, shared.shared_bytes(d, bk)
         info = {"variant": variant, "block_q": bq, "block_k": bk}
-    info.update(d=d, threads_per_block=threads, shared_bytes_per_block=shared,
+    info.update(d=d, threads_per_block=threads, shared_bytes_per_block=smem,
                 registers_per_thread=None, local_bytes_per_thread=None)
     limits = device_limits()
     if has_gpu():

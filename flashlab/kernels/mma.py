@@ -84,7 +84,8 @@ LDMATRIX_X4, LDMATRIX_X4_TRANS = _LDMATRIX % "", _LDMATRIX % ".trans"
 # A source size of 0 writes 16 zero bytes (rows past the end of the input).
 CP_ASYNC = "{ .reg .u64 g; cvta.to.global.u64 g, $1; cp.async.cg.shared.global [$0], [g], 16, $2; }"
 # the same from a 64-bit tile pointer plus a 32-bit element offset: one mad.wide.u32 per address (ptxas for
-# sm_90 made it a LEA / LEA.HI.X pair: docs/gpu-runs-issue14.md, "Sixth session")
+# sm_90 made it a LEA / LEA.HI.X pair: docs/runs/options-varlen-paged.md, "2026-11-26 morning: copy addresses
+# and the rescale skip")
 CP_ASYNC_FLAT = ("{ .reg .u64 g; mad.wide.u32 g, $2, %d, $1; cvta.to.global.u64 g, g; "
                  "cp.async.cg.shared.global [$0], [g], 16, $3; }")
 CP_ASYNC_COMMIT = "cp.async.commit_group;"

@@ -12,7 +12,7 @@ reductions, O in registers), with two changes:
   head, packed as rows (head g, query i) -> row g * Nq + i, so each K/V page is read once per K/V head, not once
   per query head. That is what makes GQA decoding cost about as much as decoding with H_kv heads.
 Chunks past a sequence's end, and rows that see no key of a chunk (causal), leave an empty partial state
-(m = -inf, l = 0); decoding.py's merge kernel folds the chunks, and gives o = 0, lse = +inf to a row that saw
+(m = -inf, l = 0); split_kv.py's merge kernel folds the chunks, and gives o = 0, lse = +inf to a row that saw
 no key at all (the FA library's convention).
 
 variant="tensor" (float16, the default on a GPU) runs the tensor-core forward kernel (kernels/tensor.py) in its
@@ -24,18 +24,20 @@ without causal masking, so it takes Nq = 1 (where causal changes nothing) or cau
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
 from .._inputs import check_block, check_options
 from ..decoding import check_num_splits, check_paged, chunk_bounds, default_num_splits
 from ..device import device_limits, get_cuda, has_gpu
-from . import _fast
-from ._launch import empty, like_input, to_device, to_host
-from .decoding import LN2, LOG2E, NEG, build_merge, default_threads, key_tile, online_softmax_step
+from . import prepared
+from ._launch import all_to_device_words, empty, like_input, to_device, to_host
+from . import tensor
+from .common import LN2, LOG2E, NEG
+from .decoding import default_threads, key_tile, online_softmax_step
+from .split_kv import build_merge, grid
 
-cuda = None  # numba.cuda, bound when the kernel is first built (see device.py)
+cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
 
 MAX_ROWS = 64  # (query heads per K/V head) x Nq rows per block
 
@@ -43,8 +45,6 @@ MAX_ROWS = 64  # (query heads per K/V head) x Nq rows per block
 @functools.lru_cache(maxsize=None)
 def build(d: int, group: int, n_q: int, threads: int):
     """The split kernel for head dim d, `group` query heads per K/V head, n_q queries, `threads` per block."""
-    global cuda
-    cuda = get_cuda()
     from numba import float32
 
     D, G, NQ, T = d, group, n_q, threads
@@ -129,8 +129,6 @@ def build(d: int, group: int, n_q: int, threads: int):
 def _tensor_kernels(B: int, H_kv: int, rows: int, d: int, page: int, capacity: int, num_splits):
     """The tensor variant's two launches, for the general and the prepared path: (split kernel, its grid, its
     threads, merge kernel, splits). One warp per 16 rows of the packed group; chunks from tensor_splits."""
-    from . import tensor
-    from .register import grid
 
     precision = tensor.resolve_precision("float16", None, device_limits()["cc"])
     # 16 keys a tile on sm_75 ("k8"), which copies through registers: 32 would spill
@@ -144,9 +142,7 @@ def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
     """The tensor-core paged build (kernels/tensor.py) on q viewed as (B, H_kv, G * Nq, d): one block per
     (16 * warps rows, batch, K/V head, key chunk); the merge kernel always runs (empty rows: o = 0, lse = inf).
     Returns (run, o, lse, kind): run() launches both kernels on the prepared arrays, again when called again
-    (benchmarks time it apart from the checks and copies of a call, as tensor.prepare does)."""
-    from ._launch import all_to_device_words
-
+    (benchmarks time it apart from the checks and copies of a call, as forward.prepare does)."""
     (q_w, k_w, v_w), kind, _ = all_to_device_words((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     B, H, Nq, W = q_w.shape
     pages, page, H_kv, _ = k_w.shape
@@ -244,7 +240,7 @@ def paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=Fa
     The NumPy version's window_size, alibi_slopes and softcap are not in these kernels yet.
 
     Torch CUDA tensors (q and the caches contiguous) take a prepared path after the first call with their
-    shapes, as the forward does (kernels/_fast.py): the block table and the lengths stay on the GPU. check_tables
+    shapes, as the forward does (kernels/prepared.py): the block table and the lengths stay on the GPU. check_tables
     then checks their values there (cache_seqlens in range, the pages in use in [0, num_pages)) with one
     synchronisation, and on a bad value raises the same error as the host check. check_tables=False skips it,
     as the FA library does: a decoding loop then never waits for the GPU, and a bad page index reads the wrong
@@ -252,10 +248,10 @@ def paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=Fa
     """
     key = _prepared_key(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, num_splits, threads, variant)
     if key is not None:
-        call = _fast.lookup(key)
+        call = prepared.lookup(key)
         if call is None:
             checked = _check(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, variant)
-            call = _fast.store(key, PreparedPaged(q, k_cache, v_cache, block_table, checked, num_splits, threads))
+            call = prepared.store(key, PreparedPaged(q, k_cache, v_cache, block_table, checked, num_splits, threads))
         elif check_tables and not call.tables_ok(block_table, cache_seqlens):
             _check(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, variant)  # raises, naming the value
             raise AssertionError("the device check of the tables disagrees with the host's")
@@ -301,7 +297,7 @@ def register_threads(threads, rows: int) -> int:
 def _prepared_key(q, k_cache, v_cache, block_table, cache_seqlens, *parts):
     """The prepared call's key (shapes, strides, dtypes and options; not the tables' values), or None for the
     general path: inputs that are not all torch CUDA tensors, or non-contiguous q or caches."""
-    key = _fast.prepared_key("paged", (q, k_cache, v_cache, block_table, cache_seqlens), *parts, options={})
+    key = prepared.prepared_key("paged", (q, k_cache, v_cache, block_table, cache_seqlens), *parts, options={})
     if key is None or not all(x.is_contiguous() for x in (q, k_cache, v_cache, block_table)):
         return None
     return key
@@ -309,14 +305,14 @@ def _prepared_key(q, k_cache, v_cache, block_table, cache_seqlens, *parts):
 
 class PreparedPaged:
     """paged_decoding for torch CUDA tensors of one key: both kernels' argument lists built once
-    (_fast.PreparedKernel); a call allocates the outputs with torch and launches. The block table and the
+    (prepared.PreparedKernel); a call allocates the outputs with torch and launches. The block table and the
     lengths are read where they are, on the GPU: the tensor variant gets them as one int32 array (lengths, then
     the table: two small copies on the GPU), the register variant as int32 arrays."""
 
     def __init__(self, q, k_cache, v_cache, block_table, checked, num_splits, threads):
-        import torch
+        import torch  # optional: only torch tensors come here
 
-        S = _fast.Spec.contiguous
+        S = prepared.Spec.contiguous
         (B, H, Nq, d), G, _, _, opt, self.variant = checked
         pages, page, H_kv, _ = k_cache.shape
         max_pages, rows = block_table.shape[1], G * Nq
@@ -327,8 +323,6 @@ class PreparedPaged:
         if self.variant == "tensor":
             if threads is not None:
                 raise ValueError("threads sets the register kernel's block; the tensor variant chooses its own")
-            from ._launch import all_to_device_words
-
             all_to_device_words((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))  # its dtype checks
             kernel, g, block, merge, splits = _tensor_kernels(B, H_kv, rows, d, page, self.capacity, num_splits)
             W = d // 2
@@ -337,11 +331,11 @@ class PreparedPaged:
             o_part, lse_part = S(self.part_shapes[0], np.float32), S(self.part_shapes[1], np.float32)
             words = [S((B, H_kv, rows, W), np.uint32)] + [S((pages * page, H_kv, W), np.uint32)] * 2
             self.kernels = [
-                _fast.PreparedKernel(kernel, g, block,
+                prepared.PreparedKernel(kernel, g, block,
                                      words + [o_part.reshape((B, H_kv * splits, rows, d)),
                                               lse_part.reshape((B, H_kv * splits, rows)), rows,
                                               S(self.meta_shape, np.int32), H_kv, scale_log2, 0]),
-                _fast.PreparedKernel(merge, (rows, H_kv, B), d,
+                prepared.PreparedKernel(merge, (rows, H_kv, B), d,
                                      [lse_part, lse_part, o_part, S((B, H_kv, rows, d), np.float16),
                                       S((B, H_kv, rows), np.float32), splits])]
         else:
@@ -349,18 +343,18 @@ class PreparedPaged:
             n_splits, chunk = register_chunks(num_splits, B * H_kv, self.capacity)
             self.part_shapes = (B, H, n_splits, Nq, d), (B, H, n_splits, Nq)
             m_part, o_part = S(self.part_shapes[1], np.float32), S(self.part_shapes[0], np.float32)
-            ins = [_fast.torch_spec(x) for x in (q, k_cache, v_cache)]
+            ins = [prepared.torch_spec(x) for x in (q, k_cache, v_cache)]
             o = S((B, H, Nq, d), ins[0].dtype)
             self.kernels = [
-                _fast.PreparedKernel(build(d, G, Nq, threads), (n_splits, H_kv, B), threads,
+                prepared.PreparedKernel(build(d, G, Nq, threads), (n_splits, H_kv, B), threads,
                                      ins + [S((B, max_pages), np.int32), S((B,), np.int32), m_part, m_part, o_part,
                                             chunk, scale_log2, bool(opt.causal)]),
-                _fast.PreparedKernel(build_merge(d), (Nq, H, B), d,
+                prepared.PreparedKernel(build_merge(d), (Nq, H, B), d,
                                      [m_part, m_part, o_part, o, S((B, H, Nq), np.float32), n_splits])]
 
     def tables_ok(self, block_table, cache_seqlens) -> bool:
         """check_paged's value checks, on the GPU: one synchronisation (.item()) and no copy of the tables."""
-        import torch
+        import torch  # optional: only torch tensors come here
 
         sl = cache_seqlens.to(torch.int64)
         used = self.cols < ((sl + self.page - 1) // self.page)[:, None]  # the pages that hold keys
@@ -368,9 +362,9 @@ class PreparedPaged:
         return not bad.item()
 
     def __call__(self, q, k_cache, v_cache, block_table, cache_seqlens):
-        import torch
+        import torch  # optional: only torch tensors come here
 
-        stream, dev = _fast.current_stream(q), q.device
+        stream, dev = prepared.current_stream(q), q.device
         new = lambda shape, dt=torch.float32: torch.empty(shape, dtype=dt, device=dev)  # noqa: E731
         o, lse = new(self.shapes[0], self.dtype), new(self.shapes[1])
         o_part, lse_part = new(self.part_shapes[0]), new(self.part_shapes[1])

@@ -10,7 +10,7 @@ For one problem (B, H, Nq, Nk, d, dtype, causal, forward or backward) on one dev
 - the variant's tile and threads per block (the tiles the kernels have always used, or block_q / block_k /
   tile overrides);
 - blocks per SM: how many blocks of this kernel an SM holds at once, limited by threads, registers or shared
-  memory (`info.occupancy`). Registers come from the compiled kernel on this GPU, and from
+  memory (`devices.occupancy`). Registers come from the compiled kernel on this GPU, and from
   flashlab/data/kernel_resources.csv (written by benchmarks/kernel_resources.py with NVIDIA's compiler) for a
   device passed by hand;
 - waves: the blocks that have work, over the blocks the whole GPU holds at once (SMs x blocks per SM);
@@ -38,6 +38,11 @@ from pathlib import Path
 import numpy as np
 
 from .._inputs import check_block
+from ..device import device_limits, has_gpu
+from . import register, register_backward, shared, tensor, tensor_backward
+from ._launch import SUPPORTED_D, check_d
+from .devices import A100, DEVICES, H100, T4, Device, _device, current_device, occupancy  # noqa: F401 (T4, A100: plan's API)
+from .split_kv import grid, split_chunk
 
 RESOURCES_CSV = Path(__file__).resolve().parent.parent / "data" / "kernel_resources.csv"
 RESOURCE_COLUMNS = ("variant", "direction", "d", "dtype", "precision", "tile", "causal", "split", "heavy_first",
@@ -63,108 +68,7 @@ MAX_SPLITS = 32
 AUTO_SPLIT = True
 
 
-# ----------------------------------------------------------------------------------------------- devices
-@dataclass(frozen=True)
-class Device:
-    """What the planner needs to know about a GPU. Pass one by hand to plan for a GPU you do not have."""
-
-    name: str
-    sms: int
-    shared_per_block: int  # bytes of static shared memory a kernel may use (48 KB at most)
-    shared_per_sm: int
-    regs_per_sm: int
-    max_threads_per_sm: int
-    max_blocks_per_sm: int
-    cc: tuple | None = None  # compute capability; None for the simulator
-    reserved_shared_per_block: int = 1024  # the driver's share of every block (1 KB from cc 8.0 on)
-    l2_bytes: int = 0  # L2 cache size; 0: unknown
-    warp: int = 32
-    simulated: bool = False
-    shared_optin: int = 0  # bytes a block may use with dynamic shared memory and the opt-in; 0: shared_per_block
-
-    def __post_init__(self):
-        for name in ("sms", "shared_per_block", "shared_per_sm", "regs_per_sm", "max_threads_per_sm",
-                     "max_blocks_per_sm", "warp"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"Device {name} must be a positive integer; got {value!r}")
-        for name in ("reserved_shared_per_block", "l2_bytes", "shared_optin"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-                raise ValueError(f"Device {name} must be a non-negative integer; got {value!r}")
-        if self.cc is not None and (not isinstance(self.cc, tuple) or len(self.cc) != 2
-                                    or not all(isinstance(x, numbers.Integral) for x in self.cc)):
-            raise ValueError(f"Device cc must be None or a (major, minor) tuple of ints, e.g. (7, 5); got {self.cc!r}")
-
-    @property
-    def dynamic_shared_per_block(self) -> int:
-        """What a kernel with dynamic shared memory may ask for (the tensor backward's tiles)."""
-        return max(self.shared_optin, self.shared_per_block)
-
-    @property
-    def limits(self) -> dict:
-        """The dict info.occupancy reads."""
-        return {"warp": self.warp, "max_threads_per_sm": self.max_threads_per_sm, "regs_per_sm": self.regs_per_sm,
-                "max_blocks_per_sm": self.max_blocks_per_sm, "shared_per_sm": self.shared_per_sm,
-                "reserved_shared_per_block": self.reserved_shared_per_block}
-
-    @property
-    def label(self) -> str:
-        if self.simulated:
-            return f"{self.name} (one block at a time; T4-like limits)"
-        cc = f", cc {self.cc[0]}.{self.cc[1]}" if self.cc else ""
-        return f"{self.name} ({self.sms} SMs{cc})"
-
-
-# Vendor specifications (CUDA C++ Programming Guide, "Compute Capabilities"; the Turing, A100 and H100
-# architecture whitepapers for SM counts and L2 sizes). shared_per_block is the 48 KB of static shared memory
-# on all three; shared_optin what a block may have with the opt-in (64, 163 and 227 KB).
-T4 = Device("Tesla T4", sms=40, shared_per_block=48 * 1024, shared_per_sm=64 * 1024, regs_per_sm=65536,
-            max_threads_per_sm=1024, max_blocks_per_sm=16, cc=(7, 5), reserved_shared_per_block=0,
-            l2_bytes=4 * 2**20, shared_optin=64 * 1024)
-A100 = Device("A100 SXM", sms=108, shared_per_block=48 * 1024, shared_per_sm=164 * 1024, regs_per_sm=65536,
-              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(8, 0), l2_bytes=40 * 2**20, shared_optin=163 * 1024)
-H100 = Device("H100 SXM", sms=132, shared_per_block=48 * 1024, shared_per_sm=228 * 1024, regs_per_sm=65536,
-              max_threads_per_sm=2048, max_blocks_per_sm=32, cc=(9, 0), l2_bytes=50 * 2**20, shared_optin=227 * 1024)
-DEVICES = {"T4": T4, "A100": A100, "H100": H100}
 RESOURCE_CCS = ((7, 5), (8, 0), (9, 0))  # kernel_resources.csv has builds for these
-
-
-@lru_cache(maxsize=1)
-def current_device() -> Device:
-    """This machine's GPU (numba-cuda's device attributes), or the simulator's stand-in."""
-    from ..device import device_limits, get_cuda, has_gpu
-
-    lim = device_limits()
-    reserved, l2 = 1024, 0
-    if has_gpu():
-        dev = get_cuda().get_current_device()
-        try:
-            reserved = int(dev.RESERVED_SHARED_MEMORY_PER_BLOCK)
-        except Exception:  # an old driver without the attribute
-            reserved = 1024 if lim["cc"] >= (8, 0) else 0
-        try:
-            l2 = int(dev.L2_CACHE_SIZE)
-        except Exception:
-            l2 = 0
-    return Device(lim["name"], sms=lim["sms"], shared_per_block=lim["shared_per_block"],
-                  shared_per_sm=lim["shared_per_sm"], regs_per_sm=lim["regs_per_sm"],
-                  max_threads_per_sm=lim["max_threads_per_sm"], max_blocks_per_sm=lim["max_blocks_per_sm"],
-                  cc=tuple(lim["cc"]) if lim["cc"] else None, reserved_shared_per_block=reserved, l2_bytes=l2,
-                  warp=lim["warp"], simulated=not has_gpu(), shared_optin=lim.get("shared_optin", 0))
-
-
-def _device(device) -> Device:
-    if device is None:
-        return current_device()
-    if isinstance(device, str):
-        if device not in DEVICES:
-            raise ValueError(f"device must be a Device, None (this GPU) or one of {sorted(DEVICES)}; got {device!r}")
-        return DEVICES[device]
-    if not isinstance(device, Device):
-        raise TypeError(f"device must be a flashlab.kernels.plan.Device, a name in {sorted(DEVICES)} or None; "
-                        f"got {type(device).__name__}")
-    return device
 
 
 # ---------------------------------------------------------------------------------------------- problems
@@ -182,8 +86,6 @@ class Problem:
     direction: str = "forward"
 
     def __post_init__(self):
-        from ._launch import check_d
-
         for name in ("B", "H", "Nq", "Nk", "d"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -234,33 +136,23 @@ def _choose_config(p: Problem, variant: str, dev: Device, block_q, block_k, tile
     """(config, precision, threads per block, shared bytes, block_q, block_k) of the kernel this call launches."""
     d = p.d
     if p.direction == "backward" and variant == "tensor":
-        from . import tensor, tensor_backward
-
         precision = tensor.resolve_precision(p.dtype, precision, dev.cc)
         config = tensor_backward.choose_tile(d, precision, block_q, block_k, dev.dynamic_shared_per_block)
         return config, precision, config.threads, 4 * config.shared_words(d, precision), config.block_q, config.block_k
     if p.direction == "backward":
-        from . import backward
-
-        bq, bk, nt = backward.default_config(d, simulator=dev.simulated)
+        bq, bk, nt = register_backward.default_config(d, simulator=dev.simulated)
         config = (block_q or bq, block_k or bk, threads or nt)
-        backward.check_config(d, *config)
-        return config, None, config[2], backward.shared_bytes(d, config[0], config[1]), config[0], config[1]
+        register_backward.check_config(d, *config)
+        return config, None, config[2], register_backward.shared_bytes(d, config[0], config[1]), config[0], config[1]
     if variant == "register":
-        from . import register
-
         config = tile.check(d, dev.shared_per_block) if tile is not None else \
             register.choose_tile(d, block_q, block_k, dev.shared_per_block, dev.shared_per_sm)
         return config, None, config.threads, config.shared_bytes(d), config.block_q, config.block_k
     if variant == "tensor":
-        from . import tensor
-
         precision = tensor.resolve_precision(p.dtype, precision, dev.cc)
         config = tensor.choose_tile(d, precision, block_q, block_k, p.causal, extras, varlen)
         config.check(d, precision, dev.shared_per_block)
         return config, precision, config.threads, 4 * config.shared_words(d, precision), config.block_q, config.block_k
-    from . import shared
-
     bq, bk = block_q or shared.DEFAULT_BLOCK_Q, block_k or shared.DEFAULT_BLOCK_K
     shared.check_blocks(d, bq, bk, dev.shared_per_block)
     return (bq, bk), None, bq, shared.shared_bytes(d, bk), bq, bk
@@ -300,32 +192,22 @@ def kernel_and_signature(variant, direction, d, dtype, precision, config, causal
     from numba import float32, int64, types
 
     if direction == "backward" and variant == "tensor":
-        from . import tensor_backward
-
         kernel = tensor_backward.build(d, config, False, precision)[1]
         wide = precision in ("3xtf32", "tf32")
         a4 = types.Array(float32 if wide else types.uint32, 4, "C")
         f3, f4 = types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
         return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, int64, float32, float32, int64)  # int64: the dropout seed
     if direction == "backward":
-        from . import backward
-
-        kernel = backward.make_kernels(d, *config, heavy_first=heavy_first)[1]
+        kernel = register_backward.make_kernels(d, *config, heavy_first=heavy_first)[1]
         dt = {"float32": float32, "float16": types.float16}[dtype]
         a4, f3, f4 = types.Array(dt, 4, "C"), types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
         # int64s: varlen's tables (unused here) and the dropout seed
         return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, float32, types.boolean, int64, int64, int64)
     if variant == "register":
-        from . import register
-
         kernel = register.build(d, config, causal, split=split, heavy_first=heavy_first)
     elif variant == "tensor":
-        from . import tensor
-
         kernel = tensor.build(d, config, causal, precision, split=split, heavy_first=heavy_first)
     else:
-        from . import shared
-
         kernel = shared.build(d, *config, causal)
     wide = precision in (None, "3xtf32", "tf32")
     dt = {"float32": float32, "float16": types.float16}[dtype] if wide else types.uint32
@@ -345,8 +227,6 @@ def _compiled_resources(p: Problem, variant, config, precision, split, heavy):
 
 def _resources(p, variant, config, precision, split, heavy, dev):
     """(registers, spill bytes, where they come from)."""
-    from ..device import has_gpu
-
     if dev.simulated:
         return None, None, "simulator: registers need NVIDIA's compiler"
     if has_gpu() and dev == current_device():
@@ -500,8 +380,6 @@ class Plan:
             if self.variant == "tensor":
                 return (nkb, p.B * p.H)
             return (self.section, nkb, p.B * p.H // self.section) if self.heavy_first else (nkb, p.H, p.B)
-        from .register import grid
-
         return grid(p.B, p.H, p.Nq, self.block_q, self.splits, self.heavy_first, self.section)
 
     @property
@@ -518,8 +396,6 @@ class Plan:
     def works(self, splits=None, heavy_first=None) -> np.ndarray:
         """Every block's work in launch order (key tiles, or query blocks for the backward); by default this
         plan's, or with another number of chunks / order for comparison."""
-        from .register import split_chunk
-
         p = self.problem
         splits = self.splits if splits is None else splits
         chunk = self.chunk if splits == self.splits else split_chunk(p.Nk, splits, self.block_k)[0]
@@ -597,8 +473,6 @@ class Plan:
 def _choose_splits(p, variant, precision, dev, block_q, block_k, slots, splits):
     """(splits, chunk, reason) for a forward launch."""
     if splits is not None:
-        from .register import split_chunk
-
         if variant == "shared" and splits > 1:
             raise ValueError("splits > 1 needs variant='register' or 'tensor'; the textbook kernel does not split")
         if precision == "bf16" and splits > 1:
@@ -667,8 +541,6 @@ def _make_plan(problem, variant, direction, causal, dtype, device, block_q, bloc
 @lru_cache(maxsize=256)
 def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, precision, splits, auto=True,
           extras=False, varlen=False) -> Plan:
-    from .info import occupancy
-
     config, precision, nthreads, shared_bytes, bq, bk = _choose_config(p, variant, dev, block_q, block_k, tile,
                                                                        threads, precision, extras, varlen)
     # The tensor backward's grid (key blocks, B*H) already starts each head with its heaviest key block.
@@ -699,8 +571,6 @@ def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, pre
         n, chunk, reason = 1, p.Nk, ("automatic split-KV is off on the GPU in use "
                                      "(flashlab.kernels.plan.AUTO_SPLIT = False); pass splits= to split")
     if n is None:  # the planner's choice
-        from .register import split_chunk
-
         n, chunk, reason = 1, p.Nk, f"{waves:.2f} waves fill the GPU (>= {SPLIT_BELOW_WAVES:g})"
         if waves < SPLIT_BELOW_WAVES:
             reason = f"shorter chunks than {MIN_CHUNK} keys would cost more than they win"
@@ -741,8 +611,6 @@ def planner_configs(devices=(T4, A100, H100)):
     """Every kernel configuration the planner chooses without overrides on `devices`, plus the tiles kept
     selectable (register.D128_REDESIGN): tuples (variant, direction, d, dtype, precision, config, causal, split,
     heavy_first, cc). benchmarks/kernel_resources.py compiles each; a test checks the table has them all."""
-    from ._launch import SUPPORTED_D
-    from .register import D128_REDESIGN
 
     out = {}
     for dev in devices:
@@ -765,10 +633,27 @@ def planner_configs(devices=(T4, A100, H100)):
                     heavy = causal and variant != "shared" and not (direction == "backward" and variant == "tensor")
                     can_split = direction == "forward" and variant != "shared" and prec != "bf16"
                     configs = list(dict.fromkeys(c[0] for c in chosen)) + (
-                        [D128_REDESIGN] if variant == "register" and direction == "forward" and d == 128 else [])
+                        [register.D128_REDESIGN] if variant == "register" and direction == "forward" and d == 128 else [])
                     for cfg in configs:
                         for split in ((False, True) if can_split else (False,)):
                             key = (variant, direction, d, dtype, prec, cfg, causal if direction == "forward" else False,
                                    split, heavy, dev.cc)
                             out[key] = None
     return list(out)
+
+
+def resolve_config(variant: str, d: int, block_q=None, block_k=None, precision=None):
+    """The launch configuration a call would use: a register.Tile, a tensor.TensorTile, or (block_q, block_k)
+    for "shared"."""
+    if variant not in VARIANTS["forward"]:
+        raise ValueError(f"variant must be one of {VARIANTS['forward']}; got {variant!r}")
+    block_q, block_k = check_block(block_q, "block_q"), check_block(block_k, "block_k")
+    if variant == "tensor":
+        return tensor.choose_tile(d, precision or "f16", block_q, block_k)
+    limits = device_limits()
+    limit = limits["shared_per_block"]
+    if variant == "register":
+        return register.choose_tile(d, block_q, block_k, limit, limits["shared_per_sm"])
+    bq, bk = block_q or shared.DEFAULT_BLOCK_Q, block_k or shared.DEFAULT_BLOCK_K
+    shared.check_blocks(d, bq, bk, limit)
+    return bq, bk

@@ -17,7 +17,7 @@ import numpy as np
 from numba import float32
 
 from ..device import get_cuda
-from .register import FASTMATH, LN2, LOG2E, NEG
+from .common import FASTMATH, LN2, LOG2E, NEG
 
 cuda = get_cuda()  # a module global, so the simulator can swap in its fake module
 

@@ -28,7 +28,7 @@ the A fragment of P V after renumbering the 8 keys of a k-step (key 2t -> column
 the same renumbering applied to V's rows.
 
 Launch options, chosen by kernels/plan.py as for the register kernel (see kernels/register.py): split (each
-block takes one chunk of keys and writes a float32 partial output; the merge kernel of kernels/decoding.py
+block takes one chunk of keys and writes a float32 partial output; the merge kernel of kernels/split_kv.py
 combines them) and heavy_first (grid (g, query blocks, sections x splits): sections of g heads, heaviest first).
 Three more builds: extras (the library's window, alignment, ALiBi, softcap and dropout, as in the
 register kernel), page (K/V read through a paged cache's block table, for kernels/paged.py's decoding)
@@ -51,15 +51,14 @@ import numpy as np
 from numba import config, float32, uint32, uint64
 
 from ..device import get_cuda
+from ..dropout import device_functions
 from . import mma
+from .common import FASTMATH, LN2, LOG2E, NEG, U
+from .options import Extras, block_functions, score_functions
+from .split_kv import grid, merge_split, split_chunk
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
 
-U = np.uint64
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-NEG = -1.0e30  # a finite "-inf" for masked scores (fastmath assumes no infinities)
-FASTMATH = {"contract", "afn", "arcp"}
 PRECISIONS = {"float16": ("f16", "k8"), "bfloat16": ("bf16",), "float32": ("3xtf32", "tf32")}
 
 
@@ -216,7 +215,6 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     VARLEN = bool(varlen)
     if VARLEN and (SPLIT_KV or HEAVY or PAGED):
         raise ValueError("the varlen build orders its blocks itself and does not split the keys or page them")
-    from .register import Extras, block_functions, score_functions
 
     ex = extras or Extras()
     EXTRA = ex._replace(dropout_p=0.0) != Extras()  # window, alignment, ALiBi or softcap: S is transformed, masked
@@ -224,8 +222,6 @@ def build(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     if DROP and PAGED:
         raise ValueError(f"dropout_p={ex.dropout_p} with page={page}: the paged build packs (query head, row) pairs "
                          "as rows, so it has no dropout; use page=0")
-    from ..dropout import device_functions
-
     d_start, d_mix, d_keep = device_functions(ex.dropout_p)
     capped, outside = score_functions(ex, causal)
     query_block, key_range = block_functions(ex, causal, EXTRA, BQ, BK, HEAVY, SPLIT_KV)
@@ -591,45 +587,11 @@ def resolve_precision(dtype: str, precision, cc) -> str:
     return precision
 
 
-def prepare(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, precision=None, splits=None,
-            plan=None):
-    """Everything flash_attention(..., variant="tensor") does before the launch: check the inputs, pack
-    16-bit ones as uint32 pairs (no copy), allocate o and lse, make the plan (kernels/plan.py: precision,
-    tile, split-KV, block order).
-
-    Returns (run, o, lse, kind): run() launches the kernel(s) on the prepared arrays and can be called again
-    (benchmarks time it, so that Python's work per call is not counted as kernel time); kind says how the
-    inputs came ("numpy", "numba" or "torch") for _launch.like_input."""
-    from ._launch import empty
-    from .forward import setup
-
-    p, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, causal, scale, "tensor", block_q, block_k,
-                                                             None, precision, splits, plan)
-    H, causal = p.problem.H, p.problem.causal
-
-    def run():
-        launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, p.config, p.precision, splits=p.splits,
-               heavy_first=p.heavy_first, section=p.section, alloc=lambda shape, dt: empty(shape, dt, kind, like=q))
-
-    return run, o, lse, kind
-
-
-def forward(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, precision=None, splits=None,
-            plan=None):
-    """flash_attention(..., variant="tensor"): 16-bit inputs go in as uint32 pairs (no copy); see forward.py."""
-    from .forward import flash_attention
-
-    return flash_attention(q, k, v, causal=causal, scale=scale, variant="tensor", block_q=block_q, block_k=block_k,
-                           precision=precision, splits=splits, plan=plan)
-
-
 def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision: str, *, splits: int = 1,
            heavy_first: bool = False, section=None, alloc=None, extras=None, seed=0):
     """Launch on device arrays: (B, H, N, d/2) uint32 pairs for 16-bit precisions, float32 otherwise.
     splits > 1 (float16 and float32 only): split-KV, o's pairs are written by the merge kernel as float16;
-    heavy_first: see register.grid. seed: the dropout seed (used when extras has dropout_p > 0)."""
-    from .register import grid, split_chunk
-
+    heavy_first: see split_kv.grid. seed: the dropout seed (used when extras has dropout_p > 0)."""
     B, H, Nq, w = q.shape
     d = w if precision in ("3xtf32", "tf32") else 2 * w
     splits = split_chunk(k.shape[2], splits, tile.block_k)[1]
@@ -643,8 +605,6 @@ def launch(q, k, v, o, lse, n_heads, scale, causal, tile: TensorTile, precision:
     if not split:
         kernel[g, tile.threads](q, k, v, o, lse, Nq, k.shape[2], n_heads, scale_log2, seed)
         return kernel
-    from .decoding import merge_split
-
     out = o if precision in ("3xtf32", "tf32") else o.view(np.float16)  # the merge writes values, not pairs
     merge_split(lambda o_part, lse_part: kernel[g, tile.threads](q, k, v, o_part, lse_part, Nq, k.shape[2], n_heads,
                                                                  scale_log2, seed), out, lse, splits, alloc)

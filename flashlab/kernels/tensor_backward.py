@@ -1,6 +1,6 @@
 """variant="tensor" backward: FlashAttention-2's backward on tensor cores, from pure-Python Numba (lesson 15).
 
-Three launches, as in kernels/backward.py (the FP32-unit version); none holds an Nq x Nk array:
+Three launches, as in kernels/register_backward.py (the FP32-unit version); none holds an Nq x Nk array:
 
 1. `preprocess`: D_i = rowsum(dO_i * O_i) in fp32, and dQ's float32 accumulator set to zero.
 2. the main kernel: one thread block per (key block, batch * K/V head); under GQA / MQA (H_kv < H heads of
@@ -62,13 +62,15 @@ import numpy as np
 from numba import float32, uint32
 
 from ..device import get_cuda
+from ..dropout import device_functions
 from . import mma
-from ._launch import STATIC_SHARED
-from .tensor import FASTMATH, LOG2E, row_words, stages as async_stages
+from ._launch import STATIC_SHARED, launch_with_shared
+from .common import FASTMATH, LOG2E, U
+from .options import Extras, score_functions
+from .tensor import row_words, stages as async_stages
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
 
-U = np.uint64
 SHARED_LIMIT = STATIC_SHARED  # the default limit: what a block has without the opt-in
 
 
@@ -125,8 +127,8 @@ class BackwardTile:
 # shared memory became dynamic (past 48 KB with the opt-in), 128-key blocks of 8 warps win for 16-bit: 32x128
 # (78 KB) ran 1.37x the old 48 KB tile (16x64) at d128, 64x128 (73 KB) 1.10x 32x128 at d64. 3xTF32 keeps V in
 # shared memory and takes two stages: 32x64 (78 KB) 1.16x the old 16x64 at d64, 16x64 (104 KB) 1.34x the old
-# 16x32 at d128 (docs/gpu-runs-issue13.md, "Fourth session"). Where a device's opt-in limit is smaller,
-# choose_tile falls back to the first tile that fits.
+# 16x32 at d128 (docs/runs/tensor-backward.md, "More than 48 KB of shared memory"). Where a device's opt-in
+# limit is smaller, choose_tile falls back to the first tile that fits.
 # d16 / d32 and "k8" (sm_75): `ptxas -v` for sm_80 and sm_90, the largest tiles that compile without spilling
 # (flashlab/data/kernel_resources.csv).
 DEFAULT_TILES = {
@@ -214,9 +216,6 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     mma16 = {"f16": mma.mma_f16_m16n8k16, "bf16": mma.mma_bf16_m16n8k16, "k8": mma.mma_f16_m16n8k8x2}.get(precision)
     pack = mma.pack_bf16x2 if BF16 else mma.pack_f16x2
     unpack = mma.unpack_bf16x2 if BF16 else mma.unpack_f16x2
-    from ..dropout import device_functions
-    from .register import Extras, score_functions
-
     # The library's options, as compile-time constants (the forward's, kernels/tensor.py, plus dropout).
     EXTRA, ex = extras is not None, extras or Extras()
     I = np.int64  # aligned positions can be negative
@@ -651,9 +650,7 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, t
            *, extras=None, seed=0):
     """Launch the three kernels on device arrays: q, k, v, o, do, dq, dk, dv as (B, H, N, d/2) uint32 pairs
     (16-bit precisions) or float32 (B, H, N, d); lse, D float32 (B, H, Nq); dq_acc float32 (B, H, Nq, d),
-    which is dq itself for float32. extras: register.Extras (or None); seed: the dropout seed."""
-    from ._launch import launch_with_shared
-
+    which is dq itself for float32. extras: options.Extras (or None); seed: the dropout seed."""
     B, H, Nq, w = q.shape
     d = w if precision in ("3xtf32", "tf32") else 2 * w
     preprocess, main, cast = build(d, tile, causal, precision, gqa=k.shape[1] != H, extras=extras)
@@ -668,129 +665,3 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, t
     return main
 
 
-def backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision=None, block_q=None, block_k=None,
-             plan=None, window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0,
-             seed=0):
-    """flash_attention_backward(..., variant="tensor"): (dq, dk, dv) in q's dtype and kind of array. The library
-    options as in the forward (pass the same values): checked by flashlab._inputs.check_options, compiled in.
-    Torch CUDA tensors take a prepared path (PreparedBackward) unless plan= is given."""
-    from .._inputs import check_seed
-    from . import _fast
-
-    library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
-                   dropout_p=dropout_p)
-    key = None if plan is not None else _fast.prepared_key("tensor backward", (q, k, v, o, lse, do), causal, scale,
-                                                           precision, block_q, block_k, options=library)
-    if key is not None:
-        call = _fast.lookup(key)
-        if call is None:
-            call = _fast.store(key, PreparedBackward(q, k, v, o, lse, do, causal=causal, scale=scale,
-                                                     precision=precision, block_q=block_q, block_k=block_k,
-                                                     seed=seed, **library))
-        return call(q, k, v, o, lse, do, check_seed(seed))
-    s = _setup(q, k, v, o, lse, do, causal=causal, scale=scale, precision=precision, block_q=block_q,
-               block_k=block_k, plan=plan, seed=seed, **library)
-    from ._launch import empty, empty_words, like_input
-
-    B, H, Nq, Nk, d, H_kv, kind, dtype = s.B, s.H, s.Nq, s.Nk, s.d, s.H_kv, s.kind, s.dtype
-    q_w, k_w, v_w, o_w, lse_d, do_w = s.arrays
-    alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
-    D = alloc((B, H, Nq), np.float32)
-    dq, dq_w = empty_words((B, H, Nq, d), dtype, kind, like=q)
-    dq_acc = dq_w if dtype == "float32" else alloc((B, H, Nq, d), np.float32)
-    dk, dk_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
-    dv, dv_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
-    launch(q_w, k_w, v_w, o_w, lse_d, do_w, dq_w, dk_w, dv_w, dq_acc, D, H, s.scale, s.causal, s.plan.config,
-           s.plan.precision, extras=s.extras, seed=s.seed)
-    return tuple(like_input(x, kind) for x in (dq, dk, dv))
-
-
-def _setup(q, k, v, o, lse, do, *, causal, scale, precision, block_q, block_k, plan, window_size, align,
-           alibi_slopes, softcap, dropout_p, seed):
-    """backward's checks and plan: a SimpleNamespace of the device arrays (q, k, v, o, lse, do; 16-bit ones as
-    uint32 words), kind, dtype, B, H, Nq, Nk, d, H_kv, causal, scale, plan, extras and seed."""
-    from types import SimpleNamespace
-
-    from .._inputs import check_options
-    from .register import Extras
-    from ._launch import all_to_device_words, check_kernel_inputs, to_device
-    from .plan import plan as make_plan
-    from .tensor import resolve_precision
-    from ..device import device_limits
-
-    (q_w, k_w, v_w, o_w, do_w), kind, dtype = all_to_device_words((("q", q), ("k", k), ("v", v), ("o", o),
-                                                                    ("do", do)))
-    lse_d, _ = to_device(lse, "lse")
-    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_w, k_w, v_w, causal=causal, scale=scale,
-                                                         words=dtype != "float32", gqa=True)
-    for name, x, w in (("o", o, o_w), ("do", do, do_w)):
-        if tuple(w.shape) != tuple(q_w.shape):
-            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected q's shape {tuple(q.shape)}")
-    if tuple(lse_d.shape) != (B, H, Nq) or np.dtype(lse_d.dtype) != np.float32:
-        raise ValueError(f"lse must be float32 of shape {(B, H, Nq)} (as the forward returns it); got "
-                         f"{np.dtype(lse_d.dtype).name} {tuple(lse_d.shape)}")
-    opt = check_options((B, H, Nq, d), causal=causal, scale=scale, window_size=window_size, align=align,
-                        alibi_slopes=alibi_slopes, softcap=softcap, dropout_p=dropout_p, seed=seed)
-    extras = Extras.from_options(opt, B, H)
-    if plan is None:
-        precision = resolve_precision(dtype, precision, device_limits()["cc"])
-        plan = make_plan((B, H, Nq, Nk, d), variant="tensor", direction="backward", causal=causal, dtype=dtype,
-                         block_q=block_q, block_k=block_k, precision=precision)
-    return SimpleNamespace(arrays=(q_w, k_w, v_w, o_w, lse_d, do_w), kind=kind, dtype=dtype, B=B, H=H, Nq=Nq, Nk=Nk,
-                           d=d, H_kv=k_w.shape[1], causal=causal, scale=scale, plan=plan, extras=extras, seed=opt.seed)
-
-
-class PreparedBackward:
-    """The tensor backward for torch CUDA tensors of one key (shapes, strides, dtypes, options but the seed): the
-    checks, plan and argument lists once (kernels/_fast.py), then each call allocates the gradients and launches
-    preprocess, main (with the call's dropout seed) and (16-bit) the dQ cast, as launch() does."""
-
-    def __init__(self, q, k, v, o, lse, do, **options):
-        from . import _fast
-        from ._fast import Spec
-
-        s = _setup(q, k, v, o, lse, do, plan=None, **options)
-        B, H, Nq, Nk, d, H_kv, tile = s.B, s.H, s.Nq, s.Nk, s.d, s.H_kv, s.plan.config
-        preprocess, main, cast = build(d, tile, s.causal, s.plan.precision, gqa=H_kv != H, extras=s.extras)
-        self.wide = s.dtype == "float32"
-        ins = [_fast.torch_spec(x) for x in (q, k, v, o, lse, do)]
-        if not self.wide:  # 16-bit values as uint32 pairs (lse stays float32)
-            ins = [x if i == 4 else x.words() for i, x in enumerate(ins)]
-        q_s, k_s, v_s, o_s, lse_s, do_s = ins
-        self.dtype, self.q_shape, self.k_shape = q.dtype, (B, H, Nq, d), (B, H_kv, Nk, d)
-        D = Spec.contiguous((B, H, Nq), np.float32)
-        dq_acc = Spec.contiguous(self.q_shape, np.float32)
-        grads = [Spec.contiguous(self.k_shape, _fast.torch_spec(q).dtype)] * 2  # dk, dv
-        if not self.wide:
-            grads = [x.words() for x in grads]
-        rows = PREPROCESS_ROWS
-        self.kernels = [
-            _fast.PreparedKernel(preprocess, (-(-Nq // rows), B * H), 32 * PREPROCESS_WARPS,
-                                 [o_s, do_s, D, dq_acc, H]),
-            _fast.PreparedKernel(main, (-(-Nk // tile.block_k), B * H_kv), tile.threads,
-                                 [q_s, k_s, v_s, do_s, lse_s, D, dq_acc, *grads, H, np.float32(s.scale),
-                                  np.float32(s.scale * LOG2E), np.int64(0)],
-                                 shared=4 * tile.shared_words(d, s.plan.precision))]
-        if not self.wide:  # dQ, accumulated in float32, to the input's 16-bit type
-            n = B * H * Nq * d
-            self.kernels.append(_fast.PreparedKernel(cast, (-(-(n // 2) // 256),), 256,
-                                                     [Spec.contiguous((n,), np.float32),
-                                                      Spec.contiguous((n // 2,), np.uint32)]))
-
-    def __call__(self, q, k, v, o, lse, do, seed=0):
-        import torch
-
-        from ._fast import current_stream
-
-        stream = current_stream(q)
-        new = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=q.device)  # noqa: E731
-        D = new(self.q_shape[:3], torch.float32)
-        dq = new(self.q_shape, self.dtype)
-        dq_acc = dq if self.wide else new(self.q_shape, torch.float32)
-        dk, dv = new(self.k_shape, self.dtype), new(self.k_shape, self.dtype)
-        self.kernels[0].launch(stream, [o.data_ptr(), do.data_ptr(), D.data_ptr(), dq_acc.data_ptr()])
-        self.kernels[1].launch(stream, [q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(),
-                                        D.data_ptr(), dq_acc.data_ptr(), dk.data_ptr(), dv.data_ptr()], seed)
-        if not self.wide:
-            self.kernels[2].launch(stream, [dq_acc.data_ptr(), dq.data_ptr()])
-        return dq, dk, dv

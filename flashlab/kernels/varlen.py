@@ -15,9 +15,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..device import get_cuda
-from . import _fast
-from ._launch import empty, like_input, shell, to_device, to_host
+from .._inputs import check_seed
+from ..device import device_limits, get_cuda
+from ..varlen import check_varlen
+from . import plan as planner
+from . import prepared, register, tensor
+from ._launch import all_to_device_words, empty, empty_words, like_input, shell, to_device, to_host
+from .backward import default_variant
+from .common import LOG2E
+from .options import Extras
 
 
 def block_table(cu_q, cu_k, block_q: int, block_k: int, causal: bool, bottom_right: bool = False) -> np.ndarray:
@@ -41,20 +47,18 @@ def block_table(cu_q, cu_k, block_q: int, block_k: int, causal: bool, bottom_rig
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     """`flashlab.flash_attention_varlen` in one kernel launch. Returns (o, lse). See prepare for the arguments.
 
-    Torch CUDA tensors take kernels/_fast.py's prepared path: the first call with given shapes, offsets and
+    Torch CUDA tensors take kernels/prepared.py's prepared path: the first call with given shapes, offsets and
     options (all but the dropout seed, which each launch takes) does the checks, plan, block table and its copy
     to the GPU and keeps them; a later call with the same ones only allocates the outputs and launches."""
     key = None
-    if _fast.available():  # the prepared path's key holds the offsets themselves
+    if prepared.available():  # the prepared path's key holds the offsets themselves
         cu_q, cu_k = to_host(cu_seqlens_q), to_host(cu_seqlens_k)
-        key = _fast.prepared_key("varlen", (q, k, v), cu_q.dtype.str, cu_q.tobytes(), cu_k.dtype.str, cu_k.tobytes(),
+        key = prepared.prepared_key("varlen", (q, k, v), cu_q.dtype.str, cu_q.tobytes(), cu_k.dtype.str, cu_k.tobytes(),
                                  options=options)
     if key is not None:
-        from .._inputs import check_seed
-
-        call = _fast.lookup(key)
+        call = prepared.lookup(key)
         if call is None:
-            call = _fast.store(key, PreparedVarlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options))
+            call = prepared.store(key, PreparedVarlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options))
         return call(q, k, v, check_seed(options.get("seed", 0)))
     run, o, lse, kind = prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
     run()
@@ -63,10 +67,10 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
 
 class PreparedVarlen:
     """One varlen launch for torch tensors of one key: the general path's kernel, grid and scalars, with the
-    block table and offsets kept on the GPU, launched through _fast.PreparedKernel."""
+    block table and offsets kept on the GPU, launched through prepared.PreparedKernel."""
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
-        import torch
+        import torch  # optional: only torch tensors come here
 
         _, launch = _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
         total_q, H, d = q.shape
@@ -75,22 +79,22 @@ class PreparedVarlen:
             return
         # kept alive here: the kernel reads them on every call
         self.tables = [torch.from_numpy(x).to(q.device) for x in launch.tables]
-        ins = [_fast.torch_spec(x) for x in (q, k, v)]
-        o = _fast.Spec.contiguous((total_q, H, d), ins[0].dtype)
+        ins = [prepared.torch_spec(x) for x in (q, k, v)]
+        o = prepared.Spec.contiguous((total_q, H, d), ins[0].dtype)
         if launch.variant == "tensor" and q.dtype != torch.float32:  # 16-bit values as uint32 pairs
             ins, o = [x.words() for x in ins], o.words()
-        lse = _fast.Spec.contiguous((H, total_q), np.float32)
-        tables = [_fast.Spec.contiguous(x.shape, np.int32) for x in launch.tables]
-        self.kernel = _fast.PreparedKernel(launch.kernel, launch.grid, launch.threads,
+        lse = prepared.Spec.contiguous((H, total_q), np.float32)
+        tables = [prepared.Spec.contiguous(x.shape, np.int32) for x in launch.tables]
+        self.kernel = prepared.PreparedKernel(launch.kernel, launch.grid, launch.threads,
                                            ins + [o, lse] + tables + list(launch.scalars))
 
     def __call__(self, q, k, v, seed=0):
-        import torch
+        import torch  # optional: only torch tensors come here
 
         o = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
         lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
         if self.kernel is not None:  # no query rows: nothing to launch
-            self.kernel.launch(_fast.current_stream(q), [q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+            self.kernel.launch(prepared.current_stream(q), [q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                                                          lse.data_ptr()] + [t.data_ptr() for t in self.tables], seed)
         return o, lse
 
@@ -133,18 +137,10 @@ def _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen
     "tensor" (float16, bfloat16, float32 through 3xTF32, with `precision` as in flash_attention); by default
     "tensor" for 16-bit inputs on a GPU with their mma, as the backward's default_variant. block_q / block_k
     override the tile."""
-    from . import plan as planner
-    from .backward import default_variant
-    from .register import LOG2E, Extras
-    from .tensor import library_weight
-
     variant = default_variant(q) if variant is None else variant
     if variant not in ("register", "tensor"):
         raise ValueError(f"variant must be 'register' or 'tensor' for varlen; got {variant!r}")
     if variant == "tensor":
-        from ._launch import all_to_device_words, empty_words
-        from .tensor import resolve_precision
-
         (q_d, k_d, v_d), kind, dtype = all_to_device_words((("q", q), ("k", k), ("v", v)), "(total, heads, d)")
         words = 1 if dtype == "float32" else 2  # values per 32-bit word of the last axis
     else:
@@ -159,8 +155,6 @@ def _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen
             raise ValueError(f"{name} must have shape (total, heads, d) for varlen; got shape {tuple(x.shape)}")
     cu_q, cu_k = to_host(cu_seqlens_q), to_host(cu_seqlens_k)
     # the NumPy version's checks (shapes, dtypes, heads, lengths, options), on empty stand-ins of the inputs
-    from ..varlen import check_varlen
-
     kw = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
               dropout_p=dropout_p, seed=seed)
     shells = [shell(x, n) for x, n in ((q_d, "q"), (k_d, "k"), (v_d, "v"))]
@@ -176,12 +170,10 @@ def _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen
     longest_q, longest_k = int(np.diff(cu_q).max(initial=0)), int(np.diff(cu_k).max(initial=0))
     extras = Extras.from_options(opt, n_seq, H)
     if variant == "tensor":
-        from ..device import device_limits
-
-        precision = resolve_precision(dtype, precision, device_limits()["cc"])
+        precision = tensor.resolve_precision(dtype, precision, device_limits()["cc"])
     p = planner.plan((n_seq, H, max(longest_q, 1), max(longest_k, 1), d), causal=opt.causal, dtype=dtype,
                      variant=variant, block_q=block_q, block_k=block_k, precision=precision,
-                     extras=library_weight(dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes,
+                     extras=tensor.library_weight(dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes,
                                                     softcap=softcap, dropout_p=dropout_p)), varlen=True)
     tile = p.config
     table = block_table(cu_q, cu_k, tile.block_q, tile.block_k, opt.causal, opt.align == "bottom_right")
@@ -193,13 +185,9 @@ def _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen
     arrays, launch = (q_d, k_d, v_d, o, o_words, lse, kind), None
     if len(table):
         if variant == "tensor":
-            from .tensor import build as build_tensor
-
-            kernel = build_tensor(d, tile, opt.causal, p.precision, gqa=H_kv != H, extras=extras, varlen=True)
+            kernel = tensor.build(d, tile, opt.causal, p.precision, gqa=H_kv != H, extras=extras, varlen=True)
         else:
-            from .register import build
-
-            kernel = build(d, tile, opt.causal, gqa=H_kv != H, extras=extras, varlen=True)
+            kernel = register.build(d, tile, opt.causal, gqa=H_kv != H, extras=extras, varlen=True)
         launch = Launch(kernel, (len(table), H, 1), tile.threads, variant,
                         (table, np.stack([cu_q, cu_k]).astype(np.int32)), (H, np.float32(opt.scale * LOG2E),
                                                                            np.int64(opt.seed)))

@@ -1,7 +1,7 @@
-"""The register backward over a packed variable-length batch, in one launch (issue 14; NumPy semantics in
+"""The register backward over a packed variable-length batch, in one launch (NumPy semantics in
 flashlab/varlen.py).
 
-The packed (total, H, d) arrays are handed to backward.make_kernels(..., varlen=True) as one batch, viewed
+The packed (total, H, d) arrays are handed to register_backward.make_kernels(..., varlen=True) as one batch, viewed
 as (1, H, total, d) (strided views, no copies). The dkdv grid's x axis walks a host-built table of key blocks
 over all sequences, heaviest first; each block finds its sequence's rows through cu_seqlens, so masking,
 alignment and band skipping work per sequence. preprocess and cast run over the packed rows as they are.
@@ -12,7 +12,8 @@ import numpy as np
 
 from ..device import get_cuda, has_gpu
 from ..varlen import check_varlen
-from . import backward
+from . import register_backward
+from .options import Extras
 from ._launch import check_kernel_backward_inputs, empty, like_input, shell, to_device, to_host
 
 
@@ -68,7 +69,7 @@ def flash_attention_varlen_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlen
     forward; cu_seqlens_*: (batch + 1,) integers (copied to the host to build the block table). NumPy arrays,
     numba device arrays or torch CUDA tensors, float32 or float16; the gradients come back in q's kind and
     dtype. Options as in flashlab.varlen (pass the forward's); block_q, block_k, threads: the register
-    backward's tile (default: backward.default_config)."""
+    backward's tile (default: register_backward.default_config)."""
     library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
                    dropout_p=dropout_p, seed=seed)
     dev, kinds = {}, {}
@@ -87,13 +88,11 @@ def flash_attention_varlen_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlen
     view = {n: heads_major(a) for n, a in dev.items()}
     check_kernel_backward_inputs(*view.values(), causal=causal, scale=scale, gqa=True)  # dtypes, d
     n_seq = len(cu_q) - 1
-    from .register import Extras
-
     extras = Extras.from_options(opt, n_seq, H)
-    bq, bk, nt = backward.default_config(d, simulator=not has_gpu())
+    bq, bk, nt = register_backward.default_config(d, simulator=not has_gpu())
     bq, bk, nt = block_q or bq, block_k or bk, threads or nt
     Tk, H_kv = shells["k"].shape[:2]
-    preprocess, dkdv, cast = backward.make_kernels(d, bq, bk, nt, gqa=H_kv != H, extras=extras, varlen=True)
+    preprocess, dkdv, cast = register_backward.make_kernels(d, bq, bk, nt, gqa=H_kv != H, extras=extras, varlen=True)
 
     kind, dtype = kinds["q"], np.dtype(dev["q"].dtype)
     new = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731

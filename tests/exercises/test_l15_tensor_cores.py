@@ -349,7 +349,7 @@ def test_the_copy_checkers_plan_is_the_kernels(rng, monkeypatch):
     if has_gpu():
         pytest.skip("records the simulator's copies")
     from flashlab.grading.l15_tensor_cores import copy_plan
-    from flashlab.kernels import mma, tensor
+    from flashlab.kernels import flash_attention, mma, tensor
 
     d, block_k, n_k, tile = 16, 16, 20, tensor.TensorTile(1, 16)
     W = d // 2
@@ -362,7 +362,7 @@ def test_the_copy_checkers_plan_is_the_kernels(rng, monkeypatch):
 
     monkeypatch.setattr(mma, "cp_async16_flat", recording)
     q, k, v = (rng.standard_normal((1, 1, n, d)).astype(np.float16) for n in (16, n_k, n_k))
-    tensor.forward(q, k, v, block_q=16, block_k=block_k)
+    flash_attention(q, k, v, variant="tensor", block_q=16, block_k=block_k)
     want = []
     for j, k0 in enumerate(range(0, n_k, block_k)):
         for tid in range(tile.threads):

@@ -1,17 +1,17 @@
-"""Host overhead: the CPU time of one call before the GPU starts, and how flashlab keeps it small (issue 12).
+"""Prepared launches: the host time of a call with torch tensors, and how flashlab keeps it small.
 
 A call with torch tensors, done the general way (forward.py, backward.py), pays for: wrapping each tensor as a
 numba array (cuda.as_cuda_array builds a DeviceNDArray, and synchronises with the tensor's stream when the
 tensor names one), the shape and dtype checks, the plan, numba's dispatch (typing every argument to find
-the compiled kernel) and its argument marshalling. Here the first call with given shapes, strides, dtypes
-and options does all of that once and records a `PreparedCall`: the plan, the compiled kernels, grids, and
-each kernel's argument list with the data pointers left blank. A later call with the same key only reads
-the tensors' pointers, allocates the outputs with torch and launches.
+the compiled kernel) and its argument marshalling. The first call with given shapes, strides, dtypes and
+options does all of that once and stores a prepared call (`store`, found again by `lookup`): the plan, the
+compiled kernels, grids, and each kernel's argument list with the data pointers left blank (`PreparedKernel`).
+A later call with the same key only reads the tensors' pointers, allocates the outputs with torch and launches.
 
-Who uses it: the forward, plain (PreparedForward here, GQA included) and with the library's options
-(forward._with_extras);
-the register backward (PreparedBackward here); the tensor backward (tensor_backward.PreparedBackward); varlen
-(varlen.PreparedVarlen); paged decoding (paged.PreparedPaged: the block table and lengths are arguments, not keys). The dropout seed is not part of a key: each launch writes it into the kernel's last
+This module is the generic part; each entry point keeps its own prepared call beside its general path:
+forward.PreparedForward (plain, GQA and the library's options), backward.PreparedRegisterBackward and
+backward.PreparedTensorBackward, varlen.PreparedVarlen and paged.PreparedPaged (the block table and lengths
+are arguments, not keys). The dropout seed is not part of a key: each launch writes it into the kernel's last
 argument (PreparedKernel.launch(..., seed)), so a new seed every training step stays on this path.
 
 The argument list is the one numba-cuda builds (`_Kernel._prepare_args`): per array (meminfo 0, parent 0,
@@ -19,7 +19,8 @@ size, itemsize, pointer, shape..., strides in bytes...), int64 as ctypes.c_int64
 tests/test_plan.py checks the two agree. Launches go to torch's current stream. This path needs numba-cuda's
 `_Kernel` internals (checked once: `available()`), and launches with cuLaunchKernel on a kernelParams array
 built once (`_DirectLaunch`; FLASHLAB_DIRECT_LAUNCH=0 goes through cuda.core's launch instead). It is on by
-default since its GPU run (benchmarks/results/host.csv); FLASHLAB_FAST_LAUNCH=0 sends every call the general way.
+default since it was measured on a GPU (benchmarks/results/host.csv); FLASHLAB_FAST_LAUNCH=0 sends every call
+the general way.
 """
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+
+from ..device import has_gpu
+from ._launch import allow_dynamic_shared, to_host
 
 _CALLS: dict = {}  # call key -> PreparedCall
 _STREAMS: dict = {}  # stream handle -> cuda.core Stream
@@ -45,8 +49,6 @@ def available() -> bool:
 
 @lru_cache(maxsize=1)
 def _supported() -> bool:
-    from ..device import has_gpu
-
     if not has_gpu():
         return False
     try:
@@ -143,8 +145,6 @@ class PreparedKernel:
         """shared: bytes of dynamic shared memory per block (the kernel opts in where it passes 48 KB)."""
         from numba.cuda import dispatcher as nd
 
-        from ._launch import allow_dynamic_shared
-
         types_ = tuple(a.numba_type if isinstance(a, Spec) else scalar_type(a) for a in args)
         dispatcher.compile(types_)
         kernel = dispatcher.overloads[types_]
@@ -222,7 +222,7 @@ class _DirectLaunch:
 def current_stream(t) -> int:
     """The handle of torch's current stream on t's device (torch's raw getter: ~1 µs, against ~5 µs for
     torch.cuda.current_stream(...).cuda_stream)."""
-    import torch
+    import torch  # optional: only torch tensors come here
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(t.get_device()) if raw is not None else torch.cuda.current_stream(t.device).cuda_stream
@@ -247,7 +247,7 @@ def stream_for(handle: int):
 
 
 def torch_spec(t) -> Spec:
-    import torch
+    import torch  # optional: only torch tensors come here
 
     itemsize = t.element_size()
     dtype = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16}[t.dtype]
@@ -281,8 +281,6 @@ def prepared_key(name: str, tensors, *parts, options: dict):
 def options_key(options: dict):
     """A hashable key for the library's options (arrays such as ALiBi slopes by their bytes), or None when one of
     them cannot be keyed (the call then goes the general way)."""
-    from ._launch import to_host
-
     def value(x):
         if isinstance(x, list):
             return tuple(x)
@@ -306,124 +304,3 @@ def store(key, call):
     return call
 
 
-# ---------------------------------------------------------------------------------------------- forward
-class PreparedForward:
-    """flash_attention for torch tensors of one key: torch allocates the outputs, then one launch (or the
-    split kernel and the merge). k and v may have fewer heads (GQA: the build that maps query heads to K/V heads).
-    extras: the library's options (register.Extras), or None; call(q, k, v, seed) passes the dropout seed to the
-    kernel."""
-
-    def __init__(self, plan, scale, q, k, v, extras=None):
-        import torch
-
-        from .decoding import build_merge
-        from .register import LOG2E
-
-        p = plan.problem
-        self.plan = plan
-        self.words = plan.variant == "tensor" and p.dtype != "float32"
-        self.out_dtype = q.dtype
-        self.shapes = ((p.B, p.H, p.Nq, p.d), (p.B, p.H, p.Nq))
-        self.part_shapes = ((p.B, p.H, plan.splits, p.Nq, p.d), (p.B, p.H, plan.splits, p.Nq))
-        ins = [torch_spec(x) for x in (q, k, v)]
-        o = Spec.contiguous(self.shapes[0], {torch.float32: np.float32, torch.float16: np.float16,
-                                             torch.bfloat16: np.uint16}[q.dtype])
-        lse = Spec.contiguous(self.shapes[1], np.float32)
-        if self.words:
-            ins, o = [s.words() for s in ins], o.words()
-        scalars = (p.Nq, p.Nk, p.H, np.float32(scale * LOG2E))
-        if plan.variant in ("register", "tensor"):
-            scalars += (np.int64(0),)  # the dropout seed, set on each call that has dropout
-        kernel = self._kernel(extras, gqa=k.shape[1] != q.shape[1])
-        threads = plan.threads
-        if plan.splits == 1:
-            self.kernels = [PreparedKernel(kernel, plan.grid, threads, ins + [o, lse, *scalars])]
-        else:
-            S = plan.splits
-            o_part = Spec.contiguous(self.part_shapes[0], np.float32)
-            lse_part = Spec.contiguous(self.part_shapes[1], np.float32)
-            views = [o_part.reshape((p.B, p.H * S, p.Nq, p.d)), lse_part.reshape((p.B, p.H * S, p.Nq))]
-            out = o.values(np.float16) if self.words else o
-            self.kernels = [PreparedKernel(kernel, plan.grid, threads, ins + views + list(scalars)),
-                            PreparedKernel(build_merge(p.d, normalised=True), (p.Nq, p.H, p.B), p.d,
-                                           [lse_part, lse_part, o_part, out, lse, S])]
-
-    def _kernel(self, extras, gqa):
-        plan, p = self.plan, self.plan.problem
-        split = plan.splits > 1
-        if plan.variant == "register":
-            from .register import build
-
-            return build(p.d, plan.config, p.causal, split=split, heavy_first=plan.heavy_first, gqa=gqa,
-                         extras=extras)
-        if plan.variant == "tensor":
-            from .tensor import build
-
-            return build(p.d, plan.config, p.causal, plan.precision, split=split, heavy_first=plan.heavy_first,
-                         gqa=gqa, extras=extras)
-        from .shared import build
-
-        return build(p.d, *plan.config, p.causal, gqa=gqa)
-
-    def __call__(self, q, k, v, seed=None):
-        import torch
-
-        stream = current_stream(q)
-        o = torch.empty(self.shapes[0], dtype=self.out_dtype, device=q.device)
-        lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
-        ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr()]
-        if len(self.kernels) == 1:
-            self.kernels[0].launch(stream, ptrs + [o.data_ptr(), lse.data_ptr()], seed)
-        else:
-            o_part = torch.empty(self.part_shapes[0], dtype=torch.float32, device=q.device)
-            lse_part = torch.empty(self.part_shapes[1], dtype=torch.float32, device=q.device)
-            self.kernels[0].launch(stream, ptrs + [o_part.data_ptr(), lse_part.data_ptr()], seed)
-            self.kernels[1].launch(stream, [lse_part.data_ptr(), lse_part.data_ptr(), o_part.data_ptr(),
-                                            o.data_ptr(), lse.data_ptr()])
-        return o, lse
-
-
-# --------------------------------------------------------------------------------------------- backward
-class PreparedBackward:
-    """flash_attention_backward for torch tensors of one key: preprocess, dkdv (and cast for float16)."""
-
-    def __init__(self, plan, scale, rows, q, k, v, o, lse, do):
-        import torch
-
-        from .backward import make_kernels
-
-        p = plan.problem
-        bq, bk, threads = plan.config
-        preprocess, dkdv, cast = make_kernels(p.d, bq, bk, threads, heavy_first=plan.heavy_first)
-        self.dtype, self.half = q.dtype, q.dtype != torch.float32
-        self.q_shape, self.k_shape = (p.B, p.H, p.Nq, p.d), (p.B, p.H, p.Nk, p.d)
-        specs = {n: torch_spec(x) for n, x in zip(("q", "k", "v", "o", "lse", "do"), (q, k, v, o, lse, do))}
-        dt = specs["q"].dtype
-        D = Spec.contiguous((p.B, p.H, p.Nq), np.float32)
-        dq = Spec.contiguous(self.q_shape, np.float32)
-        dk = Spec.contiguous(self.k_shape, dt)
-        self.kernels = [PreparedKernel(preprocess, ((p.Nq + rows - 1) // rows, p.H, p.B), rows,
-                                       [specs["o"], specs["do"], D, dq]),
-                        PreparedKernel(dkdv, plan.grid, threads,
-                                       [specs["q"], specs["k"], specs["v"], specs["do"], specs["lse"], D, dq, dk, dk,
-                                        np.float32(scale), bool(p.causal), 0, 0, 0])]  # unused: varlen tables, seed
-        if self.half:
-            n = int(np.prod(self.q_shape))
-            self.kernels.append(PreparedKernel(cast, ((n + 255) // 256,), 256, [Spec.contiguous((n,), np.float32),
-                                                                               Spec.contiguous((n,), dt)]))
-
-    def __call__(self, q, k, v, o, lse, do):
-        import torch
-
-        stream = current_stream(q)
-        new = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=q.device)  # noqa: E731
-        D, dq = new(self.q_shape[:3], torch.float32), new(self.q_shape, torch.float32)
-        dk, dv = new(self.k_shape, self.dtype), new(self.k_shape, self.dtype)
-        self.kernels[0].launch(stream, [o.data_ptr(), do.data_ptr(), D.data_ptr(), dq.data_ptr()])
-        self.kernels[1].launch(stream, [q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(),
-                                        D.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()])
-        if self.half:
-            dq16 = new(self.q_shape, self.dtype)
-            self.kernels[2].launch(stream, [dq.data_ptr(), dq16.data_ptr()])
-            dq = dq16
-        return dq, dk, dv
