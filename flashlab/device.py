@@ -16,10 +16,11 @@ In the simulator, flashlab also arranges the simulator's threads (`arrange_simul
 simulator is chosen). The simulator runs each CUDA thread of a block as a Python thread, and those threads
 take turns holding the GIL. Numba's block loop busy-polls the threads for `cuda.syncthreads()` and never
 blocks, so every thread that wants the GIL waits out the poller's switch interval (5 ms by default): a warp
-instruction, where 32 lanes meet (kernels/mma.py), cost tens of milliseconds, and the same check took from
-one to twenty times as long from run to run. flashlab replaces that loop with one that sleeps until the last
-thread reaches the barrier (or a thread ends or fails), and sets `sys.setswitchinterval(SIM_SWITCH_INTERVAL)`
-while a simulated kernel runs, restoring the interpreter's value when the launch returns or raises.
+instruction, where 32 lanes meet (kernels/mma.py), cost tens of milliseconds, and one run of a test could
+take 13 times as long as the next. flashlab replaces that loop with one that sleeps until the last
+thread reaches the barrier (or a thread ends or fails), and runs each simulated launch with the GIL switch
+interval at SIM_SWITCH_INTERVAL (5 ms, measured best), restoring the interpreter's value when the launch
+returns or raises. kernels/mma.py wakes the lanes of a warp one after the other for the same reason.
 Barriers, races, warp divergence and errors are reported as before. FLASHLAB_SIM_THREADS=numba in the
 environment leaves Numba's simulator as it is (to compare, or to rule flashlab out).
 """
@@ -142,10 +143,12 @@ def get_cuda():
 
 
 # ------------------------------------------------------------------------------------- simulator threads
-# While a simulated kernel runs, the interpreter hands the GIL between threads at least this often (seconds).
-# A lane released from a warp instruction or a barrier then waits at most this long for a thread that is busy
-# computing. Measured on the project's simulator tests (benchmarks/simulator_speed.py); the default is 5e-3.
-SIM_SWITCH_INTERVAL = 5e-4
+# The GIL switch interval (seconds) while a simulated kernel runs: how long a thread that wants the GIL waits
+# before it makes a busy holder let go. With Numba's polling loop a short one helped (it cut the poller's turns);
+# with the block loop below, threads hand the GIL on when they wait, and forced switches only add work: 0.5 and
+# 1 ms were slower than 5 ms, and 20 ms no faster (benchmarks/timing/simulator_speed.py, modes flashlab:SECONDS).
+# So a launch runs at CPython's default of 5 ms even where the interpreter was set lower, and gets its value back.
+SIM_SWITCH_INTERVAL = 5e-3
 
 _SIM = {"arranged": None, "how": "not arranged (no simulated kernel yet)", "switch_interval": None}
 _SIM_LOCK = threading.Lock()
@@ -181,7 +184,8 @@ def arrange_simulator() -> str:
             return _SIM["how"]
         _SIM["arranged"] = False
         if os.environ.get("FLASHLAB_SIM_THREADS", "").strip().lower() == "numba":
-            _SIM["how"] = "Numba's own (FLASHLAB_SIM_THREADS=numba): a polling block loop, the interpreter's switch interval"
+            _SIM["how"] = ("Numba's own (FLASHLAB_SIM_THREADS=numba): a polling block loop, the interpreter's "
+                           "switch interval")
             return _SIM["how"]
         try:
             from numba.cuda.simulator import kernel as sim
