@@ -444,8 +444,9 @@ print(tviz.source_between(src, "# Add up each row's sum", "return flash_fwd_tens
 # %% [markdown]
 # ### Run it
 #
-# In the simulator, on one warp per block and a shape that is not a multiple of anything (a few seconds
-# per run: every `mma`, `ldmatrix` and shuffle is a meeting of 32 Python threads); on a GPU, at a real size.
+# In the simulator, on one warp per block and a shape that is not a multiple of anything (under a second
+# per run on a 2-core CPU: every `mma`, `ldmatrix` and shuffle is a meeting of 32 Python threads); on a GPU, at
+# a real size.
 # float16 and float32 (3xTF32 and 1xTF32) through the public API; bfloat16 needs torch tensors on a GPU.
 
 # %%
