@@ -44,16 +44,6 @@ def load_exercise(stem, keep=True):
     return ns
 
 
-def assert_rejected_naming_its_slip(name, fn, label, says, seeds):
-    """A kept wrong solution fails exercise `name` for every seed, and the verdict contains `says`."""
-    from flashlab.grading import check
-
-    for seed in seeds:
-        result = check(name, fn, seed=seed, quiet=True)
-        assert result.status == "failed", f"{name}: mutant {label!r} passed with seed {seed}"
-        assert says in str(result), f"{name}: mutant {label!r}, seed {seed}: the verdict lacks {says!r}:\n{result}"
-
-
 @pytest.fixture
 def rng(request):
     # A different, reproducible stream per test.
