@@ -30,15 +30,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The slowest simulator tests of the warp-level (tensor-core) kernels, the block-level kernel exercises
-# (cuda.syncthreads() and racecheck, no warp instruction) for comparison, and FORWARD_CHECK: the tensor forward at
-# its default tile (4 warps, 128 threads a block), ragged and causal shapes, float16 and float32.
+# The slowest simulator tests of the warp-level (tensor-core) kernels and exercises, the block-level kernel
+# exercises (cuda.syncthreads() and racecheck, no warp instruction) for comparison, and FORWARD_CHECK: the
+# tensor forward at its default tile (4 warps, 128 threads a block), ragged and causal shapes, fp16 and fp32.
 FORWARD_CHECK = "forward_check"
 DEFAULT_TESTS = {
     "tensor forward, default tile": FORWARD_CHECK,
     "tensor forward tests (12)": ["tests/test_tensor_kernel.py::test_tensor_kernel_matches_float64"],
     "tensor backward tests (11)": ["tests/test_tensor_backward.py::test_simulated_tensor_backward"],
-    "kernel exercise solutions": ["tests/test_kernel_exercises.py::test_solution_passes"],
+    "lesson 15 exercises (warp)": ["tests/exercises/test_l15_tensor_cores.py"],
+    "lessons 07-10 exercises": [f"tests/exercises/test_l{name}.py" for name in (
+        "07_gpu_numba", "08_first_flash_kernel", "09_register_fa2", "10_tuning")],
 }
 
 
