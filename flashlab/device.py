@@ -20,7 +20,7 @@ instruction, where 32 lanes meet (kernels/mma.py), cost tens of milliseconds, an
 take 13 times as long as the next. flashlab replaces that loop with one that sleeps until the last
 thread reaches the barrier (or a thread ends or fails), and runs each simulated launch with the GIL switch
 interval at SIM_SWITCH_INTERVAL (5 ms, measured best), restoring the interpreter's value when the launch
-returns or raises. kernels/mma.py wakes the lanes of a warp one after the other for the same reason.
+returns or raises.
 Barriers, races, warp divergence and errors are reported as before. FLASHLAB_SIM_THREADS=numba in the
 environment leaves Numba's simulator as it is (to compare, or to rule flashlab out).
 """

@@ -271,23 +271,14 @@ class WarpDivergence(RuntimeError):
 
 class _Warp:
     """The meeting point of one warp's lanes in the simulator: each collective call deposits a value; the
-    last lane to arrive computes every lane's result once; all lanes leave with their own.
-
-    The waiting lanes leave one after the other, each woken by the lane before it (in lane order; the lane that
-    completed the instruction goes on at once). Waking all 31 at once (Condition.notify_all) makes them all
-    runnable together, and all but one go back to sleep waiting for the GIL: measured, the chain makes the
-    tensor kernels' simulator tests about a third faster (benchmarks/timing/simulator_speed.py; device.py says
-    how the simulator's threads are arranged)."""
+    last lane to arrive computes every lane's result once; all lanes leave with their own."""
 
     def __init__(self, n_lanes: int, warp: int):
         self.n, self.warp = n_lanes, warp
-        self.lock = threading.Lock()  # guards slots, count, gen, result, last
-        self.wake = [threading.Lock() for _ in range(n_lanes)]  # held while lane i has not been woken
-        for w in self.wake:
-            w.acquire()
+        self.cond = threading.Condition()
         self.slots = [None] * n_lanes
         self.count = self.gen = 0
-        self.result, self.last = None, -1  # the last lane to arrive at the latest completed instruction
+        self.result = None
         self.seen = (-1, time.monotonic())  # (running threads of the block, when that count last changed)
 
     def _lanes_gone(self, me) -> bool:
@@ -313,20 +304,13 @@ class _Warp:
         missing = [tid for tid in range(32 * self.warp, 32 * self.warp + self.n) if tid not in running]
         return bool(missing) and (any(rank(tid) < latest for tid in missing) or now - self.seen[1] > CREATION_QUIET)
 
-    def _wake_next(self, lane):
-        """Wake the waiting lane after `lane` (-1: the first), skipping the one that completed the instruction."""
-        nxt = lane + 1 + (lane + 1 == self.last)
-        if nxt < self.n:
-            self.wake[nxt].release()
-
     def collective(self, lane, op, value, combine):
         me = threading.current_thread()
-        with self.lock:
+        with self.cond:
             self.slots[lane] = (op, value)
             self.count += 1
             gen = self.gen
-            completes = self.count == self.n
-            if completes:
+            if self.count == self.n:
                 ops = {s[0] for s in self.slots}
                 try:
                     if len(ops) > 1:
@@ -335,26 +319,23 @@ class _Warp:
                     self.result = combine([s[1] for s in self.slots])
                 except Exception as exc:  # every lane reports it, not only the one that computed
                     self.result = exc
-                self.count, self.gen, self.last = 0, self.gen + 1, lane
-        if completes:
-            self._wake_next(-1)
-        else:
-            start = time.monotonic()
-            while not self.wake[lane].acquire(timeout=0.05):
-                if getattr(me, "abort", False):
-                    raise RuntimeError("another thread of this block failed")
-                waited = time.monotonic() - start
-                if self.gen == gen and (waited > WAIT_LIMIT or (waited > 0.5 and self._lanes_gone(me))):
-                    raise WarpDivergence(
-                        f"{op}: lane {lane} of warp {self.warp} waited for the other lanes, but only "
-                        f"{self.count} of {self.n} arrived. A warp instruction must be executed by all 32 lanes "
-                        "together: no lane may return early or skip it inside an `if`.")
-            self._wake_next(lane)
-        # No lane can reach the next instruction before this one has read its result: the next cannot complete
-        # without it, so self.result is still this instruction's.
-        if isinstance(self.result, Exception):
-            raise type(self.result)(str(self.result))
-        return self.result[lane]
+                self.count, self.gen = 0, self.gen + 1
+                self.cond.notify_all()
+            else:
+                start = time.monotonic()
+                while self.gen == gen:
+                    self.cond.wait(0.05)
+                    if getattr(me, "abort", False):
+                        raise RuntimeError("another thread of this block failed")
+                    waited = time.monotonic() - start
+                    if self.gen == gen and (waited > WAIT_LIMIT or (waited > 0.5 and self._lanes_gone(me))):
+                        raise WarpDivergence(
+                            f"{op}: lane {lane} of warp {self.warp} waited for the other lanes, but only "
+                            f"{self.count} of {self.n} arrived. A warp instruction must be executed by all 32 lanes "
+                            "together: no lane may return early or skip it inside an `if`.")
+            if isinstance(self.result, Exception):
+                raise type(self.result)(str(self.result))
+            return self.result[lane]
 
 
 def _address(view) -> int:
