@@ -20,9 +20,9 @@ instruction, where 32 lanes meet (kernels/mma.py), cost tens of milliseconds, an
 take 13 times as long as the next. flashlab replaces that loop with one that sleeps until the last
 thread reaches the barrier (or a thread ends or fails), and runs each simulated launch with the GIL switch
 interval at SIM_SWITCH_INTERVAL (5 ms, measured best), restoring the interpreter's value when the launch
-returns or raises.
-Barriers, races, warp divergence and errors are reported as before. FLASHLAB_SIM_THREADS=numba in the
-environment leaves Numba's simulator as it is (to compare, or to rule flashlab out).
+returns or raises. Barriers, races, warp divergence and errors are reported as before. Measured before and
+after in benchmarks/results/simulator_speed.md. FLASHLAB_SIM_THREADS=numba in the environment leaves Numba's
+simulator as it is (to compare, or to rule flashlab out).
 """
 from __future__ import annotations
 
@@ -145,12 +145,12 @@ def get_cuda():
 # ------------------------------------------------------------------------------------- simulator threads
 # The GIL switch interval (seconds) while a simulated kernel runs: how long a thread that wants the GIL waits
 # before it makes a busy holder let go. With Numba's polling loop a short one helped (it cut the poller's turns);
-# with the block loop below, threads hand the GIL on when they wait, and forced switches only add work: 0.5 and
-# 1 ms were slower than 5 ms, and 20 ms no faster (benchmarks/timing/simulator_speed.py, modes flashlab:SECONDS).
-# So a launch runs at CPython's default of 5 ms even where the interpreter was set lower, and gets its value back.
+# with the block loop below, threads hand the GIL on when they wait, and forced switches only add work: 0.5 ms
+# was slower than 5 ms, and 20 ms no faster (benchmarks/results/simulator_speed.md). So a launch runs at
+# CPython's default of 5 ms even where the interpreter was set lower, and gets its value back.
 SIM_SWITCH_INTERVAL = 5e-3
 
-_SIM = {"arranged": None, "how": "not arranged (no simulated kernel yet)", "switch_interval": None}
+_SIM = {"arranged": None, "how": "not arranged (no simulated kernel yet)"}
 _SIM_LOCK = threading.Lock()
 
 
@@ -193,7 +193,7 @@ def arrange_simulator() -> str:
         except Exception as exc:  # a numba-cuda whose simulator is built differently: run it as it is
             _SIM["how"] = f"Numba's own (flashlab could not arrange it: {type(exc).__name__}: {exc})"
             return _SIM["how"]
-        _SIM["arranged"], _SIM["switch_interval"] = True, SIM_SWITCH_INTERVAL
+        _SIM["arranged"] = True
         _SIM["how"] = (f"flashlab's: a block's threads wake its loop only at a barrier, an end or an error; "
                        f"switch interval {SIM_SWITCH_INTERVAL * 1e3:g} ms while a kernel runs")
         return _SIM["how"]
