@@ -16,8 +16,8 @@ In the simulator, flashlab also arranges the simulator's threads (`arrange_simul
 simulator is chosen). The simulator runs each CUDA thread of a block as a Python thread, and those threads
 take turns holding the GIL. Numba's block loop busy-polls the threads for `cuda.syncthreads()` and never
 blocks, so every thread that wants the GIL waits out the poller's switch interval (5 ms by default): a warp
-instruction, where 32 lanes meet (kernels/mma.py), cost tens of milliseconds, and one run of a test could
-take 13 times as long as the next. flashlab replaces that loop with one that sleeps until the last
+instruction, where 32 lanes meet (kernels/mma.py), cost tens of milliseconds, and the same check took
+very different times from one run to the next. flashlab replaces that loop with one that sleeps until the last
 thread reaches the barrier (or a thread ends or fails), and runs each simulated launch with the GIL switch
 interval at SIM_SWITCH_INTERVAL (5 ms, measured best), restoring the interpreter's value when the launch
 returns or raises. Barriers, races, warp divergence and errors are reported as before. Measured before and
