@@ -5,7 +5,7 @@
 Without a GPU the same tests and notebooks run in CI on the CUDA simulator; on a GPU they check what the
 simulator cannot: the real mma.sync, ldmatrix(.trans) and cp.async against the lesson's figures
 (tests/test_viz_tensor.py), the s_tile exercise's solution and mutants graded on the hardware
-(tests/test_lesson15_exercises.py), the tensor kernel at the lesson's GPU sizes, and the lesson's timing cell
+(tests/exercises/test_l15_tensor_cores.py), the tensor kernel at the lesson's GPU sizes, and the lesson's timing cell
 against torch SDPA. Prints every cell error and the lines of output that carry results; writes the log to
 --out. Run it on an sm_80+ GPU (H100) and, if possible, on a T4 (sm_75: float16 through two m16n8k8).
 """
@@ -66,7 +66,7 @@ def main():
         sys.exit("no CUDA GPU here: CI already runs these on the simulator")
     log(f"## GPU: {flashlab.device.device_limits()['name']} (cc {flashlab.device.device_limits()['cc']})")
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_viz_tensor.py",
-                          "tests/test_lesson15_exercises.py", "tests/test_tensor_kernel.py"],
+                          "tests/exercises/test_l15_tensor_cores.py", "tests/test_tensor_kernel.py"],
                          cwd=ROOT, capture_output=True, text=True)
     log("## pytest: " + " | ".join(res.stdout.strip().splitlines()[-3:]))
     errors = sum(run_notebook(p, log) for p in NOTEBOOKS)

@@ -151,8 +151,9 @@ class PreparedRegisterBackward:
                                         np.float32(scale), bool(p.causal), 0, 0, 0])]  # unused: varlen tables, seed
         if self.half:
             n = int(np.prod(self.q_shape))
-            self.kernels.append(prepared.PreparedKernel(cast, ((n + 255) // 256,), 256, [prepared.Spec.contiguous((n,), np.float32),
-                                                                               prepared.Spec.contiguous((n,), dt)]))
+            self.kernels.append(prepared.PreparedKernel(cast, ((n + 255) // 256,), 256,
+                                                        [prepared.Spec.contiguous((n,), np.float32),
+                                                         prepared.Spec.contiguous((n,), dt)]))
 
     def __call__(self, q, k, v, o, lse, do):
         import torch  # optional: only torch tensors come here
@@ -198,8 +199,8 @@ def _tensor_backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision
     dq_acc = dq_w if dtype == "float32" else alloc((B, H, Nq, d), np.float32)
     dk, dk_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
     dv, dv_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
-    tensor_backward.launch(q_w, k_w, v_w, o_w, lse_d, do_w, dq_w, dk_w, dv_w, dq_acc, D, H, s.scale, s.causal, s.plan.config,
-           s.plan.precision, extras=s.extras, seed=s.seed)
+    tensor_backward.launch(q_w, k_w, v_w, o_w, lse_d, do_w, dq_w, dk_w, dv_w, dq_acc, D, H, s.scale, s.causal,
+                           s.plan.config, s.plan.precision, extras=s.extras, seed=s.seed)
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
 
 
@@ -237,7 +238,8 @@ class PreparedTensorBackward:
     def __init__(self, q, k, v, o, lse, do, **options):
         s = _tensor_setup(q, k, v, o, lse, do, plan=None, **options)
         B, H, Nq, Nk, d, H_kv, tile = s.B, s.H, s.Nq, s.Nk, s.d, s.H_kv, s.plan.config
-        preprocess, main, cast = tensor_backward.build(d, tile, s.causal, s.plan.precision, gqa=H_kv != H, extras=s.extras)
+        preprocess, main, cast = tensor_backward.build(d, tile, s.causal, s.plan.precision, gqa=H_kv != H,
+                                                       extras=s.extras)
         self.wide = s.dtype == "float32"
         ins = [prepared.torch_spec(x) for x in (q, k, v, o, lse, do)]
         if not self.wide:  # 16-bit values as uint32 pairs (lse stays float32)

@@ -1,4 +1,4 @@
-"""Small demonstration kernels that lessons 07 and 09 run, and benchmarks/lesson_facts.py measures.
+"""Small demonstration kernels that lessons 07 and 09 run, and benchmarks/generators/lesson_facts.py measures.
 
     empty                      a kernel that does nothing: its launch cost is all there is (lesson 07)
     sums_unrolled, sums_dynamic  R running sums per thread, indexed by a constant or a run-time loop (lesson 09)

@@ -129,7 +129,8 @@ def occupancy(threads: int, regs: int | None, shared_bytes: int, limits: dict) -
         per_warp = -(-regs * limits["warp"] // 256) * 256
         bounds["registers"] = limits["regs_per_sm"] // per_warp // 4 * 4 // warps
     if shared_bytes:
-        bounds["shared memory"] = limits["shared_per_sm"] // (shared_bytes + limits.get("reserved_shared_per_block", 1024))
+        reserved = limits.get("reserved_shared_per_block", 1024)
+        bounds["shared memory"] = limits["shared_per_sm"] // (shared_bytes + reserved)
     limiter = min(bounds, key=bounds.get)
     blocks = bounds[limiter]
     return {"blocks_per_sm": blocks, "occupancy": blocks * warps / max_warps, "limited_by": limiter,

@@ -79,7 +79,8 @@ def _with_extras(q, k, v, options, library):
     call = prepared.lookup(key) if key is not None else None
     if call is not None:
         return call(q, k, v, check_seed(library["seed"]))
-    plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options, extras=tensor.library_weight(library))
+    weight = tensor.library_weight(library)
+    plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options, extras=weight)
     B, H, Nq, d = plan.problem.B, plan.problem.H, plan.problem.Nq, plan.problem.d
     opt = check_options((B, H, Nq, d), causal=plan.problem.causal, scale=scale, **library)
     extras = Extras.from_options(opt, B, H)

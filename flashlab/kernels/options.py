@@ -76,7 +76,8 @@ def score_functions(ex: Extras, causal: bool):
 
 
 def block_functions(ex: Extras, causal: bool, extra: bool, block_q: int, block_k: int, heavy: bool, split: bool):
-    """(query_block, key_range): where a forward thread block works, shared by kernels/register.py and kernels/tensor.py.
+    """(query_block, key_range): where a forward thread block works, shared by kernels/register.py and
+    kernels/tensor.py.
 
     query_block(batch, n_heads) -> (q0, bh, part, n_parts): the block's first query row, its (batch, head) index,
     and its key chunk among n_parts (split-KV), from the grid (see split_kv.grid: heaviest blocks first).

@@ -11,7 +11,7 @@ For one problem (B, H, Nq, Nk, d, dtype, causal, forward or backward) on one dev
   tile overrides);
 - blocks per SM: how many blocks of this kernel an SM holds at once, limited by threads, registers or shared
   memory (`devices.occupancy`). Registers come from the compiled kernel on this GPU, and from
-  flashlab/data/kernel_resources.csv (written by benchmarks/kernel_resources.py with NVIDIA's compiler) for a
+  flashlab/data/kernel_resources.csv (written by benchmarks/generators/kernel_resources.py with NVIDIA's compiler) for a
   device passed by hand;
 - waves: the blocks that have work, over the blocks the whole GPU holds at once (SMs x blocks per SM);
 - split-KV: when the grid fills fewer than SPLIT_BELOW_WAVES waves, the keys are cut into chunks, one block
@@ -23,7 +23,7 @@ Predicted efficiency is a model, not a measurement: each block holds one of the 
 slots for a time proportional to its work (key tiles visited); blocks go to free slots in launch order (what
 GPUs do in practice; CUDA does not promise an order). Efficiency = the slots' busy time / (slots x the time
 the last block ends). It ignores that a lonely block on an SM runs faster than one that shares it, and the
-merge's own cost; the shape suite (benchmarks/bench_kernels.py --suite) measures what it predicts.
+merge's own cost; the shape suite (benchmarks/timing/bench_kernels.py --suite) measures what it predicts.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ from .._inputs import check_block
 from ..device import device_limits, has_gpu
 from . import register, register_backward, shared, tensor, tensor_backward
 from ._launch import SUPPORTED_D, check_d
-from .devices import A100, DEVICES, H100, T4, Device, _device, current_device, occupancy  # noqa: F401 (T4, A100: plan's API)
+# T4, A100, H100, DEVICES and current_device are part of plan's API (lesson 10 plans for them by name).
+from .devices import A100, DEVICES, H100, T4, Device, _device, current_device, occupancy  # noqa: F401
 from .split_kv import grid, split_chunk
 
 RESOURCES_CSV = Path(__file__).resolve().parent.parent / "data" / "kernel_resources.csv"
@@ -188,7 +189,7 @@ def _table_cc(cc):
 
 def kernel_and_signature(variant, direction, d, dtype, precision, config, causal, split, heavy_first):
     """(numba dispatcher, argument types) of one configuration, C-contiguous arrays of `dtype` in (compiled
-    here on a GPU; by benchmarks/kernel_resources.py for other compute capabilities)."""
+    here on a GPU; by benchmarks/generators/kernel_resources.py for other compute capabilities)."""
     from numba import float32, int64, types
 
     if direction == "backward" and variant == "tensor":
@@ -610,7 +611,7 @@ def _plan(p: Problem, variant, dev: Device, block_q, block_k, tile, threads, pre
 def planner_configs(devices=(T4, A100, H100)):
     """Every kernel configuration the planner chooses without overrides on `devices`, plus the tiles kept
     selectable (register.D128_REDESIGN): tuples (variant, direction, d, dtype, precision, config, causal, split,
-    heavy_first, cc). benchmarks/kernel_resources.py compiles each; a test checks the table has them all."""
+    heavy_first, cc). benchmarks/generators/kernel_resources.py compiles each; a test checks the table has them all."""
 
     out = {}
     for dev in devices:

@@ -111,7 +111,7 @@ PREFERRED = {
 # 4 x 2 micro-tile of S (0.5 shared loads per FMA against 0.8 for PREFERRED[128][0], which gives each thread one
 # key of S). Q's tile (d x block_q) is what 48 KB cannot hold at block_q = 128, so block_q = 64, block_k = 8
 # (46,400 bytes). Not measured yet: the planner picks it only when asked, flash_attention(..., tile=D128_REDESIGN)
-# or plan(..., tile=...); `python benchmarks/bench_kernels.py --suite --parts d128` times it against the default.
+# or plan(..., tile=...); `python benchmarks/timing/bench_kernels.py --suite --parts d128` times it against the default.
 D128_REDESIGN = Tile(64, 8, 16, 4)
 
 
@@ -153,7 +153,7 @@ def build(d: int, tile: Tile, causal: bool, unroll: int = 4, max_registers: int 
     are (B*H, splits, query blocks) instead of (query blocks, B*H, splits). See the module docstring.
 
     unroll: steps of the two product loops per loop iteration (4 measured best; deeper unrolling adds
-    registers, benchmarks/register_experiments.py); max_registers: a cap for the compiler (None: its own
+    registers, benchmarks/experiments/register_experiments.py); max_registers: a cap for the compiler (None: its own
     choice; a low cap spills). extras: the FlashAttention library's window, alignment, ALiBi, softcap and dropout
     probability (`Extras`), compiled in as constants; None builds the plain kernel, unchanged. Every build takes
     the dropout seed as its last argument (a runtime int64, so a new seed per step needs no new compile); builds

@@ -35,7 +35,7 @@ cuda = get_cuda()  # a module global: the simulator swaps it for its own fake mo
 SMEM_LIMIT = 48 * 1024  # bytes of static shared memory per block (more needs dynamic shared memory)
 
 # (block_q, block_k, threads) per d on a GPU. d = 64 and 128: the fastest of the tile sweep in
-# docs/gpu-runs-backward.md (H200); d = 16 and 32 were not swept.
+# docs/runs/backward-fp32.md (H200); d = 16 and 32 were not swept.
 GPU_CONFIG = {16: (32, 64, 128), 32: (32, 64, 128), 64: (32, 32, 64), 128: (16, 16, 64)}
 # The simulator runs one OS thread per CUDA thread: small blocks keep it quick.
 SIM_CONFIG = (8, 16, 32)

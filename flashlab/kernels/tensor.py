@@ -138,7 +138,7 @@ def library_weight(options: dict):
 
 def choose_tile(d: int, precision: str, block_q=None, block_k=None, causal: bool = False, extras=False,
                 varlen: bool = False) -> TensorTile:
-    """Default tiles, from benchmarks/tensor_experiments.py on an H100 and ptxas's spill counts for sm_90.
+    """Default tiles, from benchmarks/experiments/tensor_experiments.py on an H100 and ptxas's spill counts for sm_90.
 
     float16 / bfloat16: two m-tiles per warp, so each K / V fragment read feeds two mma: 4 warps and block_k 64
     up to d = 64 (128 rows; block_k 32 when the build's options are "heavy", see options_weight, whose per-score

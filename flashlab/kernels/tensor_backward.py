@@ -123,7 +123,8 @@ class BackwardTile:
 
 
 # Default tiles (warps, block_q, stages, v_shared). d64 and d128 (16-bit and 3xTF32): the fastest of
-# `bench_backward.py --tensor --tiles` on an H100 (B1 H16 N4096; benchmarks/results/logs13/tiles*.txt). Since the
+# `benchmarks/timing/bench_backward.py --tensor --tiles` on an H100 (B1 H16 N4096;
+# benchmarks/results/logs-tensor-backward/tiles*.txt). Since the
 # shared memory became dynamic (past 48 KB with the opt-in), 128-key blocks of 8 warps win for 16-bit: 32x128
 # (78 KB) ran 1.37x the old 48 KB tile (16x64) at d128, 64x128 (73 KB) 1.10x 32x128 at d64. 3xTF32 keeps V in
 # shared memory and takes two stages: 32x64 (78 KB) 1.16x the old 16x64 at d64, 16x64 (104 KB) 1.34x the old
