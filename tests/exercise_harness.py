@@ -25,6 +25,7 @@ from __future__ import annotations
 import linecache
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 from conftest import EXERCISE_SOURCES, load_exercise
@@ -37,6 +38,22 @@ ALTERNATIVE_SEEDS = range(10)
 SOURCE_SEEDS = (1, 2)  # solutions run as source code: simulator kernels, a few seconds per seed
 SIM_ONLY = ("found by the simulator's race and bounds checks; on a GPU a race or an out-of-bounds read whose value "
             "is never stored can give the right answer by chance")
+
+
+# Shared by the attention exercises' kept wrong solutions and correct alternatives (lessons 02-06).
+LOG2E = 1.4426950408889634
+
+
+def _work(x):
+    """The dtype an attention exercise computes in: float64 for float64 inputs, else float32."""
+    return np.float64 if x.dtype == np.float64 else np.float32
+
+
+def _causal(S, q0=0, k0=0, offset=0):
+    """Scores S of rows q0.. and keys k0.. with the causal mask (moved by `offset` keys) applied as -inf."""
+    r = np.arange(q0, q0 + S.shape[0])[:, None]
+    c = np.arange(k0, k0 + S.shape[1])[None, :]
+    return np.where(c <= r + offset, S, -np.inf)
 
 
 def load_source(stem, keep=True, edits=()):

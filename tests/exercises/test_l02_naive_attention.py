@@ -6,21 +6,10 @@ import math
 
 import numpy as np
 
-from exercise_harness import Lesson
+from exercise_harness import _causal, _work, Lesson, LOG2E
 
 LESSON = Lesson("02_naive_attention", min_alternatives=2)
 mutant, alternative = LESSON.mutant, LESSON.alternative
-LOG2E = 1.4426950408889634
-
-
-def _work(x):
-    return np.float64 if x.dtype == np.float64 else np.float32
-
-
-def _causal(S, q0=0, k0=0, offset=0):
-    r = np.arange(q0, q0 + S.shape[0])[:, None]
-    c = np.arange(k0, k0 + S.shape[1])[None, :]
-    return np.where(c <= r + offset, S, -np.inf)
 
 
 # -- naive_attention ---------------------------------------------------------------------------------

@@ -3,15 +3,10 @@ correct answers written differently (exp2, log-sum-exp, blocks of columns), grad
 implemented", and rejects kept wrong solutions, naming the slip where the test gives words."""
 import numpy as np
 
-from exercise_harness import Lesson
+from exercise_harness import _work, Lesson, LOG2E
 
 LESSON = Lesson("03_softmax", min_alternatives=2)
 mutant, alternative = LESSON.mutant, LESSON.alternative
-LOG2E = 1.4426950408889634
-
-
-def _work(x):
-    return np.float64 if x.dtype == np.float64 else np.float32
 
 
 # -- safe_softmax ------------------------------------------------------------------------------------

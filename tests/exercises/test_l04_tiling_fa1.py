@@ -6,15 +6,11 @@ import math
 import numpy as np
 
 from conftest import load_exercise
-from exercise_harness import Lesson
+from exercise_harness import _work, Lesson
 
 LESSON = Lesson("04_tiling_fa1", min_alternatives=2)
 mutant, alternative = LESSON.mutant, LESSON.alternative
 SOLUTIONS = load_exercise(LESSON.stem)
-
-
-def _work(x):
-    return np.float64 if x.dtype == np.float64 else np.float32
 
 
 # -- block_sizes -------------------------------------------------------------------------------------

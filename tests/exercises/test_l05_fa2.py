@@ -8,22 +8,11 @@ import numpy as np
 import pytest
 
 from conftest import load_exercise
-from exercise_harness import Lesson
+from exercise_harness import _causal, _work, Lesson, LOG2E
 
 LESSON = Lesson("05_fa2", min_alternatives=2)
 mutant, alternative = LESSON.mutant, LESSON.alternative
 SOLUTIONS = load_exercise(LESSON.stem)
-LOG2E = 1.4426950408889634
-
-
-def _work(x):
-    return np.float64 if x.dtype == np.float64 else np.float32
-
-
-def _causal(S, q0=0, k0=0, offset=0):
-    r = np.arange(q0, q0 + S.shape[0])[:, None]
-    c = np.arange(k0, k0 + S.shape[1])[None, :]
-    return np.where(c <= r + offset, S, -np.inf)
 
 
 # -- kv_blocks_to_visit ------------------------------------------------------------------------------
