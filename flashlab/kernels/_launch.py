@@ -14,7 +14,9 @@ the same as the NumPy API's and no device memory is read.
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -315,3 +317,60 @@ def launch_with_shared(kernel, grid, block, nbytes: int, *args):
     if nbytes > STATIC_SHARED and not config.ENABLE_CUDASIM:
         allow_dynamic_shared(kernel.compile(tuple(kernel.typeof_pyval(a) for a in args)), nbytes)
     kernel[grid, block, 0, nbytes](*args)
+
+
+# ------------------------------------------------------------------------------------- launch descriptions
+class Arg(NamedTuple):
+    """An array argument of a Launch, by name: the array the caller passes under `name`, seen (when given) with
+    another `shape` (a contiguous array, as split-KV's partial outputs are viewed per head and split) and/or as
+    `dtype` (uint32 pairs seen as float16 values: the last dimension doubles; float16 as pairs: it halves)."""
+    name: str
+    shape: tuple | None = None
+    dtype: object = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch, described once by the kernel module: the kernel, its grid and block, bytes of dynamic
+    shared memory, and its arguments in order, arrays by name (str or Arg) and scalars by value. The dropout seed,
+    where a kernel takes one, is the last argument. The general path runs it on numba arrays (`run`); the prepared
+    path (kernels/prepared.py) turns the same description into a launch with its argument list built once."""
+    kernel: object
+    grid: tuple
+    block: int
+    args: tuple
+    shared: int = 0
+
+    @property
+    def arrays(self) -> tuple:
+        """The array arguments' names, in order."""
+        return tuple(a if isinstance(a, str) else a.name for a in self.args if isinstance(a, (str, Arg)))
+
+    def run(self, arrays: dict, seed=None):
+        """Launch with the numba device arrays named in `arrays`; seed replaces the last argument when given."""
+        values = [_view(arrays[a], None, None) if isinstance(a, str) else
+                  _view(arrays[a.name], a.shape, a.dtype) if isinstance(a, Arg) else a for a in self.args]
+        if seed is not None:
+            values[-1] = seed
+        if self.shared:
+            launch_with_shared(self.kernel, self.grid, self.block, self.shared, *values)
+        else:
+            self.kernel[self.grid, self.block](*values)
+
+
+def _view(x, shape, dtype):
+    if dtype is not None:
+        x = x.view(np.dtype(dtype))
+    if shape is not None:
+        x = x.reshape(shape)
+    return x
+
+
+def run_all(launches, arrays: dict, temporaries: dict | None = None, alloc=None, seed=None):
+    """Run launches in order (a kernel, then split-KV's merge). temporaries: name -> (shape, dtype) of arrays that
+    live for one call (split-KV's partial outputs), made with alloc(shape, dtype)."""
+    arrays = dict(arrays)
+    for name, (shape, dtype) in (temporaries or {}).items():
+        arrays[name] = alloc(shape, dtype)
+    for i, launch in enumerate(launches):
+        launch.run(arrays, seed if i == 0 else None)

@@ -32,7 +32,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..device import has_gpu
-from ._launch import allow_dynamic_shared, to_host
+from ._launch import Arg, allow_dynamic_shared, to_host
 
 _CALLS: dict = {}  # call key -> PreparedCall
 _STREAMS: dict = {}  # stream handle -> cuda.core Stream
@@ -304,3 +304,57 @@ def store(key, call):
     return call
 
 
+
+
+# --------------------------------------------------------------------------------- from launch descriptions
+def spec_view(spec: Spec, arg) -> Spec:
+    """The Spec a Launch argument sees: the named array's, reshaped and/or reinterpreted as _launch.Arg says."""
+    if isinstance(arg, str):
+        return spec
+    if arg.dtype is not None and np.dtype(arg.dtype) != spec.dtype:
+        spec = spec.words() if np.dtype(arg.dtype) == np.uint32 else spec.values(arg.dtype)
+    return spec.reshape(arg.shape) if arg.shape is not None else spec
+
+
+class PreparedLaunches:
+    """A kernel module's launch descriptions (kernels, grids, arguments), prepared once for arrays with the given
+    Specs: a call passes the data pointers by name, and torch allocates the temporaries (split-KV's partial
+    outputs) on the inputs' device."""
+
+    def __init__(self, launches, specs: dict, temporaries: dict | None = None):
+        """launches: _launch.Launch descriptions, run in order; specs: name -> Spec of every array they name but
+        the temporaries; temporaries: name -> (shape, NumPy dtype), contiguous."""
+        self.temporaries = dict(temporaries or {})
+        specs = dict(specs)
+        for name, (shape, dtype) in self.temporaries.items():
+            specs[name] = Spec.contiguous(shape, dtype)
+        self.kernels = []
+        for launch in launches:
+            args = [spec_view(specs[a if isinstance(a, str) else a.name], a) if isinstance(a, (str, Arg)) else a
+                    for a in launch.args]
+            self.kernels.append((PreparedKernel(launch.kernel, launch.grid, launch.block, args, launch.shared),
+                                 launch.arrays))
+
+    def __call__(self, stream: int, pointers: dict, device, seed=None):
+        """Launch every kernel on the stream; pointers: name -> data pointer of the caller's arrays."""
+        if self.temporaries:
+            import torch  # optional: only torch tensors come here
+
+            kept = {name: torch.empty(shape, dtype=_TORCH[np.dtype(dtype)], device=device)
+                    for name, (shape, dtype) in self.temporaries.items()}
+            pointers = dict(pointers, **{name: t.data_ptr() for name, t in kept.items()})
+        for i, (kernel, names) in enumerate(self.kernels):
+            kernel.launch(stream, [pointers[n] for n in names], seed if i == 0 else None)
+
+
+class _TorchDtypes(dict):
+    def __missing__(self, dtype):
+        import torch  # optional: only torch tensors come here
+
+        table = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+                 np.dtype(np.uint16): torch.bfloat16, np.dtype(np.int32): torch.int32, np.dtype(np.uint32): torch.int32}
+        self[dtype] = table[dtype]
+        return self[dtype]
+
+
+_TORCH = _TorchDtypes()
