@@ -41,6 +41,7 @@ from .._inputs import check_block
 from ..device import device_limits, has_gpu
 from . import register, register_backward, shared, tensor, tensor_backward
 from ._launch import SUPPORTED_D, check_d
+from .options import key_band, query_band, tile_band
 # T4, A100, H100, DEVICES and current_device are part of plan's API (lesson 10 plans for them by name).
 from .devices import A100, DEVICES, H100, T4, Device, _device, current_device, occupancy  # noqa: F401
 from .split_kv import grid, split_chunk
@@ -246,18 +247,19 @@ def _resources(p, variant, config, precision, split, heavy, dev):
 # ------------------------------------------------------------------------------------------ the model
 def block_work(p: Problem, block_q: int, block_k: int, splits: int = 1, chunk: int | None = None) -> np.ndarray:
     """Work of every block of one (batch, head), in key tiles (forward: rows = query blocks, columns = chunks)
-    or query blocks visited (backward: one column, rows = key blocks)."""
+    or query tiles visited (backward: one column, rows = key blocks): the tiles that overlap the band of the
+    block's rows or keys (options.key_band / query_band, as the kernels compute it; causal here, no window)."""
+    right = 0 if p.causal else -1
     if p.direction == "backward":
-        kb = np.arange(-(-p.Nk // block_k))
-        start = (kb * block_k // block_q) * block_q if p.causal else np.zeros_like(kb)
-        return (-(-np.maximum(p.Nq - start, 0) // block_q))[:, None]
+        k0 = np.arange(-(-p.Nk // block_k)) * block_k
+        lo, hi = query_band(k0, np.minimum(k0 + block_k, p.Nk) - 1, 0, p.Nq, -1, right)
+        return tile_band(lo, hi, block_q)[2][:, None]
     chunk = chunk or p.Nk
-    qb = np.arange(-(-p.Nq // block_q))[:, None]
+    q0 = np.arange(-(-p.Nq // block_q))[:, None] * block_q
     begin = np.arange(splits)[None, :] * chunk
-    end = np.minimum(p.Nk, begin + chunk)
-    if p.causal:
-        end = np.minimum(end, (qb + 1) * block_q)
-    return np.broadcast_to(-(-np.maximum(end - begin, 0) // block_k), (len(qb), splits))
+    lo, hi = key_band(q0, q0 + block_q - 1, p.Nk, -1, right)  # the block's rows, past Nq too, as the kernels
+    lo, hi = np.maximum(lo, begin), np.minimum(hi, np.minimum(p.Nk, begin + chunk))
+    return np.broadcast_to(-(-np.maximum(hi - lo, 0) // block_k), (len(q0), splits))
 
 
 def dispatch_order(work: np.ndarray, batch_heads: int, heavy_first: bool, direction: str = "forward",
