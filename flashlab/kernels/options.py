@@ -114,6 +114,13 @@ class Extras(NamedTuple):
 PLAIN = Extras()
 
 
+def argument_types() -> tuple:
+    """The numba types of OptionArgs as kernels take them (left, right, cap, slopes): for signatures."""
+    from numba import int64, types
+
+    return (int64, int64, float32, types.Array(float32, 1, "C"))
+
+
 def plain_arguments(causal: bool = False) -> OptionArgs:
     """The arguments of a build without options (it ignores them; its signature is every build's)."""
     return PLAIN.arguments(causal, 1, 1, False)
