@@ -366,14 +366,16 @@ def _view(x, shape, dtype):
     return x
 
 
-def run_all(launches, arrays: dict, temporaries: dict | None = None, alloc=None, seed=None):
+def run_all(launches, arrays: dict, temporaries: dict | None = None, alloc=None, seed=None, seeded: int = 0):
     """Run launches in order (a kernel, then split-KV's merge). temporaries: name -> (shape, dtype) of arrays that
-    live for one call (split-KV's partial outputs), made with alloc(shape, dtype)."""
+    live for one call (split-KV's partial outputs), made with alloc(shape, dtype). seeded: the index of the launch
+    that takes the seed (the backward's main kernel comes after its preprocess)."""
     arrays = dict(arrays)
     for name, (shape, dtype) in (temporaries or {}).items():
         arrays[name] = alloc(shape, dtype)
     for i, launch in enumerate(launches):
-        launch.run(arrays, seed if i == 0 else None)
+        launch.run(arrays, seed if i == seeded else None)
+
 
 class Launches(NamedTuple):
     """A call's launches as a kernel module describes them: the Launch list, run in order; the temporaries (name ->

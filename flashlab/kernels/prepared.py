@@ -321,9 +321,11 @@ class PreparedLaunches:
     Specs: a call passes the data pointers by name, and torch allocates the temporaries (split-KV's partial
     outputs) on the inputs' device."""
 
-    def __init__(self, launches, specs: dict, temporaries: dict | None = None):
+    def __init__(self, launches, specs: dict, temporaries: dict | None = None, seeded: int = 0):
         """launches: _launch.Launch descriptions, run in order; specs: name -> Spec of every array they name but
-        the temporaries; temporaries: name -> (shape, NumPy dtype), contiguous."""
+        the temporaries; temporaries: name -> (shape, NumPy dtype), contiguous; seeded: the index of the launch
+        that takes the seed (as in _launch.run_all)."""
+        self.seeded = seeded
         self.temporaries = dict(temporaries or {})
         specs = dict(specs)
         for name, (shape, dtype) in self.temporaries.items():
@@ -344,7 +346,7 @@ class PreparedLaunches:
                     for name, (shape, dtype) in self.temporaries.items()}
             pointers = dict(pointers, **{name: t.data_ptr() for name, t in kept.items()})
         for i, (kernel, names) in enumerate(self.kernels):
-            kernel.launch(stream, [pointers[n] for n in names], seed if i == 0 else None)
+            kernel.launch(stream, [pointers[n] for n in names], seed if i == self.seeded else None)
 
 
 class _TorchDtypes(dict):
