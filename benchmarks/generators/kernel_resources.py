@@ -6,6 +6,9 @@ capabilities 7.5 (T4), 8.0 (A100) and 9.0 (H100), compiled without a GPU:
     python benchmarks/generators/kernel_resources.py --check    # compiles nothing: lists configurations without a row
     python benchmarks/generators/kernel_resources.py --missing  # compiles only those, and keeps the other rows as they are
     python benchmarks/generators/kernel_resources.py --variant tensor  # recompiles one variant's rows (after a change to it)
+    python benchmarks/generators/kernel_resources.py --out new.csv && \
+        PYTHONPATH=/path/to/old/checkout python benchmarks/generators/kernel_resources.py --out old.csv
+    python benchmarks/generators/kernel_resources.py --compare old.csv new.csv   # registers and spills, old -> new
 
 numba-cuda turns each kernel into PTX for the asked compute capability (numba.cuda.compile_ptx, which needs
 NVRTC/NVVM but no driver) and NVIDIA's assembler `ptxas -v` reports what the compiled kernel uses. The
@@ -98,6 +101,40 @@ def all_keys():
     return list(keys)
 
 
+def compare(old_csv, new_csv) -> int:
+    """Registers and spill bytes of every configuration in both tables, old against new: a Markdown summary per
+    (variant, direction, cc), then every configuration that got worse."""
+    import csv
+
+    key = ("variant", "direction", "d", "dtype", "precision", "tile", "causal", "split", "heavy_first", "cc")
+    old, new = ({tuple(r[c] for c in key): r for r in csv.DictReader(open(p, newline=""))} for p in (old_csv, new_csv))
+    common = sorted(set(old) & set(new))
+    groups, worse = {}, []
+    for k in common:
+        o, n = old[k], new[k]
+        dr, ds = int(n["registers"]) - int(o["registers"]), int(n["spill_bytes"]) - int(o["spill_bytes"])
+        g = groups.setdefault((k[0], k[1], k[-1]), {"n": 0, "same": 0, "fewer": 0, "more": 0, "spill_more": 0,
+                                                     "max_more": 0})
+        g["n"] += 1
+        g["same"] += dr == 0 and ds == 0
+        g["fewer"] += dr < 0 or ds < 0
+        g["more"] += dr > 0
+        g["spill_more"] += ds > 0
+        g["max_more"] = max(g["max_more"], dr)
+        if dr > 0 or ds > 0:
+            worse.append((k, o["registers"], n["registers"], o["spill_bytes"], n["spill_bytes"]))
+    print(f"{len(old)} and {len(new)} configurations, {len(common)} in both")
+    print("| variant | direction | cc | configurations | unchanged | fewer registers or spills | more registers | "
+          "most registers added | more spills |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (variant, direction, cc), g in sorted(groups.items()):
+        print(f"| {variant} | {direction} | {cc} | {g['n']} | {g['same']} | {g['fewer']} | {g['more']} | "
+              f"{g['max_more']} | {g['spill_more']} |")
+    for k, r0, r1, s0, s1 in worse:
+        print("worse:", "|".join(k), f"registers {r0} -> {r1}, spill bytes {s0} -> {s1}")
+    return 1 if worse else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "flashlab" / "data" / "kernel_resources.csv"))
@@ -105,7 +142,11 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true", help="list the configurations that have no row; compile nothing")
     ap.add_argument("--missing", action="store_true", help="compile only the configurations without a row")
     ap.add_argument("--variant", help="recompile only this variant's configurations; keep the other rows")
+    ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two tables: exit 1 if a configuration "
+                    "uses more registers or spills more in NEW")
     args = ap.parse_args(argv)
+    if args.compare:
+        return compare(*args.compare)
     _compile_only()
     from flashlab.bench import write_csv
     from flashlab.kernels import plan
