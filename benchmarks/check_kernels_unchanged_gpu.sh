@@ -9,8 +9,12 @@
 #        (benchmarks/experiments/kernel_fingerprints.py: same PTX, same registers, spills and speed);
 # bits:  46 kernel calls' outputs, old (twice: the register backward's atomics make dQ vary) against new
 #        (benchmarks/experiments/kernel_bits.py);
-# speed: benchmarks/timing/ab_tensor.py, old and new alternating, three rounds each.
-# Default: all three. Results go to OUT_DIR (default: ./out). PTX_ARGS='--cc 9.0 --d 64 128' limits the
+# resources: registers and spills of every planned configuration (cc 7.5, 8.0, 9.0) with ptxas, old against new
+#        (benchmarks/generators/kernel_resources.py --compare: none may use more);
+# speed: every shape of the suite, forward and backward, each variant, old and new in one process in alternating
+#        rounds, with a same-bits column (benchmarks/timing/ab_kernels.py; AB_ARGS='--runs forward --deadline 500'
+#        narrows or bounds a call, and --resume continues it).
+# Default: ptx, bits and speed (resources takes long: ask for it). Results go to OUT_DIR (default: ./out). PTX_ARGS='--cc 9.0 --d 64 128' limits the
 # configurations of the ptx step (all 526 take long: numba compiles each one).
 set -uo pipefail
 OLD=$(cd "$1" && pwd)
@@ -38,12 +42,16 @@ for step in $STEPS; do
       python3 benchmarks/experiments/kernel_bits.py "$OUT/bits_new.json" > "$OUT/bits_new.txt"
       python3 benchmarks/experiments/kernel_bits.py --compare "$OUT/bits_old.json" "$OUT/bits_new.json" \
         "$OUT/bits_old_again.json" || status=1 ;;
+    resources)
+      jobs=$(( $(nproc) / 2 ))
+      old python3 benchmarks/generators/kernel_resources.py --out "$OUT/resources_old.csv" --jobs "$jobs" &
+      python3 benchmarks/generators/kernel_resources.py --out "$OUT/resources_new.csv" --jobs "$jobs"
+      wait
+      python3 benchmarks/generators/kernel_resources.py --compare "$OUT/resources_old.csv" "$OUT/resources_new.csv" \
+        | tee "$OUT/resources.md" || status=1 ;;
     speed)
-      for round in 1 2; do
-        old python3 benchmarks/timing/ab_tensor.py old | tee -a "$OUT/ab.txt"
-        python3 benchmarks/timing/ab_tensor.py new | tee -a "$OUT/ab.txt"
-      done ;;
-    *) echo "unknown step $step (ptx, bits or speed)"; exit 2 ;;
+      python3 benchmarks/timing/ab_kernels.py "$OLD" "$OUT/ab_kernels.csv" ${AB_ARGS:-} | tee -a "$OUT/ab_kernels.txt" ;;
+    *) echo "unknown step $step (ptx, bits, resources or speed)"; exit 2 ;;
   esac
 done
 exit $status
