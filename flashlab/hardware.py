@@ -13,6 +13,11 @@ Sources (cited in lesson 07):
 - Datasheets: H100 SXM (132 SMs, 80 GB HBM3, 3.35 TB/s), T4 (2,560 CUDA cores = 40 SMs x 64, 16 GB
   GDDR6, 320 GB/s). Bandwidths and FP32 peaks are taken from flashlab.roofline, where they live already.
 - The T4's 4 MB L2 is the TU104 chip's (Turing whitepaper); `cudaGetDeviceProperties` reports 4 MiB.
+
+`LINKS`, the links between GPUs (lesson 17), per direction: datasheets give NVLink and PCIe as the sum of
+both directions (H100 SXM datasheet: NVLink 900 GB/s, PCIe Gen5 128 GB/s; A100 datasheet: PCIe Gen4 64 GB/s),
+and InfiniBand as the rate of one port in one direction (NVIDIA ConnectX-7 datasheet: NDR 400 Gb/s; a DGX
+H100 has one such port per GPU for the compute network, per the DGX H100 user guide).
 """
 from __future__ import annotations
 
@@ -66,6 +71,25 @@ GPUS = {
               l1_shared_per_sm=96 * KiB, shared_per_sm=64 * KiB, shared_per_block=64 * KiB,
               l2_bytes=4 * MiB, memory="16 GB GDDR6", bandwidth=PUBLISHED["T4"].bandwidth,
               fp32_flops=PUBLISHED_FP32["T4"]),
+}
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between two GPUs: bytes per second in each direction, and where the number comes from."""
+
+    name: str
+    bandwidth: float  # bytes/s, one direction
+    source: str
+
+
+LINKS = {
+    "NVLink 4": Link("NVLink 4 (H100 SXM, inside a node)", 450e9,
+                     "H100 SXM datasheet: NVLink 900 GB/s, both directions together"),
+    "PCIe 5": Link("PCIe Gen5 x16", 64e9, "H100 datasheet: PCIe Gen5 128 GB/s, both directions together"),
+    "PCIe 4": Link("PCIe Gen4 x16", 32e9, "A100 datasheet: PCIe Gen4 64 GB/s, both directions together"),
+    "InfiniBand NDR": Link("InfiniBand NDR (between nodes)", 50e9,
+                           "ConnectX-7 datasheet: 400 Gb/s per port, one direction; one port per GPU in a DGX H100"),
 }
 
 
