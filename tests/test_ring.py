@@ -290,3 +290,30 @@ def test_the_example_runs(capsys):
     errors = [float(x) for x in re.findall(r"d?[oqkv] (\d\.\de[-+]\d+)", text)]
     assert len(errors) == 4 and max(errors) < 1e-5, text
     assert "ms per ring step" in text
+
+
+def count_sent(rank, world_size):
+    """Bytes this rank hands to isend in a forward and in a backward (float16 K/V, float32 dK/dV)."""
+    from flashlab.ring import attention
+
+    sent = [0]
+    real = attention._Ring.rotate
+
+    def counting(self, tensors, tag):
+        sent[0] += sum(t.numel() * t.element_size() for t in tensors)
+        return real(self, tensors, tag)
+
+    attention._Ring.rotate = counting
+    q, k, v = (torch.randn(1, 4, 8, 16, dtype=torch.float16, requires_grad=True) for _ in range(3))
+    k, v = (x[:, :2].detach().requires_grad_() for x in (k, v))  # GQA: 2 KV heads
+    o = ring.ring_attention(q, k, v, causal=True)
+    forward = sent[0]
+    o.backward(torch.randn_like(o))
+    return forward, sent[0] - forward
+
+
+def test_bytes_sent_match_the_model():
+    from flashlab.ring.model import ring_bytes
+
+    for forward, backward in run_ranks(count_sent, 3, timeout=TIMEOUT):
+        assert (forward, backward) == ring_bytes(24, 3, 1, 2, 16, 2, grad_itemsize=4)

@@ -13,6 +13,7 @@ arXiv 2310.01889). Lesson 17.
 layout.py   which tokens each rank holds (contiguous, zigzag), shard and unshard; no torch needed
 attention.py  ring_attention on torch.distributed: forward, backward, the merge rule
 processes.py  run_ranks: W processes on one machine, a failing rank stops them all; the example's worker
+simulate.py   the same ring in NumPy, every rank in one process: what each rank computes at each step
 model.py    the time of a ring step: compute against transfer, the crossover, a timeline, many GPUs
 
 Only attention.py and processes.py import torch, and only when used: `import flashlab.ring` stays light.
