@@ -47,6 +47,7 @@ def test_tensor_forward_reads_the_grouped_kv_head(rng, precision):
 
 def test_register_backward_sums_dk_dv_over_the_group(rng):
     from flashlab.kernels import backward as kb
+    from flashlab.kernels.options import plain_arguments
     from test_kernels_backward import exact_grads
 
     H, h_kv, nq, nk, d = 4, 2, 19, 23, 16
@@ -58,7 +59,9 @@ def test_register_backward_sums_dk_dv_over_the_group(rng):
     dk_got, dv_got = (np.zeros((1, h_kv, nk, d), np.float32) for _ in range(2))
     o32, lse32 = o.astype(np.float32), lse.astype(np.float32)
     preprocess[(1, H, 1), 32](o32, do, D, dq_got)
-    dkdv[(-(-nk // 16), h_kv, 1), 32](q, k, v, do, lse32, D, dq_got, dk_got, dv_got, np.float32(0.25), True, 0, 0, 0)
+    left, right, cap, slopes = plain_arguments(True)
+    dkdv[(-(-nk // 16), h_kv, 1), 32](q, k, v, do, lse32, D, dq_got, dk_got, dv_got, np.float32(0.25), True, 0, 0, left,
+                                      right, cap, slopes, 0)
     for name, got, want in (("dq", dq_got, dq), ("dk", dk_got, dk.reshape(1, h_kv, 2, nk, d).sum(2)),
                             ("dv", dv_got, dv.reshape(1, h_kv, 2, nk, d).sum(2))):
         assert fl.relative_error(got, want) < 1e-4, name

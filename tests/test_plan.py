@@ -110,6 +110,7 @@ def test_flash_attention_splits_through_the_planner(rng):
 
 def test_backward_heaviest_first_in_sections(rng):
     from flashlab.kernels import register_backward as kb
+    from flashlab.kernels.options import plain_arguments
     from test_kernels_backward import make_case
 
     cuda = get_cuda()
@@ -119,7 +120,9 @@ def test_backward_heaviest_first_in_sections(rng):
     dk, dv = (cuda.device_array((2, 2, 30, 16), np.float32) for _ in range(2))
     qd, kd, vd, od, lsed, dod = (cuda.to_device(x) for x in (q, k, v, o, lse, do))
     preprocess[(1, 2, 2), 32](od, dod, D, dq)
-    dkdv[(2, 2, 2), 32](qd, kd, vd, dod, lsed, D, dq, dk, dv, np.float32(0.25), True, 0, 0, 0)  # sections of 2 heads
+    left, right, cap, slopes = plain_arguments(True)
+    dkdv[(2, 2, 2), 32](qd, kd, vd, dod, lsed, D, dq, dk, dv, np.float32(0.25), True, 0, 0, left, right, cap, slopes,
+                        0)  # sections of 2 heads
     for name, got, w in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
         assert fl.relative_error(got.copy_to_host(), w) < 1e-4, name
 

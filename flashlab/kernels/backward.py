@@ -11,12 +11,11 @@ from types import SimpleNamespace
 import numpy as np
 
 from .._inputs import check_options, check_seed
-from ..device import device_limits, has_gpu
-from . import prepared, tensor, tensor_backward
+from ..device import device_limits, get_cuda, has_gpu
+from . import prepared, register_backward, tensor, tensor_backward
 from ._launch import (all_to_device_words, check_kernel_backward_inputs, check_kernel_inputs, empty, empty_words,
-                      is_gqa, like_input, to_device)
-from .common import LOG2E
-from .options import Extras
+                      is_gqa, like_input, run_all, to_device)
+from .options import Extras, Features, plain_arguments
 from .plan import plan as make_plan
 from .register_backward import make_kernels
 
@@ -72,25 +71,19 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     if not plain:
         opt = check_options((B, H, Nq, d), causal=p.problem.causal, scale=scale, **library)
         extras, seed = Extras.from_options(opt, B, H), opt.seed
+    features = extras.features() if extras is not None else Features()
+    args = extras.arguments(p.problem.causal, B, H, False) if extras is not None else plain_arguments(p.problem.causal)
     heavy = p.heavy_first and H_kv == H and extras is None  # GQA, options: the (key block, head) grid, in order
-    preprocess, dkdv, cast = make_kernels(d, block_q, block_k, threads, heavy_first=heavy, gqa=H_kv != H,
-                                          extras=extras)
-
-    dtype = np.dtype(dev["q"].dtype)
-    new = lambda shape, dt: empty(shape, dt, kind, like=q)
-    D = new((B, H, Nq), np.float32)
-    dq = new((B, H, Nq, d), np.float32)  # accumulated with atomics, so always float32
-    dk, dv = new((B, H_kv, Nk, d), dtype), new((B, H_kv, Nk, d), dtype)
-
-    preprocess[((Nq + rows - 1) // rows, H, B), rows](dev["o"], dev["do"], D, dq)
+    kernels = make_kernels(d, block_q, block_k, threads, heavy_first=heavy, gqa=H_kv != H, features=features)
     grid = p.grid if H_kv == H and extras is None else (-(-Nk // block_k), H_kv, B)
-    dkdv[grid, threads](dev["q"], dev["k"], dev["v"], dev["do"], dev["lse"], D, dq, dk, dv, np.float32(scale),
-                        p.problem.causal, 0, 0, np.int64(seed))  # 0, 0: the varlen tables (unused)
-    if dtype != np.float32:
-        dq16 = new((B, H, Nq, d), dtype)
-        n = B * H * Nq * d
-        cast[(n + 255) // 256, 256](dq.reshape(n), dq16.reshape(n))
-        dq = dq16
+    dtype = np.dtype(dev["q"].dtype)
+    launches, temporaries = register_backward.launches(kernels, B, H, Nq, d, grid, threads, scale, p.problem.causal,
+                                                       args, dtype != np.float32, rows)
+    new = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
+    dq = new((B, H, Nq, d), dtype)  # float16: the cast of dQ's float32 accumulator (atomics)
+    dk, dv = new((B, H_kv, Nk, d), dtype), new((B, H_kv, Nk, d), dtype)
+    run_all(launches, dict(dev, dq=dq, dk=dk, dv=dv, slopes=get_cuda().to_device(args.slopes)), temporaries, new,
+            seed=np.int64(seed), seeded=1)
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
 
 
@@ -105,14 +98,15 @@ def _dtype_name(x) -> str:
 
 
 def default_variant(q) -> str:
-    """"tensor" for float16 / bfloat16 inputs on a GPU with their mma (float16: sm_75, bfloat16: sm_80) while
-    TENSOR_DEFAULT is on, else "register" (float32 keeps its FP32-unit kernel by default; variant="tensor" runs
-    it through 3xTF32)."""
+    """"tensor" for float16 inputs on a GPU with their mma (sm_75) and for bfloat16 on any GPU while TENSOR_DEFAULT
+    is on, else "register" (float32 keeps its FP32-unit kernel by default; variant="tensor" runs it through
+    3xTF32). bfloat16 below sm_80 goes to the tensor backward too, which refuses it with the forward's error
+    (tensor.resolve_precision), rather than to the register kernel, which would need it upcast."""
     dtype = _dtype_name(q)
     if not TENSOR_DEFAULT or dtype not in ("float16", "bfloat16") or not has_gpu():
         return "register"
     cc = device_limits()["cc"]
-    return "tensor" if cc is not None and cc >= ((7, 5) if dtype == "float16" else (8, 0)) else "register"
+    return "tensor" if dtype == "bfloat16" or (cc is not None and cc >= (7, 5)) else "register"
 
 
 def _register_setup(q, k, v, o, lse, do, causal, scale, block_q, block_k, threads):
@@ -129,46 +123,34 @@ def _register_setup(q, k, v, o, lse, do, causal, scale, block_q, block_k, thread
 
 
 class PreparedRegisterBackward:
-    """flash_attention_backward for torch tensors of one key: preprocess, dkdv (and cast for float16)."""
+    """flash_attention_backward for torch tensors of one key (plain: no options): register_backward.launches,
+    prepared once (kernels/prepared.py)."""
 
     def __init__(self, plan, scale, rows, q, k, v, o, lse, do):
         import torch  # optional: only torch tensors come here
 
         p = plan.problem
         bq, bk, threads = plan.config
-        preprocess, dkdv, cast = make_kernels(p.d, bq, bk, threads, heavy_first=plan.heavy_first)
-        self.dtype, self.half = q.dtype, q.dtype != torch.float32
-        self.q_shape, self.k_shape = (p.B, p.H, p.Nq, p.d), (p.B, p.H, p.Nk, p.d)
+        kernels = make_kernels(p.d, bq, bk, threads, heavy_first=plan.heavy_first)
+        args = plain_arguments(p.causal)
+        launches, temporaries = register_backward.launches(kernels, p.B, p.H, p.Nq, p.d, plan.grid, threads, scale,
+                                                           p.causal, args, q.dtype != torch.float32, rows)
+        self.dtype, self.q_shape, self.k_shape = q.dtype, (p.B, p.H, p.Nq, p.d), (p.B, p.H, p.Nk, p.d)
+        self.slopes = torch.as_tensor(args.slopes, device=q.device)
         specs = {n: prepared.torch_spec(x) for n, x in zip(("q", "k", "v", "o", "lse", "do"), (q, k, v, o, lse, do))}
         dt = specs["q"].dtype
-        D = prepared.Spec.contiguous((p.B, p.H, p.Nq), np.float32)
-        dq = prepared.Spec.contiguous(self.q_shape, np.float32)
-        dk = prepared.Spec.contiguous(self.k_shape, dt)
-        self.kernels = [prepared.PreparedKernel(preprocess, ((p.Nq + rows - 1) // rows, p.H, p.B), rows,
-                                       [specs["o"], specs["do"], D, dq]),
-                        prepared.PreparedKernel(dkdv, plan.grid, threads,
-                                       [specs["q"], specs["k"], specs["v"], specs["do"], specs["lse"], D, dq, dk, dk,
-                                        np.float32(scale), bool(p.causal), 0, 0, 0])]  # unused: varlen tables, seed
-        if self.half:
-            n = int(np.prod(self.q_shape))
-            self.kernels.append(prepared.PreparedKernel(cast, ((n + 255) // 256,), 256,
-                                                        [prepared.Spec.contiguous((n,), np.float32),
-                                                         prepared.Spec.contiguous((n,), dt)]))
+        specs.update(dq=prepared.Spec.contiguous(self.q_shape, dt), dk=prepared.Spec.contiguous(self.k_shape, dt),
+                     dv=prepared.Spec.contiguous(self.k_shape, dt), slopes=prepared.torch_spec(self.slopes))
+        self.launches = prepared.PreparedLaunches(launches, specs, temporaries, seeded=1)
 
     def __call__(self, q, k, v, o, lse, do):
         import torch  # optional: only torch tensors come here
 
-        stream = prepared.current_stream(q)
-        new = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=q.device)  # noqa: E731
-        D, dq = new(self.q_shape[:3], torch.float32), new(self.q_shape, torch.float32)
-        dk, dv = new(self.k_shape, self.dtype), new(self.k_shape, self.dtype)
-        self.kernels[0].launch(stream, [o.data_ptr(), do.data_ptr(), D.data_ptr(), dq.data_ptr()])
-        self.kernels[1].launch(stream, [q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(),
-                                        D.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()])
-        if self.half:
-            dq16 = new(self.q_shape, self.dtype)
-            self.kernels[2].launch(stream, [dq.data_ptr(), dq16.data_ptr()])
-            dq = dq16
+        new = lambda shape: torch.empty(shape, dtype=self.dtype, device=q.device)  # noqa: E731
+        dq, dk, dv = new(self.q_shape), new(self.k_shape), new(self.k_shape)
+        pointers = {n: x.data_ptr() for n, x in dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv,
+                                                     slopes=self.slopes).items()}
+        self.launches(prepared.current_stream(q), pointers, q.device)
         return dq, dk, dv
 
 
@@ -193,21 +175,30 @@ def _tensor_backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision
                block_k=block_k, plan=plan, seed=seed, **library)
     B, H, Nq, Nk, d, H_kv, kind, dtype = s.B, s.H, s.Nq, s.Nk, s.d, s.H_kv, s.kind, s.dtype
     q_w, k_w, v_w, o_w, lse_d, do_w = s.arrays
-    alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
-    D = alloc((B, H, Nq), np.float32)
     dq, dq_w = empty_words((B, H, Nq, d), dtype, kind, like=q)
-    dq_acc = dq_w if dtype == "float32" else alloc((B, H, Nq, d), np.float32)
     dk, dk_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
     dv, dv_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
-    tensor_backward.launch(q_w, k_w, v_w, o_w, lse_d, do_w, dq_w, dk_w, dv_w, dq_acc, D, H, s.scale, s.causal,
-                           s.plan.config, s.plan.precision, extras=s.extras, seed=s.seed)
+    launches, temporaries = _tensor_launches(s)
+    arrays = dict(q=q_w, k=k_w, v=v_w, o=o_w, lse=lse_d, do=do_w, dq=dq_w, dk=dk_w, dv=dv_w,
+                  slopes=get_cuda().to_device(s.args.slopes))
+    run_all(launches, arrays, temporaries, lambda shape, dt: empty(shape, dt, kind, like=q), seed=np.int64(s.seed),
+            seeded=1)
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
+
+
+def _tensor_launches(s):
+    """tensor_backward.launches for a _tensor_setup."""
+    kernels = tensor_backward.build(s.d, s.plan.config, s.causal, s.plan.precision, gqa=s.H_kv != s.H,
+                                    features=s.features)
+    return tensor_backward.launches(kernels, s.B, s.H, s.Nq, s.Nk, s.d, s.H_kv, s.scale, s.plan.config,
+                                    s.plan.precision, s.args)
 
 
 def _tensor_setup(q, k, v, o, lse, do, *, causal, scale, precision, block_q, block_k, plan, window_size, align,
            alibi_slopes, softcap, dropout_p, seed):
     """backward's checks and plan: a SimpleNamespace of the device arrays (q, k, v, o, lse, do; 16-bit ones as
-    uint32 words), kind, dtype, B, H, Nq, Nk, d, H_kv, causal, scale, plan, extras and seed."""
+    uint32 words), kind, dtype, B, H, Nq, Nk, d, H_kv, causal, scale, plan, features, args (the options' values,
+    options.OptionArgs in log2 units) and seed."""
     (q_w, k_w, v_w, o_w, do_w), kind, dtype = all_to_device_words((("q", q), ("k", k), ("v", v), ("o", o),
                                                                     ("do", do)))
     lse_d, _ = to_device(lse, "lse")
@@ -226,57 +217,39 @@ def _tensor_setup(q, k, v, o, lse, do, *, causal, scale, precision, block_q, blo
         precision = tensor.resolve_precision(dtype, precision, device_limits()["cc"])
         plan = make_plan((B, H, Nq, Nk, d), variant="tensor", direction="backward", causal=causal, dtype=dtype,
                          block_q=block_q, block_k=block_k, precision=precision)
+    features = extras.features() if extras is not None else Features()
+    args = extras.arguments(causal, B, H, True) if extras is not None else plain_arguments(causal)
     return SimpleNamespace(arrays=(q_w, k_w, v_w, o_w, lse_d, do_w), kind=kind, dtype=dtype, B=B, H=H, Nq=Nq, Nk=Nk,
-                           d=d, H_kv=k_w.shape[1], causal=causal, scale=scale, plan=plan, extras=extras, seed=opt.seed)
+                           d=d, H_kv=k_w.shape[1], causal=causal, scale=scale, plan=plan, features=features,
+                           args=args, seed=opt.seed)
 
 
 class PreparedTensorBackward:
     """The tensor backward for torch CUDA tensors of one key (shapes, strides, dtypes, options but the seed): the
-    checks, plan and argument lists once (kernels/prepared.py), then each call allocates the gradients and launches
-    preprocess, main (with the call's dropout seed) and (16-bit) the dQ cast, as launch() does."""
+    checks, plan and tensor_backward.launches once, prepared (kernels/prepared.py); each call allocates the
+    gradients and launches preprocess, main (with the call's dropout seed) and (16-bit) the dQ cast."""
 
     def __init__(self, q, k, v, o, lse, do, **options):
+        import torch  # optional: only torch tensors come here
+
         s = _tensor_setup(q, k, v, o, lse, do, plan=None, **options)
-        B, H, Nq, Nk, d, H_kv, tile = s.B, s.H, s.Nq, s.Nk, s.d, s.H_kv, s.plan.config
-        preprocess, main, cast = tensor_backward.build(d, tile, s.causal, s.plan.precision, gqa=H_kv != H,
-                                                       extras=s.extras)
-        self.wide = s.dtype == "float32"
-        ins = [prepared.torch_spec(x) for x in (q, k, v, o, lse, do)]
-        if not self.wide:  # 16-bit values as uint32 pairs (lse stays float32)
-            ins = [x if i == 4 else x.words() for i, x in enumerate(ins)]
-        q_s, k_s, v_s, o_s, lse_s, do_s = ins
-        self.dtype, self.q_shape, self.k_shape = q.dtype, (B, H, Nq, d), (B, H_kv, Nk, d)
-        D = prepared.Spec.contiguous((B, H, Nq), np.float32)
-        dq_acc = prepared.Spec.contiguous(self.q_shape, np.float32)
-        grads = [prepared.Spec.contiguous(self.k_shape, prepared.torch_spec(q).dtype)] * 2  # dk, dv
-        if not self.wide:
-            grads = [x.words() for x in grads]
-        rows = tensor_backward.PREPROCESS_ROWS
-        self.kernels = [
-            prepared.PreparedKernel(preprocess, (-(-Nq // rows), B * H), 32 * tensor_backward.PREPROCESS_WARPS,
-                                 [o_s, do_s, D, dq_acc, H]),
-            prepared.PreparedKernel(main, (-(-Nk // tile.block_k), B * H_kv), tile.threads,
-                                 [q_s, k_s, v_s, do_s, lse_s, D, dq_acc, *grads, H, np.float32(s.scale),
-                                  np.float32(s.scale * LOG2E), np.int64(0)],
-                                 shared=4 * tile.shared_words(d, s.plan.precision))]
-        if not self.wide:  # dQ, accumulated in float32, to the input's 16-bit type
-            n = B * H * Nq * d
-            self.kernels.append(prepared.PreparedKernel(cast, (-(-(n // 2) // 256),), 256,
-                                                     [prepared.Spec.contiguous((n,), np.float32),
-                                                      prepared.Spec.contiguous((n // 2,), np.uint32)]))
+        launches, temporaries = _tensor_launches(s)
+        self.dtype, self.q_shape, self.k_shape = q.dtype, (s.B, s.H, s.Nq, s.d), (s.B, s.H_kv, s.Nk, s.d)
+        self.slopes = torch.as_tensor(s.args.slopes, device=q.device)
+        specs = {n: prepared.torch_spec(x) for n, x in zip(("q", "k", "v", "o", "lse", "do"), (q, k, v, o, lse, do))}
+        dt = specs["q"].dtype
+        specs.update(dq=prepared.Spec.contiguous(self.q_shape, dt), dk=prepared.Spec.contiguous(self.k_shape, dt),
+                     dv=prepared.Spec.contiguous(self.k_shape, dt), slopes=prepared.torch_spec(self.slopes))
+        if s.dtype != "float32":  # 16-bit values as uint32 pairs (lse stays float32)
+            specs = {n: x if n in ("lse", "slopes") else x.words() for n, x in specs.items()}
+        self.launches = prepared.PreparedLaunches(launches, specs, temporaries, seeded=1)
 
     def __call__(self, q, k, v, o, lse, do, seed=0):
         import torch  # optional: only torch tensors come here
 
-        stream = prepared.current_stream(q)
-        new = lambda shape, dtype: torch.empty(shape, dtype=dtype, device=q.device)  # noqa: E731
-        D = new(self.q_shape[:3], torch.float32)
-        dq = new(self.q_shape, self.dtype)
-        dq_acc = dq if self.wide else new(self.q_shape, torch.float32)
-        dk, dv = new(self.k_shape, self.dtype), new(self.k_shape, self.dtype)
-        self.kernels[0].launch(stream, [o.data_ptr(), do.data_ptr(), D.data_ptr(), dq_acc.data_ptr()])
-        self.kernels[1].launch(stream, [q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(),
-                                        D.data_ptr(), dq_acc.data_ptr(), dk.data_ptr(), dv.data_ptr()], seed)
-        if not self.wide:
-            self.kernels[2].launch(stream, [dq_acc.data_ptr(), dq.data_ptr()])
+        new = lambda shape: torch.empty(shape, dtype=self.dtype, device=q.device)  # noqa: E731
+        dq, dk, dv = new(self.q_shape), new(self.k_shape), new(self.k_shape)
+        pointers = {n: x.data_ptr() for n, x in dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv,
+                                                     slopes=self.slopes).items()}
+        self.launches(prepared.current_stream(q), pointers, q.device, seed)
         return dq, dk, dv

@@ -27,16 +27,22 @@ Three launches, as in kernels/register_backward.py (the FP32-unit version); none
    Each warp adds its scale * dS K into the float32 accumulator with atomics, as FlashAttention-2 does.
 3. `cast`: dQ's accumulator to q's dtype (16-bit inputs only).
 
-The library's options (build(..., extras=), kernels/register.py's Extras: window, alignment, ALiBi, softcap,
-dropout) are compiled in as in the forward, on the C fragments of S^T (rows = keys, columns = queries). A key
-block visits only the query tiles that meet its band (causal and window, after alignment), and a warp whose 16
-keys miss the tile's band skips its products. P^T is recomputed from the scores as the forward transformed them
+The library's options (kernels/options.py: window, alignment, ALiBi, softcap, dropout) work as in the forward,
+on the C fragments of S^T (rows = keys, columns = queries): their presence is compiled in (build(...,
+features=)), their values are main's arguments (left, right, cap, slopes), so a new window or slope set compiles
+nothing. A key block visits only the query tiles of options.query_band (causal and window, after alignment), and
+a warp whose 16 keys miss the tile's band (options.key_band) skips its products. P^T is recomputed from the scores as the forward transformed them
 (softcap, then ALiBi, in raw score units), with masked entries *selected* to 0, never multiplied by it: on the
 GPU exp2 of a masked score can be inf (a fused multiply-add keeps rounding error), and rows that see no key
 come with lse = +inf. Softcap multiplies dS^T by its derivative 1 - tanh^2; ALiBi's bias is constant and adds
 no gradient. Dropout regenerates the forward's mask Z (flashlab.dropout, keyed by (seed, batch, query head,
 query, key)) on P^T's fragments: dV += (P^T o Z) dO and dS^T = P^T o (dP^T o Z - D). The seed is main's last
-argument (int64) in every build, so a new seed compiles nothing; extras=None compiles the plain kernel as before.
+argument (int64) in every build, so a new seed compiles nothing.
+
+The build derives its constants once (Traits) and binds main's steps once from the precision and the options
+(16-bit or tf32 products, plain or per-entry masking, MHA or GQA tiles, cp.async or register copies): main reads
+as the list of steps, each inlined by Numba (inline="always"), so no step costs a call. `launches` describes the
+three launches once, for the general path (run_all) and the prepared one (prepared.PreparedLaunches).
 
 Why atomics for dQ: a separate pass over the key blocks of each query block would recompute S^T and dP^T,
 two more of the five products (+40% FLOPs), and read K and V again. The price is that dQ's float32 sums
@@ -62,11 +68,11 @@ import numpy as np
 from numba import float32, uint32
 
 from ..device import get_cuda
-from ..dropout import device_functions
+from ..dropout import device_functions as dropout_functions
 from . import mma
-from ._launch import STATIC_SHARED, launch_with_shared
-from .common import FASTMATH, LOG2E, U
-from .options import Extras, score_functions
+from ._launch import STATIC_SHARED, Arg, Launch, run_all
+from .common import FASTMATH, LOG2E, I, U
+from .options import Features, OptionArgs, device_functions, plain_arguments
 from .tensor import row_words, stages as async_stages
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
@@ -162,76 +168,104 @@ def choose_tile(d: int, precision: str, block_q=None, block_k=None, limit: int =
     return BackwardTile(block_k // 16 if block_k else 1, block_q or 16, 1).check(d, precision, limit)  # raises
 
 
-@lru_cache(maxsize=None)
-def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = False, extras=None):
-    """(preprocess, main, cast) kernels for one (d, tile, causal, precision). 16-bit precisions take q, k, v,
-    o, do, dk, dv as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d).
-    extras: the library's window, alignment, ALiBi, softcap and dropout (kernels/register.py's Extras), compiled
-    in: query tiles outside a key block's band are skipped, the others transformed and masked on the C fragments
-    of S^T, as the forward did on S's; None builds the plain kernels, unchanged. main takes the dropout seed as
-    its last argument (int64; ignored without dropout)."""
-    WIDE = precision in ("3xtf32", "tf32")
-    SPLIT = precision == "3xtf32"
-    BF16 = precision == "bf16"
-    NW, BQ, NST, VSH, GQA = tile.warps, tile.block_q, tile.stages, bool(tile.v_shared), bool(gqa)
-    BK = 16 * NW
-    W = d if WIDE else d // 2  # 32-bit words per row
-    RS = W + 4  # padded row stride of K, Q, dO in shared memory (words)
-    DRS = (BQ if WIDE else BQ // 2) + 4  # row stride of dS^T (rows = keys)
-    KSTEPS = d // 8 if WIDE else d // 16  # k-steps over d (S^T, dP^T)
-    NTQ = BQ // 8  # n-tiles of S^T, dP^T (8 queries each)
-    NTD = d // 8  # n-tiles of dK, dV, dQ (8 dims each)
-    QSTEPS = BQ // 8 if WIDE else BQ // 16  # k-steps over queries (dV, dK)
-    KSTEPS_K = BK // 8 if WIDE else BK // 16  # k-steps over keys (dQ)
-    NG = min(4, NTD)  # 3xTF32: n-tiles of dK / dV whose tile sums are built together
-    QG, NPAIR = BQ // 16, NTD // 2  # dQ's tile: row groups of 16 queries x pairs of n-tiles
-    DQ_NP = 1  # pairs of n-tiles per warp in the dQ phase: enough for every warp to get one unit, if possible
-    while 2 * DQ_NP <= min(NPAIR, QG * NPAIR // NW) and NPAIR % (2 * DQ_NP) == 0:
-        DQ_NP *= 2
-    DQ_UNITS, DQ_NT = QG * NPAIR // DQ_NP, 2 * DQ_NP
-    # Shared memory is one dynamic array (sized at launch: tile.shared_words), so that tiles may pass 48 KB
-    # where the device allows (_launch.allow_dynamic_shared). Its regions, in 32-bit words, each a multiple of
-    # 16 bytes (ldmatrix and cp.async need 16-byte-aligned rows): K_j, V_j (v_shared only), the Q_i and dO_i
-    # stages, dS^T, then lse_i and D_i per stage.
-    K_WORDS, QD_WORDS, DS_WORDS, STATS = BK * RS, NST * BQ * RS, BK * DRS, NST * BQ
-    V_WORDS, VREGS = (BK * RS, 1) if VSH else (0, 4 * KSTEPS)
-    V_AT = K_WORDS
-    Q_AT = V_AT + V_WORDS
-    DO_AT = Q_AT + QD_WORDS
-    DS_AT = DO_AT + QD_WORDS
-    L_AT = DS_AT + DS_WORDS
-    D_AT = L_AT + STATS
-    assert D_AT + STATS == tile.shared_words(d, precision)
-    NT = 32 * NW
-    STAT_ROUNDS = -(-BQ // NT)  # rounds of the block's threads over the tile's rows of lse and D
-    ASYNC = NST == 2
-    LAG = 1 if ASYNC else 0
-    CPR = W // 4  # 16-byte chunks per row
-    Q_CHUNKS, K_CHUNKS = BQ * CPR, BK * CPR
+@dataclass(frozen=True)
+class Traits:
+    """The main kernel's constants for one (d, tile, precision), derived once; sizes in 32-bit words.
+    The shared memory is one dynamic array (sized at launch: tile.shared_words), so that tiles may pass 48 KB where
+    the device allows (_launch.allow_dynamic_shared). Its regions, each a multiple of 16 bytes (ldmatrix and
+    cp.async need 16-byte-aligned rows), start at V_AT (V_j, v_shared only; K_j at 0), Q_AT and DO_AT (the Q_i and
+    dO_i stages), DS_AT (dS^T), L_AT and D_AT (lse_i and D_i per stage), and end at END."""
+    W: int  # words per row: d for 32-bit values (3xTF32, TF32), d / 2 for 16-bit pairs
+    RS: int  # padded row stride of K, Q, dO in shared memory
+    DRS: int  # row stride of dS^T (rows = keys)
+    KSTEPS: int  # k-steps over d (S^T, dP^T)
+    NTQ: int  # n-tiles of S^T, dP^T (8 queries each)
+    NTD: int  # n-tiles of dK, dV, dQ (8 dims each)
+    QSTEPS: int  # k-steps over queries (dV, dK)
+    KSTEPS_K: int  # k-steps over keys (dQ)
+    NG: int  # 3xTF32: n-tiles of dK / dV whose tile sums are built together
+    NPAIR: int  # dQ's tile: pairs of n-tiles (by row groups of 16 queries)
+    DQ_NP: int  # pairs of n-tiles per warp in the dQ phase: enough for every warp to get one unit, if possible
+    DQ_UNITS: int  # units of dQ's tile (16 query rows x DQ_NP pairs), spread over the warps
+    V_AT: int
+    Q_AT: int
+    DO_AT: int
+    DS_AT: int
+    L_AT: int
+    D_AT: int
+    END: int
+    VREGS: int  # V's A fragments in registers (1: unused, v_shared)
+    STAT_ROUNDS: int  # rounds of the block's threads over the tile's rows of lse and D
+    CPR: int  # 16-byte chunks per row
     # Q/dO copies as in the forward (tensor.py, LINEAR): each thread keeps its column chunk and moves down the
     # tile QSTEP rows at a time, so its offsets in a tile are fixed 32-bit numbers
-    LINEAR, QSTEP, Q_EVEN = ASYNC and NT % CPR == 0, NT // CPR, Q_CHUNKS % NT == 0
-    URS, UDRS, UBQ, UBK = U(RS), U(DRS), U(BQ), U(BK)
-    CAUSAL = causal
+    LINEAR: bool
+    QSTEP: int
+    Q_EVEN: bool
+
+    @classmethod
+    def of(cls, d: int, tile: BackwardTile, precision: str) -> "Traits":
+        wide, BQ, BK, NT = precision in ("3xtf32", "tf32"), tile.block_q, tile.block_k, tile.threads
+        W = d if wide else d // 2
+        RS, DRS = W + 4, (BQ if wide else BQ // 2) + 4
+        KSTEPS, NTQ, NTD = d // 8 if wide else d // 16, BQ // 8, d // 8
+        QG, NPAIR = BQ // 16, NTD // 2
+        DQ_NP = 1
+        while 2 * DQ_NP <= min(NPAIR, QG * NPAIR // tile.warps) and NPAIR % (2 * DQ_NP) == 0:
+            DQ_NP *= 2
+        V_AT = BK * RS
+        Q_AT = V_AT + (BK * RS if tile.v_shared else 0)
+        DO_AT = Q_AT + tile.stages * BQ * RS
+        DS_AT = DO_AT + tile.stages * BQ * RS
+        L_AT = DS_AT + BK * DRS
+        D_AT = L_AT + tile.stages * BQ
+        CPR = W // 4
+        t = cls(W, RS, DRS, KSTEPS, NTQ, NTD, BQ // 8 if wide else BQ // 16, BK // 8 if wide else BK // 16,
+                min(4, NTD), NPAIR, DQ_NP, QG * NPAIR // DQ_NP, V_AT, Q_AT, DO_AT, DS_AT, L_AT, D_AT,
+                D_AT + tile.stages * BQ, 1 if tile.v_shared else 4 * KSTEPS, -(-BQ // NT), CPR,
+                tile.stages == 2 and NT % CPR == 0, NT // CPR, BQ * CPR % NT == 0)
+        assert t.END == tile.shared_words(d, precision)
+        return t
+
+
+@lru_cache(maxsize=None)
+def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = False,
+          features: Features = Features()):
+    """(preprocess, main, cast) kernels for one (d, tile, causal, precision). 16-bit precisions take q, k, v,
+    o, do, dk, dv as uint32 arrays (B, H, N, d/2) of packed pairs; fp32 ones as float32 (B, H, N, d).
+    features: the library's options compiled in (options.Features): query tiles outside a key block's band are
+    skipped, the others transformed and masked on the C fragments of S^T, as the forward did on S's. Their values
+    are main's arguments left, right, cap, slopes (options.OptionArgs in log2 units: Extras.arguments(causal, B, H,
+    log2=True)), which a plain build ignores (options.plain_arguments(causal)). main takes the dropout seed as its
+    last argument (int64; ignored without dropout)."""
+    T = Traits.of(d, tile, precision)
+    WIDE, TF32X3, BF16 = precision in ("3xtf32", "tf32"), precision == "3xtf32", precision == "bf16"
+    NW, BQ, NST, VSH, GQA, CAUSAL = tile.warps, tile.block_q, tile.stages, bool(tile.v_shared), bool(gqa), causal
+    BK, NT = tile.block_k, tile.threads
+    W, KSTEPS, NTQ, NTD, QSTEPS, KSTEPS_K, NG = T.W, T.KSTEPS, T.NTQ, T.NTD, T.QSTEPS, T.KSTEPS_K, T.NG
+    NPAIR, DQ_NP, DQ_UNITS, DQ_NT = T.NPAIR, T.DQ_NP, T.DQ_UNITS, 2 * T.DQ_NP
+    V_AT, Q_AT, DO_AT, DS_AT, L_AT, D_AT, END = T.V_AT, T.Q_AT, T.DO_AT, T.DS_AT, T.L_AT, T.D_AT, T.END
+    STAT_ROUNDS, CPR, LINEAR, QSTEP, Q_EVEN, VREGS = T.STAT_ROUNDS, T.CPR, T.LINEAR, T.QSTEP, T.Q_EVEN, T.VREGS
+    Q_CHUNKS, K_CHUNKS = BQ * CPR, BK * CPR
+    ASYNC = NST == 2
+    LAG = 1 if ASYNC else 0  # copies run one tile ahead
+    URS, UDRS, UBQ, UBK = U(T.RS), U(T.DRS), U(BQ), U(BK)
     DT = float32 if WIDE else uint32
     mma16 = {"f16": mma.mma_f16_m16n8k16, "bf16": mma.mma_bf16_m16n8k16, "k8": mma.mma_f16_m16n8k8x2}.get(precision)
     pack = mma.pack_bf16x2 if BF16 else mma.pack_f16x2
     unpack = mma.unpack_bf16x2 if BF16 else mma.unpack_f16x2
-    # The library's options, as compile-time constants (the forward's, kernels/tensor.py, plus dropout).
-    EXTRA, ex = extras is not None, extras or Extras()
-    I = np.int64  # aligned positions can be negative
-    WL, BRA = I(ex.left), bool(ex.bottom_right)
-    RIGHT = I(ex.right_bound(causal))
-    SOFTCAP, ALIBI, PER_B, DROP = ex.softcap > 0, ex.slopes is not None, bool(ex.per_batch), ex.dropout_p > 0
-    CAP_LOG2 = float32(ex.softcap * LOG2E)
-    SLOPES = tuple(float(x) * LOG2E for x in (ex.slopes or (0.0,)))
-    z_start, z_mix, z_keep = device_functions(ex.dropout_p)
-    capped, outside = score_functions(ex, causal)
+    # The library's options: their presence compiled in, their values main's arguments.
+    OPTIONS, BOTTOM_RIGHT = features.any, bool(features.bottom_right)
+    SOFTCAP, ALIBI, DROP = bool(features.softcap), bool(features.alibi), features.dropout
+    PLAIN_RIGHT = I(0) if CAUSAL else I(-1)  # a plain build's band: causal's, compiled in
+    opt = device_functions(features)
+    z_start, z_mix, z_keep = dropout_functions(features.dropout_p)
+    step = cuda.jit(device=True, inline="always", fastmath=FASTMATH)
 
     @cuda.jit(device=True, inline=True)
     def split(x):
         """3xTF32: x as big + small, both tf32; tf32: x itself (the mma reads its top 19 bits) and 0."""
-        if not SPLIT:
+        if not TF32X3:
             return x, float32(0.0)
         big = mma.round_tf32(x)
         return big, mma.round_tf32(x - big)
@@ -241,7 +275,7 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
         """c + a @ b on tf32 tensor cores, A already split (a: big halves, s: small ones; split() once per
         fragment, since a warp's A fragment meets several B fragments): one mma, or (3xTF32) small*big +
         big*small + big*big."""
-        if not SPLIT:
+        if not TF32X3:
             return mma.mma_tf32_m16n8k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
         b0b, b1b = mma.round_tf32(b0), mma.round_tf32(b1)
         c0, c1, c2, c3 = mma.mma_tf32_m16n8k8(s0, s1, s2, s3, b0b, b1b, c0, c1, c2, c3)
@@ -250,20 +284,378 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
         return mma.mma_tf32_m16n8k8(a0, a1, a2, a3, b0b, b1b, c0, c1, c2, c3)
 
     @cuda.jit(device=True, inline=True)
-    def p_ds(x, dpx, lse2, Di, i, key, nq, nk, off, capr, slope, zq, scale_log2):
+    def p_ds(x, dpx, lse2, Di, i, key, nq, nk, off, left, right, capr, slope, zq, scale_log2):
         """(P^T, dS^T) of one entry under the options (raw score x = S^T[key, i], dpx = dP^T[key, i]): the
         forward's softcap, ALiBi and band, P = exp2(x' scale log2(e) - lse log2(e)) with a select (never a
         product) for masked entries, since exp2 may be inf there (lse = +inf rows: every entry is masked).
         Dropout: dV takes P Z and dS = P (dP Z - D); softcap: dS times its derivative 1 - tanh^2."""
         pos = I(i) + off
-        x, th = capped(x, pos, I(key), capr, slope)
-        dead = i >= nq or outside(pos, I(key), I(nk), RIGHT)
+        x, th = opt.capped(x, pos, I(key), capr, slope)
+        dead = i >= nq or opt.outside(pos, I(key), I(nk), left, right)
         p = float32(0.0) if dead else math.exp2(x * scale_log2 - lse2)
         z = z_keep(zq, key) if DROP else float32(1.0)
         ds = p * (dpx * z - Di)
         if SOFTCAP:
             ds *= float32(1.0) - th * th
         return p * z, ds
+
+    # ------------------------------------------------------------------ the steps of main, bound once
+    @step
+    def load_kv(Ks, Vs, kh, vh, k0, nk, tid):
+        """K_j (and V_j if v_shared) to shared memory (zeros past Nk), in the first group of copies."""
+        for it in range(-(-K_CHUNKS // NT)):
+            e = U(it * NT) + tid
+            if e < U(K_CHUNKS):
+                row, col = e // U(CPR), (e % U(CPR)) * U(4)
+                ok = k0 + row < nk
+                if ASYNC:
+                    mma.cp_async16(Ks, row * URS + col, kh, k0 + row if ok else U(0), col, 16 if ok else 0)
+                    if VSH:
+                        mma.cp_async16(Vs, row * URS + col, vh, k0 + row if ok else U(0), col, 16 if ok else 0)
+                else:
+                    for c in range(4):
+                        Ks[row * URS + col + U(c)] = kh[k0 + row, col + U(c)] if ok else DT(0)
+                        if VSH:
+                            Vs[row * URS + col + U(c)] = vh[k0 + row, col + U(c)] if ok else DT(0)
+
+    @step
+    def load_v_fragments(vf, vh, kw, g, t, nk):
+        """V's A fragments for this warp's 16 keys, kept in registers: rows kw+g and kw+g+8 (zeros past Nk)."""
+        for ks in range(0 if VSH else KSTEPS):
+            for j in range(4):  # a0: (g, word t)  a1: (g+8, t)  a2: (g, t+4)  a3: (g+8, t+4) of k-step ks
+                row = kw + g + U(8 * (j % 2))
+                vf[4 * ks + j] = vh[row, U(8 * ks) + t + U(4 * (j // 2))] if row < nk else DT(0)
+
+    @step
+    def zero(x, y, rows):
+        for n in range(rows):
+            for c in range(4):
+                x[n, c] = 0.0
+                y[n, c] = 0.0
+
+    # grid (key blocks, B * H_kv): under GQA / MQA the block walks the query tiles of every query head that reads
+    # its K/V head (group = H / H_kv of them), so dK_j and dV_j sum over them in registers. A build of its own
+    # (gqa=True): the index arithmetic costs registers that MHA need not pay.
+    if GQA:
+        @step
+        def place(k, n_heads):
+            """(batch, K/V head, query heads per K/V head) of this block."""
+            n_kv = U(k.shape[1])
+            bh = U(cuda.blockIdx.y)
+            return bh // n_kv, bh % n_kv, U(n_heads) // n_kv
+
+        @step
+        def tile_at(j, hk, group, n_tiles, q_first):
+            """(query head, first row) of the block's tile j: head hk * group + j // n_tiles."""
+            return hk * group + j // n_tiles, q_first + (j % n_tiles) * UBQ
+    else:
+        @step
+        def place(k, n_heads):
+            bh = U(cuda.blockIdx.y)
+            return bh // U(n_heads), bh % U(n_heads), U(1)
+
+        @step
+        def tile_at(j, hk, group, n_tiles, q_first):
+            return hk, q_first + j * UBQ
+
+    @step
+    def query_tiles(k0, nq, nk, left, right):
+        """(off, first row, number of tiles): the tiles of block_q query rows that can see keys k0...k0 + BK - 1
+        (options.query_band; causal: from the diagonal on); off: the alignment's shift, query i sits at key
+        position i + off."""
+        off = I(nk) - I(nq) if BOTTOM_RIGHT else I(0)
+        lo, hi = opt.query_band(I(k0), I(min(k0 + UBK, nk)) - I(1), off, I(nq), left,
+                                right if OPTIONS else PLAIN_RIGHT)
+        q_first = U(lo) // UBQ * UBQ
+        return off, q_first, (U(hi) - q_first + UBQ - U(1)) // UBQ if lo < hi else U(0)
+
+    @step
+    def copy_tile(q, do, lse, D, Qs, dOs, Ls, Ds, b, hq, qc, st, nq, tid, copy_row, copy_col, qstride, dostride,
+                  q_in, do_in, q_step, do_step):
+        """Tile (head hq, rows qc...) of Q, dO (zeros past Nq), lse * log2(e) and D to the stage at row st."""
+        qh, doh, lh, dh = q[b, hq], do[b, hq], lse[b, hq], D[b, hq]
+        qbase, dobase = qc * qstride, qc * dostride  # the tile's first element, once per tile
+        for it in range(-(-Q_CHUNKS // NT) if LINEAR else 0):  # (LINEAR is a compile-time constant)
+            row = copy_row + U(it * QSTEP)
+            if Q_EVEN or row < UBQ:
+                ok = qc + row < nq
+                dst, nbytes = (st + row) * URS + copy_col, 16 if ok else 0
+                qat = uint32(q_in + uint32(it) * q_step) if ok else uint32(copy_col)
+                doat = uint32(do_in + uint32(it) * do_step) if ok else uint32(copy_col)
+                mma.cp_async16_flat(Qs, dst, qh, qbase, qat, nbytes)
+                mma.cp_async16_flat(dOs, dst, doh, dobase, doat, nbytes)
+        for it in range(0 if LINEAR else -(-Q_CHUNKS // NT)):  # the general copy: sm_75, or odd row chunks
+            e = U(it * NT) + tid
+            if e < U(Q_CHUNKS):
+                row, col = e // U(CPR), (e % U(CPR)) * U(4)
+                ok = qc + row < nq
+                dst = (st + row) * URS + col
+                if ASYNC:
+                    src, nbytes = qc + row if ok else U(0), 16 if ok else 0
+                    mma.cp_async16(Qs, dst, qh, src, col, nbytes)
+                    mma.cp_async16(dOs, dst, doh, src, col, nbytes)
+                else:
+                    for c in range(4):
+                        Qs[dst + U(c)] = qh[qc + row, col + U(c)] if ok else DT(0)
+                        dOs[dst + U(c)] = doh[qc + row, col + U(c)] if ok else DT(0)
+        for rr in range(STAT_ROUNDS):  # more than one where block_q > 32 * warps (rows > threads)
+            r = tid + U(rr * NT)
+            if r < UBQ:
+                ok = qc + r < nq
+                Ls[st + r] = lh[qc + r] * float32(LOG2E) if ok else float32(0.0)
+                Ds[st + r] = dh[qc + r] if ok else float32(0.0)
+
+    if ASYNC:
+        @step
+        def landed(j):
+            """True once tile j - 1's copies have landed (this thread's; the barrier after it: everyone's)."""
+            mma.cp_async_commit()
+            if j == U(0):
+                return False
+            mma.cp_async_wait(1)
+            return True
+
+        @step
+        def drain():
+            mma.cp_async_wait(0)  # no copy may still be in flight when the block ends (n_tiles = 0: K's)
+    else:
+        @step
+        def landed(j):
+            return True
+
+        @step
+        def drain():
+            pass
+
+    if OPTIONS:
+        @step
+        def warp_band(q0, kw, b, hc, nk, off, left, right, n_heads, slopes, scale_log2, seed):
+            """(live, slope, dropout state): the warp's keys [kw, kw + 16) against the band of the tile's rows (P = 0
+            outside), the (batch, query head)'s ALiBi slope in raw units, as the forward's, and the forward's
+            dropout mask keyed by (seed, batch, query head, query, key)."""
+            k_lo, k_hi = opt.key_band(I(q0) + off, I(q0) + I(UBQ) - I(1) + off, I(nk), left, right)
+            live = I(kw) < k_hi and I(kw) + I(16) > k_lo
+            slope = slopes[b * U(n_heads) + hc] / scale_log2 if ALIBI else float32(0.0)
+            zh = z_start(seed, b, hc) if DROP else U(0)
+            return live, slope, zh
+    else:
+        @step
+        def warp_band(q0, kw, b, hc, nk, off, left, right, n_heads, slopes, scale_log2, seed):
+            """Under causal masking, a warp whose 16 keys come after every query of the tile has P = 0."""
+            return not CAUSAL or q0 + UBQ > kw, float32(0.0), U(0)
+
+    if WIDE:
+        @step
+        def scores(s, dp, Ks, Vs, vf, Qs, dOs, st, kw, k0, lane, g, t):
+            """S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and the tile's BQ queries (tf32)."""
+            QO = st * URS
+            for ks in range(KSTEPS):
+                kb = (kw - k0 + g) * URS + U(8 * ks) + t  # K's A fragment from shared memory
+                a0, a1, a2, a3 = Ks[kb], Ks[kb + U(8) * URS], Ks[kb + U(4)], Ks[kb + U(8) * URS + U(4)]
+                if VSH:
+                    v0, v1, v2, v3 = Vs[kb], Vs[kb + U(8) * URS], Vs[kb + U(4)], Vs[kb + U(8) * URS + U(4)]
+                else:
+                    v0, v1, v2, v3 = vf[4 * ks], vf[4 * ks + 1], vf[4 * ks + 2], vf[4 * ks + 3]
+                (a0, e0), (a1, e1), (a2, e2), (a3, e3) = split(a0), split(a1), split(a2), split(a3)
+                (v0, w0), (v1, w1), (v2, w2), (v3, w3) = split(v0), split(v1), split(v2), split(v3)
+                for n in range(NTQ):  # b0 = Q[query 8n+g][dim 8ks+t], b1 = ... dim + 4
+                    base = QO + (U(8 * n) + g) * URS + U(8 * ks) + t
+                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_tf(a0, a1, a2, a3, e0, e1, e2, e3, Qs[base],
+                                                                Qs[base + U(4)], s[n, 0], s[n, 1], s[n, 2], s[n, 3])
+                    dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma_tf(v0, v1, v2, v3, w0, w1, w2, w3, dOs[base],
+                                                                    dOs[base + U(4)], dp[n, 0], dp[n, 1], dp[n, 2],
+                                                                    dp[n, 3])
+    else:
+        @step
+        def scores(s, dp, Ks, Vs, vf, Qs, dOs, st, kw, k0, lane, g, t):
+            """S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and the tile's BQ queries (16-bit)."""
+            for ks in range(KSTEPS):
+                # K's A fragment: lane 8i + r gives row r of matrix i = key kw + (i%2)*8 + r, words 8ks + (i//2)*4
+                key = kw - k0 + (lane // U(8)) % U(2) * U(8) + lane % U(8)
+                a0, a1, a2, a3 = mma.ldmatrix_x4(Ks, key * URS + U(8 * ks) + lane // U(16) * U(4))
+                if VSH:
+                    v0, v1, v2, v3 = mma.ldmatrix_x4(Vs, key * URS + U(8 * ks) + lane // U(16) * U(4))
+                else:
+                    v0, v1, v2, v3 = vf[4 * ks], vf[4 * ks + 1], vf[4 * ks + 2], vf[4 * ks + 3]
+                for n2 in range(NTQ // 2):  # B fragments of two n-tiles: query n2*16 + (i//2)*8 + r
+                    row = st + U(n2 * 16) + lane // U(16) * U(8) + lane % U(8)
+                    word = row * URS + U(8 * ks) + (lane // U(8)) % U(2) * U(4)
+                    q00, q01, q10, q11 = mma.ldmatrix_x4(Qs, word)
+                    o00, o01, o10, o11 = mma.ldmatrix_x4(dOs, word)
+                    for half in range(2):
+                        n = 2 * n2 + half
+                        b0, b1 = (q00, q01) if half == 0 else (q10, q11)
+                        s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma16(a0, a1, a2, a3, b0, b1,
+                                                                   s[n, 0], s[n, 1], s[n, 2], s[n, 3])
+                        b0, b1 = (o00, o01) if half == 0 else (o10, o11)
+                        dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma16(v0, v1, v2, v3, b0, b1, dp[n, 0],
+                                                                       dp[n, 1], dp[n, 2], dp[n, 3])
+
+    # P^T = exp(scale S^T - lse) and dS^T = P^T (dP^T - D): rows kw+g (c = 0, 1), kw+g+8 (c = 2, 3), columns
+    # (queries) 8n + 2t + c % 2.
+    if OPTIONS:
+        @step
+        def probs(s, dp, Ls, Ds, st, q0, kw, g, t, nq, nk, off, left, right, capr, slope, zh, scale_log2):
+            """Options: p_ds on every entry (the band, softcap, ALiBi, dropout)."""
+            for n in range(NTQ):
+                for c in range(2):  # columns 8n + 2t + c: one query each, with keys kw+g and kw+g+8
+                    col = U(8 * n) + U(2) * t + U(c)
+                    zq = z_mix(zh, q0 + col) if DROP else U(0)  # the query's hash state, for both keys
+                    for r in range(2):
+                        s[n, 2 * r + c], dp[n, 2 * r + c] = p_ds(
+                            s[n, 2 * r + c], dp[n, 2 * r + c], Ls[st + col], Ds[st + col], q0 + col,
+                            kw + g + U(8 * r), nq, nk, off, left, right, capr, slope, zq, scale_log2)
+    else:
+        @step
+        def probs(s, dp, Ls, Ds, st, q0, kw, g, t, nq, nk, off, left, right, capr, slope, zh, scale_log2):
+            """Masked on edge tiles only: queries past Nq and, under causal, keys after the query. Keys past Nk
+            too: their S^T is 0, and exp(-lse) could overflow 16 bits (inf * 0 = NaN in dQ)."""
+            edge = q0 + UBQ > nq or kw + U(16) > nk or (CAUSAL and q0 < kw + U(16))
+            for n in range(NTQ):
+                for c in range(4):
+                    col = U(8 * n) + U(2) * t + U(c % 2)
+                    p = math.exp2(s[n, c] * scale_log2 - Ls[st + col])
+                    if edge:
+                        key = kw + g + U(8 * (c // 2))
+                        if q0 + col >= nq or key >= nk or (CAUSAL and key > q0 + col):
+                            p = float32(0.0)
+                    s[n, c] = p
+                    dp[n, c] = p * (dp[n, c] - Ds[st + col])
+
+    # dV += P^T dO and dK += dS^T Q: A straight from the C fragments (see the module docstring).
+    if WIDE:
+        @step
+        def add_grads(s, dp, dK, dV, part, Qs, dOs, st, lane, g, t):
+            QO = st * URS
+            for which in range(2):
+                for n0 in range(0, NTD, NG):
+                    for nn in range(NG):
+                        for c in range(4):
+                            part[nn, c] = 0.0
+                    for kk in range(QSTEPS):  # b0 = X[query 8kk+2t][dim 8n+g], b1 = X[query 8kk+2t+1][..]
+                        if which == 0:
+                            a0, a1, a2, a3 = s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3]
+                        else:
+                            a0, a1, a2, a3 = dp[kk, 0], dp[kk, 2], dp[kk, 1], dp[kk, 3]
+                        (a0, e0), (a1, e1), (a2, e2), (a3, e3) = split(a0), split(a1), split(a2), split(a3)
+                        for nn in range(NG):
+                            base = QO + (U(8 * kk) + U(2) * t) * URS + U(8 * (n0 + nn)) + g
+                            if which == 0:
+                                b0, b1 = dOs[base], dOs[base + URS]
+                            else:
+                                b0, b1 = Qs[base], Qs[base + URS]
+                            part[nn, 0], part[nn, 1], part[nn, 2], part[nn, 3] = mma_tf(
+                                a0, a1, a2, a3, e0, e1, e2, e3, b0, b1, part[nn, 0], part[nn, 1], part[nn, 2],
+                                part[nn, 3])
+                    for nn in range(NG):  # fp32 adds: a tensor-core sum over many tiles drifts (tensor.py)
+                        for c in range(4):
+                            if which == 0:
+                                dV[n0 + nn, c] += part[nn, c]
+                            else:
+                                dK[n0 + nn, c] += part[nn, c]
+    else:
+        @step
+        def add_grads(s, dp, dK, dV, part, Qs, dOs, st, lane, g, t):
+            for kk in range(QSTEPS):  # k-step kk = n-tiles 2kk and 2kk+1, packed to 16 bits
+                p0, p1 = pack(s[2 * kk, 0], s[2 * kk, 1]), pack(s[2 * kk, 2], s[2 * kk, 3])
+                p2, p3 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1]), pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+                d0, d1 = pack(dp[2 * kk, 0], dp[2 * kk, 1]), pack(dp[2 * kk, 2], dp[2 * kk, 3])
+                d2, d3 = pack(dp[2 * kk + 1, 0], dp[2 * kk + 1, 1]), pack(dp[2 * kk + 1, 2], dp[2 * kk + 1, 3])
+                for n2 in range(NTD // 2):  # ldmatrix.trans: B of two 8-dim n-tiles, rows = queries
+                    row = st + U(16 * kk) + (lane // U(8)) % U(2) * U(8) + lane % U(8)
+                    word = row * URS + U(8 * n2) + lane // U(16) * U(4)
+                    o00, o01, o10, o11 = mma.ldmatrix_x4_trans(dOs, word)
+                    q00, q01, q10, q11 = mma.ldmatrix_x4_trans(Qs, word)
+                    for half in range(2):
+                        n = 2 * n2 + half
+                        b0, b1 = (o00, o01) if half == 0 else (o10, o11)
+                        dV[n, 0], dV[n, 1], dV[n, 2], dV[n, 3] = mma16(p0, p1, p2, p3, b0, b1,
+                                                                       dV[n, 0], dV[n, 1], dV[n, 2], dV[n, 3])
+                        b0, b1 = (q00, q01) if half == 0 else (q10, q11)
+                        dK[n, 0], dK[n, 1], dK[n, 2], dK[n, 3] = mma16(d0, d1, d2, d3, b0, b1,
+                                                                       dK[n, 0], dK[n, 1], dK[n, 2], dK[n, 3])
+
+    @step
+    def store_ds(dSs, dp, warp, g, t):
+        """dS^T to shared memory (zeros when the warp has none): the transpose dQ needs goes through here."""
+        for n in range(NTQ):
+            for r in range(2):
+                row = (warp * U(16) + g + U(8 * r)) * UDRS
+                if WIDE:
+                    dSs[row + U(8 * n) + U(2) * t] = dp[n, 2 * r]
+                    dSs[row + U(8 * n) + U(2) * t + U(1)] = dp[n, 2 * r + 1]
+                else:
+                    dSs[row + U(4 * n) + t] = pack(dp[n, 2 * r], dp[n, 2 * r + 1])
+
+    if WIDE:
+        @step
+        def dq_products(dq, dSs, Ks, rg, np0, lane, g, t):
+            """dS K for unit (row group rg, pairs from np0) over the block's keys (tf32)."""
+            for kk in range(KSTEPS_K):  # a0 = dS[query g][key 2t] = dS^T[2t][g], renumbered as in dV's products
+                ab = (U(8 * kk) + U(2) * t) * UDRS + rg * U(16) + g
+                a0, a1, a2, a3 = dSs[ab], dSs[ab + U(8)], dSs[ab + UDRS], dSs[ab + UDRS + U(8)]
+                (a0, e0), (a1, e1), (a2, e2), (a3, e3) = split(a0), split(a1), split(a2), split(a3)
+                for n in range(2 * DQ_NP):  # b0 = K[key 8kk+2t][dim 8n+g], b1 = K[key 8kk+2t+1][..]
+                    base = (U(8 * kk) + U(2) * t) * URS + (np0 * U(2) + U(n)) * U(8) + g
+                    dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3] = mma_tf(a0, a1, a2, a3, e0, e1, e2, e3, Ks[base],
+                                                                    Ks[base + URS], dq[n, 0], dq[n, 1], dq[n, 2],
+                                                                    dq[n, 3])
+    else:
+        @step
+        def dq_products(dq, dSs, Ks, rg, np0, lane, g, t):
+            """dS K for unit (row group rg, pairs from np0) over the block's keys (16-bit)."""
+            for kk in range(KSTEPS_K):
+                # ldmatrix.trans of dS^T: lane 8i + r gives stored row (key) 16kk + (i//2)*8 + r, query words
+                # rg*8 + (i%2)*4; transposed on the way, the four matrices are dS's A fragment a0..a3.
+                key = U(16 * kk) + lane // U(16) * U(8) + lane % U(8)
+                a0, a1, a2, a3 = mma.ldmatrix_x4_trans(dSs, key * UDRS + rg * U(8) + (lane // U(8)) % U(2) * U(4))
+                krow = U(16 * kk) + (lane // U(8)) % U(2) * U(8) + lane % U(8)
+                for n2 in range(DQ_NP):  # K's B fragments (k = keys) by ldmatrix.trans, like V in the forward
+                    word = krow * URS + (np0 + U(n2)) * U(8) + lane // U(16) * U(4)
+                    k00, k01, k10, k11 = mma.ldmatrix_x4_trans(Ks, word)
+                    for half in range(2):
+                        n = 2 * n2 + half
+                        b0, b1 = (k00, k01) if half == 0 else (k10, k11)
+                        dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3] = mma16(a0, a1, a2, a3, b0, b1,
+                                                                       dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3])
+
+    @step
+    def add_dq(dq, dqh, dSs, Ks, q0, nq, scale, warp, lane, g, t):
+        """dQ_i += scale * dS K: unit u = (16 query rows, DQ_NP pairs of n-tiles), spread over the warps; each
+        warp adds its units into the float32 accumulator with atomics."""
+        u = warp
+        while u < U(DQ_UNITS):
+            rg, np0 = u // U(NPAIR // DQ_NP), (u % U(NPAIR // DQ_NP)) * U(DQ_NP)
+            for n in range(2 * DQ_NP):
+                for c in range(4):
+                    dq[n, c] = 0.0
+            dq_products(dq, dSs, Ks, rg, np0, lane, g, t)
+            for r in range(2):
+                row = q0 + rg * U(16) + g + U(8 * r)
+                if row < nq:
+                    for n in range(2 * DQ_NP):
+                        col = (np0 * U(2) + U(n)) * U(8) + U(2) * t
+                        cuda.atomic.add(dqh, (row, col), dq[n, 2 * r] * scale)
+                        cuda.atomic.add(dqh, (row, col + U(1)), dq[n, 2 * r + 1] * scale)
+            u += U(NW)
+
+    @step
+    def store(dk, dv, dK, dV, b, hk, kw, g, t, nk, scale):
+        """dK_j (times scale) and dV_j to HBM in the inputs' type; zero for keys no query sees."""
+        for r in range(2):
+            key = kw + g + U(8 * r)
+            if key < nk:
+                for n in range(NTD):
+                    x0, x1 = dK[n, 2 * r] * scale, dK[n, 2 * r + 1] * scale
+                    y0, y1 = dV[n, 2 * r], dV[n, 2 * r + 1]
+                    if WIDE:
+                        dk[b, hk, key, U(8 * n) + U(2) * t] = x0
+                        dk[b, hk, key, U(8 * n) + U(2) * t + U(1)] = x1
+                        dv[b, hk, key, U(8 * n) + U(2) * t] = y0
+                        dv[b, hk, key, U(8 * n) + U(2) * t + U(1)] = y1
+                    else:
+                        dk[b, hk, key, U(4 * n) + t] = pack(x0, x1)
+                        dv[b, hk, key, U(4 * n) + t] = pack(y0, y1)
 
     @cuda.jit
     def preprocess(o, do, D, dq_acc, n_heads):
@@ -300,338 +692,58 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
                     D[b, h, i] = acc
 
     @cuda.jit(fastmath=FASTMATH)
-    def main(q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, scale, scale_log2, seed):
+    def main(q, k, v, do, lse, D, dq_acc, dk, dv, n_heads, scale, scale_log2, left, right, cap, slopes, seed):
         words = cuda.shared.array(0, DT)  # the dynamic shared memory; floats: the same bytes as float32
         floats = cuda.shared.array(0, float32)
-        Ks = words[:K_WORDS]
-        Vs = words[V_AT:Q_AT]  # v_shared only
-        Qs = words[Q_AT:DO_AT]
-        dOs = words[DO_AT:DS_AT]
+        Ks, Vs, Qs, dOs = words[:V_AT], words[V_AT:Q_AT], words[Q_AT:DO_AT], words[DO_AT:DS_AT]  # Vs: v_shared only
         dSs = words[DS_AT:L_AT]  # dS^T, rows = the block's keys
-        Ls = floats[L_AT:D_AT]  # lse * log2(e) of the tile's queries
-        Ds = floats[D_AT:D_AT + STATS]
+        Ls, Ds = floats[L_AT:D_AT], floats[D_AT:END]  # lse * log2(e) and D of the tiles' queries
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)
-        # grid (key blocks, B * H_kv): under GQA / MQA the block walks the query tiles of every query head that
-        # reads its K/V head (group = H / H_kv of them), so dK_j and dV_j sum over them in registers. A build
-        # of its own (gqa=True): the index arithmetic costs registers that MHA need not pay.
-        n_kv = U(k.shape[1]) if GQA else U(n_heads)
-        group = U(n_heads) // n_kv if GQA else U(1)
-        bh = U(cuda.blockIdx.y)
-        b, hk = bh // n_kv, bh % n_kv
+        b, hk, group = place(k, n_heads)
         nq, nk = U(q.shape[2]), U(k.shape[2])
         k0 = U(cuda.blockIdx.x) * UBK
         kw = k0 + warp * U(16)  # this warp's first key
         kh, vh = k[b, hk], v[b, hk]
-
-        # K_j (and V_j if v_shared) to shared memory (zeros past Nk), in the first group of copies.
-        for it in range(-(-K_CHUNKS // NT)):
-            e = U(it * NT) + tid
-            if e < U(K_CHUNKS):
-                row, col = e // U(CPR), (e % U(CPR)) * U(4)
-                ok = k0 + row < nk
-                if ASYNC:
-                    mma.cp_async16(Ks, row * URS + col, kh, k0 + row if ok else U(0), col, 16 if ok else 0)
-                    if VSH:
-                        mma.cp_async16(Vs, row * URS + col, vh, k0 + row if ok else U(0), col, 16 if ok else 0)
-                else:
-                    for c in range(4):
-                        Ks[row * URS + col + U(c)] = kh[k0 + row, col + U(c)] if ok else DT(0)
-                        if VSH:
-                            Vs[row * URS + col + U(c)] = vh[k0 + row, col + U(c)] if ok else DT(0)
-        # V's A fragments for this warp's 16 keys, kept in registers: rows kw+g and kw+g+8 (zeros past Nk).
         vf = cuda.local.array(VREGS, DT)
-        for ks in range(0 if VSH else KSTEPS):
-            for j in range(4):  # a0: (g, word t)  a1: (g+8, t)  a2: (g, t+4)  a3: (g+8, t+4) of k-step ks
-                row = kw + g + U(8 * (j % 2))
-                vf[4 * ks + j] = vh[row, U(8 * ks) + t + U(4 * (j // 2))] if row < nk else DT(0)
-
         dK = cuda.local.array((NTD, 4), float32)
         dV = cuda.local.array((NTD, 4), float32)
-        for n in range(NTD):
-            for j in range(4):
-                dK[n, j] = 0.0
-                dV[n, j] = 0.0
         s = cuda.local.array((NTQ, 4), float32)  # S^T, then P^T
         dp = cuda.local.array((NTQ, 4), float32)  # dP^T, then dS^T
         part = cuda.local.array((NG, 4), float32)  # 3xTF32: one tile's sum for NG n-tiles of dK or dV
         dq = cuda.local.array((DQ_NT, 4), float32)
 
-        q_first = k0 // UBQ * UBQ if CAUSAL else U(0)  # earlier queries see none of this block's keys
-        q_end = nq
-        off, capr, slope, zh = I(0), float32(0.0), float32(0.0), U(0)
-        if EXTRA:  # only the query tiles that meet this block's band (signed positions, as in backward.py)
-            if BRA:
-                off = I(nk) - I(nq)  # query i sits at position i + Nk - Nq
-            q_first = U(0)
-            if RIGHT >= I(0):  # the first row that may see key k0
-                first = I(k0) - off - RIGHT
-                if first > I(0):
-                    q_first = U(first) // UBQ * UBQ
-            if WL >= I(0):  # one past the last row that may see the block's last key
-                last = I(min(k0 + UBK, nk)) - I(1) - off + WL
-                q_end = U(min(max(last + I(1), I(0)), I(nq)))
-            capr = CAP_LOG2 / scale_log2  # S^T stays in raw units, as in the forward: softcap / scale
-        n_tiles = (q_end - q_first + UBQ - U(1)) // UBQ if q_first < q_end else U(0)
+        load_kv(Ks, Vs, kh, vh, k0, nk, tid)
+        load_v_fragments(vf, vh, kw, g, t, nk)
+        zero(dK, dV, NTD)
+        off, q_first, n_tiles = query_tiles(k0, nq, nk, left, right)
+        capr = cap / scale_log2  # S^T stays in raw units, as in the forward
         copy_row, copy_col = tid // U(CPR), (tid % U(CPR)) * U(4)
         qstride, dostride = U(q.strides[2]) // U(4), U(do.strides[2]) // U(4)  # words between rows
         q_in, do_in = uint32(copy_row * qstride + copy_col), uint32(copy_row * dostride + copy_col)
         q_step, do_step = uint32(U(QSTEP) * qstride), uint32(U(QSTEP) * dostride)
-        for j in range(group * n_tiles + U(LAG)):  # tile j: query head hk * group + j // n_tiles
-            if j < group * n_tiles:  # copy tile j of Q, dO (zeros past Nq), lse * log2(e) and D to stage j % NST
-                if GQA:
-                    hq, qc = hk * group + j // n_tiles, q_first + (j % n_tiles) * UBQ
-                else:
-                    hq, qc = hk, q_first + j * UBQ
-                qh, doh, lh, dh = q[b, hq], do[b, hq], lse[b, hq], D[b, hq]
-                st = (j % U(NST)) * UBQ
-                qbase, dobase = qc * qstride, qc * dostride  # the tile's first element, once per tile
-                for it in range(-(-Q_CHUNKS // NT) if LINEAR else 0):  # (LINEAR is a compile-time constant)
-                    row = copy_row + U(it * QSTEP)
-                    if Q_EVEN or row < UBQ:
-                        ok = qc + row < nq
-                        dst, nbytes = (st + row) * URS + copy_col, 16 if ok else 0
-                        qat = uint32(q_in + uint32(it) * q_step) if ok else uint32(copy_col)
-                        doat = uint32(do_in + uint32(it) * do_step) if ok else uint32(copy_col)
-                        mma.cp_async16_flat(Qs, dst, qh, qbase, qat, nbytes)
-                        mma.cp_async16_flat(dOs, dst, doh, dobase, doat, nbytes)
-                for it in range(0 if LINEAR else -(-Q_CHUNKS // NT)):  # the general copy: sm_75, or odd row chunks
-                    e = U(it * NT) + tid
-                    if e < U(Q_CHUNKS):
-                        row, col = e // U(CPR), (e % U(CPR)) * U(4)
-                        ok = qc + row < nq
-                        dst = (st + row) * URS + col
-                        if ASYNC:
-                            src, nbytes = qc + row if ok else U(0), 16 if ok else 0
-                            mma.cp_async16(Qs, dst, qh, src, col, nbytes)
-                            mma.cp_async16(dOs, dst, doh, src, col, nbytes)
-                        else:
-                            for c in range(4):
-                                Qs[dst + U(c)] = qh[qc + row, col + U(c)] if ok else DT(0)
-                                dOs[dst + U(c)] = doh[qc + row, col + U(c)] if ok else DT(0)
-                for rr in range(STAT_ROUNDS):  # more than one where block_q > 32 * warps (rows > threads)
-                    r = tid + U(rr * NT)
-                    if r < UBQ:
-                        ok = qc + r < nq
-                        Ls[st + r] = lh[qc + r] * float32(LOG2E) if ok else float32(0.0)
-                        Ds[st + r] = dh[qc + r] if ok else float32(0.0)
-            if ASYNC:
-                mma.cp_async_commit()
-                if j == U(0):
-                    continue
-                mma.cp_async_wait(1)  # this thread's copies of tile j - 1 have landed ...
-            cuda.syncthreads()  # ... and everyone's; everyone is also done with dS^T of the tile before
-            if GQA:
-                hc = hk * group + (j - U(LAG)) // n_tiles  # the tile's query head
-                q0, dqh = q_first + ((j - U(LAG)) % n_tiles) * UBQ, dq_acc[b, hc]
-            else:
-                hc = hk
-                q0, dqh = q_first + (j - U(LAG)) * UBQ, dq_acc[b, hk]
+        for j in range(group * n_tiles + U(LAG)):  # copy tile j while tile j - LAG is computed
+            if j < group * n_tiles:
+                hq, qc = tile_at(j, hk, group, n_tiles, q_first)
+                copy_tile(q, do, lse, D, Qs, dOs, Ls, Ds, b, hq, qc, (j % U(NST)) * UBQ, nq, tid, copy_row,
+                          copy_col, qstride, dostride, q_in, do_in, q_step, do_step)
+            if not landed(j):
+                continue
+            cuda.syncthreads()  # everyone's copies have landed; everyone is done with dS^T of the tile before
+            hc, q0 = tile_at(j - U(LAG), hk, group, n_tiles, q_first)
             st = ((j - U(LAG)) % U(NST)) * UBQ  # the stage (row offset) the tile is in
-            QO = st * URS
-            # Under causal masking, a warp whose 16 keys come after every query of the tile has P = 0.
-            live = not CAUSAL or q0 + UBQ > kw
-            if EXTRA:  # the warp's keys [kw, kw + 16) against the band of the tile's rows: P = 0 outside
-                live = kw < nk
-                if RIGHT >= I(0):
-                    live = live and I(kw) <= I(q0) + I(UBQ) - I(1) + off + RIGHT
-                if WL >= I(0):
-                    live = live and I(kw) + I(15) >= I(q0) + off - WL
-                if ALIBI:  # per (batch, query head) slope, in raw units as the forward's
-                    slope = float32(SLOPES[b * U(n_heads) + hc if PER_B else hc]) / scale_log2
-                if DROP:  # the forward's mask, keyed by (seed, batch, query head, query, key)
-                    zh = z_start(seed, b, hc)
-
-            # S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and the tile's BQ queries.
-            for n in range(NTQ):
-                for c in range(4):
-                    s[n, c] = 0.0
-                    dp[n, c] = 0.0
+            live, slope, zh = warp_band(q0, kw, b, hc, nk, off, left, right, n_heads, slopes, scale_log2, seed)
+            zero(s, dp, NTQ)
             if live:
-                for ks in range(KSTEPS):
-                    if WIDE:
-                        kb = (kw - k0 + g) * URS + U(8 * ks) + t  # K's A fragment from shared memory
-                        a0, a1, a2, a3 = Ks[kb], Ks[kb + U(8) * URS], Ks[kb + U(4)], Ks[kb + U(8) * URS + U(4)]
-                        if VSH:
-                            v0, v1, v2, v3 = Vs[kb], Vs[kb + U(8) * URS], Vs[kb + U(4)], Vs[kb + U(8) * URS + U(4)]
-                        else:
-                            v0, v1, v2, v3 = vf[4 * ks], vf[4 * ks + 1], vf[4 * ks + 2], vf[4 * ks + 3]
-                        (a0, e0), (a1, e1), (a2, e2), (a3, e3) = split(a0), split(a1), split(a2), split(a3)
-                        (v0, w0), (v1, w1), (v2, w2), (v3, w3) = split(v0), split(v1), split(v2), split(v3)
-                        for n in range(NTQ):  # b0 = Q[query 8n+g][dim 8ks+t], b1 = ... dim + 4
-                            base = QO + (U(8 * n) + g) * URS + U(8 * ks) + t
-                            s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_tf(a0, a1, a2, a3, e0, e1, e2, e3, Qs[base],
-                                                                        Qs[base + U(4)], s[n, 0], s[n, 1], s[n, 2],
-                                                                        s[n, 3])
-                            dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma_tf(v0, v1, v2, v3, w0, w1, w2, w3, dOs[base],
-                                                                            dOs[base + U(4)], dp[n, 0], dp[n, 1],
-                                                                            dp[n, 2], dp[n, 3])
-                    else:
-                        # K's A fragment: lane 8i + r gives row r of matrix i = key kw + (i%2)*8 + r, words 8ks + (i//2)*4
-                        key = kw - k0 + (lane // U(8)) % U(2) * U(8) + lane % U(8)
-                        a0, a1, a2, a3 = mma.ldmatrix_x4(Ks, key * URS + U(8 * ks) + lane // U(16) * U(4))
-                        if VSH:
-                            v0, v1, v2, v3 = mma.ldmatrix_x4(Vs, key * URS + U(8 * ks) + lane // U(16) * U(4))
-                        else:
-                            v0, v1, v2, v3 = vf[4 * ks], vf[4 * ks + 1], vf[4 * ks + 2], vf[4 * ks + 3]
-                        for n2 in range(NTQ // 2):  # B fragments of two n-tiles: query n2*16 + (i//2)*8 + r
-                            row = st + U(n2 * 16) + lane // U(16) * U(8) + lane % U(8)
-                            word = row * URS + U(8 * ks) + (lane // U(8)) % U(2) * U(4)
-                            q00, q01, q10, q11 = mma.ldmatrix_x4(Qs, word)
-                            o00, o01, o10, o11 = mma.ldmatrix_x4(dOs, word)
-                            for half in range(2):
-                                n = 2 * n2 + half
-                                b0, b1 = (q00, q01) if half == 0 else (q10, q11)
-                                s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma16(a0, a1, a2, a3, b0, b1,
-                                                                           s[n, 0], s[n, 1], s[n, 2], s[n, 3])
-                                b0, b1 = (o00, o01) if half == 0 else (o10, o11)
-                                dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma16(v0, v1, v2, v3, b0, b1, dp[n, 0],
-                                                                               dp[n, 1], dp[n, 2], dp[n, 3])
-
-                # P^T = exp(scale S^T - lse) and dS^T = P^T (dP^T - D): rows kw+g (c = 0, 1), kw+g+8 (c = 2, 3),
-                # columns (queries) 8n + 2t + c % 2. Masked: queries past Nq and, under causal, keys after the query.
-                # Keys past Nk too: their S^T is 0, and exp(-lse) could overflow 16 bits (inf * 0 = NaN in dQ).
-                # Options: p_ds on every entry (the band, softcap, ALiBi, dropout).
-                if EXTRA:
-                    for n in range(NTQ):
-                        for c in range(2):  # columns 8n + 2t + c: one query each, with keys kw+g and kw+g+8
-                            col = U(8 * n) + U(2) * t + U(c)
-                            zq = z_mix(zh, q0 + col) if DROP else U(0)  # the query's hash state, for both keys
-                            for r in range(2):
-                                s[n, 2 * r + c], dp[n, 2 * r + c] = p_ds(
-                                    s[n, 2 * r + c], dp[n, 2 * r + c], Ls[st + col], Ds[st + col], q0 + col,
-                                    kw + g + U(8 * r), nq, nk, off, capr, slope, zq, scale_log2)
-                else:
-                    edge = q0 + UBQ > nq or kw + U(16) > nk or (CAUSAL and q0 < kw + U(16))
-                    for n in range(NTQ):
-                        for c in range(4):
-                            col = U(8 * n) + U(2) * t + U(c % 2)
-                            p = math.exp2(s[n, c] * scale_log2 - Ls[st + col])
-                            if edge:
-                                key = kw + g + U(8 * (c // 2))
-                                if q0 + col >= nq or key >= nk or (CAUSAL and key > q0 + col):
-                                    p = float32(0.0)
-                            s[n, c] = p
-                            dp[n, c] = p * (dp[n, c] - Ds[st + col])
-
-                # dV += P^T dO and dK += dS^T Q: A straight from the C fragments (see the module docstring).
-                if WIDE:
-                    for which in range(2):
-                        for n0 in range(0, NTD, NG):
-                            for nn in range(NG):
-                                for c in range(4):
-                                    part[nn, c] = 0.0
-                            for kk in range(QSTEPS):  # b0 = X[query 8kk+2t][dim 8n+g], b1 = X[query 8kk+2t+1][..]
-                                if which == 0:
-                                    a0, a1, a2, a3 = s[kk, 0], s[kk, 2], s[kk, 1], s[kk, 3]
-                                else:
-                                    a0, a1, a2, a3 = dp[kk, 0], dp[kk, 2], dp[kk, 1], dp[kk, 3]
-                                (a0, e0), (a1, e1), (a2, e2), (a3, e3) = split(a0), split(a1), split(a2), split(a3)
-                                for nn in range(NG):
-                                    base = QO + (U(8 * kk) + U(2) * t) * URS + U(8 * (n0 + nn)) + g
-                                    if which == 0:
-                                        b0, b1 = dOs[base], dOs[base + URS]
-                                    else:
-                                        b0, b1 = Qs[base], Qs[base + URS]
-                                    part[nn, 0], part[nn, 1], part[nn, 2], part[nn, 3] = mma_tf(
-                                        a0, a1, a2, a3, e0, e1, e2, e3, b0, b1, part[nn, 0], part[nn, 1], part[nn, 2],
-                                        part[nn, 3])
-                            for nn in range(NG):  # fp32 adds: a tensor-core sum over many tiles drifts (tensor.py)
-                                for c in range(4):
-                                    if which == 0:
-                                        dV[n0 + nn, c] += part[nn, c]
-                                    else:
-                                        dK[n0 + nn, c] += part[nn, c]
-                else:
-                    for kk in range(QSTEPS):  # k-step kk = n-tiles 2kk and 2kk+1, packed to 16 bits
-                        p0, p1 = pack(s[2 * kk, 0], s[2 * kk, 1]), pack(s[2 * kk, 2], s[2 * kk, 3])
-                        p2, p3 = pack(s[2 * kk + 1, 0], s[2 * kk + 1, 1]), pack(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
-                        d0, d1 = pack(dp[2 * kk, 0], dp[2 * kk, 1]), pack(dp[2 * kk, 2], dp[2 * kk, 3])
-                        d2, d3 = pack(dp[2 * kk + 1, 0], dp[2 * kk + 1, 1]), pack(dp[2 * kk + 1, 2], dp[2 * kk + 1, 3])
-                        for n2 in range(NTD // 2):  # ldmatrix.trans: B of two 8-dim n-tiles, rows = queries
-                            row = st + U(16 * kk) + (lane // U(8)) % U(2) * U(8) + lane % U(8)
-                            word = row * URS + U(8 * n2) + lane // U(16) * U(4)
-                            o00, o01, o10, o11 = mma.ldmatrix_x4_trans(dOs, word)
-                            q00, q01, q10, q11 = mma.ldmatrix_x4_trans(Qs, word)
-                            for half in range(2):
-                                n = 2 * n2 + half
-                                b0, b1 = (o00, o01) if half == 0 else (o10, o11)
-                                dV[n, 0], dV[n, 1], dV[n, 2], dV[n, 3] = mma16(p0, p1, p2, p3, b0, b1,
-                                                                               dV[n, 0], dV[n, 1], dV[n, 2], dV[n, 3])
-                                b0, b1 = (q00, q01) if half == 0 else (q10, q11)
-                                dK[n, 0], dK[n, 1], dK[n, 2], dK[n, 3] = mma16(d0, d1, d2, d3, b0, b1,
-                                                                               dK[n, 0], dK[n, 1], dK[n, 2], dK[n, 3])
-
-            # dS^T to shared memory (zeros when the warp has none): the transpose dQ needs goes through here.
-            for n in range(NTQ):
-                for r in range(2):
-                    row = (warp * U(16) + g + U(8 * r)) * UDRS
-                    if WIDE:
-                        dSs[row + U(8 * n) + U(2) * t] = dp[n, 2 * r]
-                        dSs[row + U(8 * n) + U(2) * t + U(1)] = dp[n, 2 * r + 1]
-                    else:
-                        dSs[row + U(4 * n) + t] = pack(dp[n, 2 * r], dp[n, 2 * r + 1])
+                scores(s, dp, Ks, Vs, vf, Qs, dOs, st, kw, k0, lane, g, t)
+                probs(s, dp, Ls, Ds, st, q0, kw, g, t, nq, nk, off, left, right, capr, slope, zh, scale_log2)
+                add_grads(s, dp, dK, dV, part, Qs, dOs, st, lane, g, t)
+            store_ds(dSs, dp, warp, g, t)
             cuda.syncthreads()
-
-            # dQ_i += scale * dS K: unit u = (16 query rows, DQ_NP pairs of n-tiles), spread over the warps.
-            u = warp
-            while u < U(DQ_UNITS):
-                rg, np0 = u // U(NPAIR // DQ_NP), (u % U(NPAIR // DQ_NP)) * U(DQ_NP)
-                for n in range(2 * DQ_NP):
-                    for c in range(4):
-                        dq[n, c] = 0.0
-                for kk in range(KSTEPS_K):
-                    if WIDE:  # a0 = dS[query g][key 2t] = dS^T[2t][g], renumbered as in dV's products
-                        ab = (U(8 * kk) + U(2) * t) * UDRS + rg * U(16) + g
-                        a0, a1, a2, a3 = dSs[ab], dSs[ab + U(8)], dSs[ab + UDRS], dSs[ab + UDRS + U(8)]
-                        (a0, e0), (a1, e1), (a2, e2), (a3, e3) = split(a0), split(a1), split(a2), split(a3)
-                        for n in range(2 * DQ_NP):  # b0 = K[key 8kk+2t][dim 8n+g], b1 = K[key 8kk+2t+1][..]
-                            base = (U(8 * kk) + U(2) * t) * URS + (np0 * U(2) + U(n)) * U(8) + g
-                            dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3] = mma_tf(a0, a1, a2, a3, e0, e1, e2, e3, Ks[base],
-                                                                            Ks[base + URS], dq[n, 0], dq[n, 1],
-                                                                            dq[n, 2], dq[n, 3])
-                    else:
-                        # ldmatrix.trans of dS^T: lane 8i + r gives stored row (key) 16kk + (i//2)*8 + r, query words
-                        # rg*8 + (i%2)*4; transposed on the way, the four matrices are dS's A fragment a0..a3.
-                        key = U(16 * kk) + lane // U(16) * U(8) + lane % U(8)
-                        a0, a1, a2, a3 = mma.ldmatrix_x4_trans(dSs, key * UDRS + rg * U(8) + (lane // U(8)) % U(2) * U(4))
-                        krow = U(16 * kk) + (lane // U(8)) % U(2) * U(8) + lane % U(8)
-                        for n2 in range(DQ_NP):  # K's B fragments (k = keys) by ldmatrix.trans, like V in the forward
-                            word = krow * URS + (np0 + U(n2)) * U(8) + lane // U(16) * U(4)
-                            k00, k01, k10, k11 = mma.ldmatrix_x4_trans(Ks, word)
-                            for half in range(2):
-                                n = 2 * n2 + half
-                                b0, b1 = (k00, k01) if half == 0 else (k10, k11)
-                                dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3] = mma16(a0, a1, a2, a3, b0, b1,
-                                                                               dq[n, 0], dq[n, 1], dq[n, 2], dq[n, 3])
-                for r in range(2):
-                    row = q0 + rg * U(16) + g + U(8 * r)
-                    if row < nq:
-                        for n in range(2 * DQ_NP):
-                            col = (np0 * U(2) + U(n)) * U(8) + U(2) * t
-                            cuda.atomic.add(dqh, (row, col), dq[n, 2 * r] * scale)
-                            cuda.atomic.add(dqh, (row, col + U(1)), dq[n, 2 * r + 1] * scale)
-                u += U(NW)
-
-        if ASYNC:
-            mma.cp_async_wait(0)  # no copy may still be in flight when the block ends (n_tiles = 0: K's)
-
-        # dK_j (times scale) and dV_j to HBM in the inputs' type; zero for keys no query sees.
-        for r in range(2):
-            key = kw + g + U(8 * r)
-            if key < nk:
-                for n in range(NTD):
-                    x0, x1 = dK[n, 2 * r] * scale, dK[n, 2 * r + 1] * scale
-                    y0, y1 = dV[n, 2 * r], dV[n, 2 * r + 1]
-                    if WIDE:
-                        dk[b, hk, key, U(8 * n) + U(2) * t] = x0
-                        dk[b, hk, key, U(8 * n) + U(2) * t + U(1)] = x1
-                        dv[b, hk, key, U(8 * n) + U(2) * t] = y0
-                        dv[b, hk, key, U(8 * n) + U(2) * t + U(1)] = y1
-                    else:
-                        dk[b, hk, key, U(4 * n) + t] = pack(x0, x1)
-                        dv[b, hk, key, U(4 * n) + t] = pack(y0, y1)
+            add_dq(dq, dq_acc[b, hc], dSs, Ks, q0, nq, scale, warp, lane, g, t)
+        drain()
+        store(dk, dv, dK, dV, b, hk, kw, g, t, nk, scale)
 
     @cuda.jit
     def cast(src, dst):
@@ -647,22 +759,54 @@ PREPROCESS_WARPS = 4  # warps per block of the preprocess kernel (a warp per que
 PREPROCESS_ROWS = 16  # query rows per block of the preprocess kernel
 
 
+def launches(kernels, B: int, H: int, Nq: int, Nk: int, d: int, H_kv: int, scale: float, tile: BackwardTile,
+             precision: str, args: OptionArgs):
+    """The three launches of one call, described once (_launch.Launch) for the general and the prepared path.
+    Arrays by name: q, k, v, o, do (uint32 pairs for 16-bit precisions, float32 for tf32 ones), lse, slopes
+    (args.slopes on the device), dk, dv, dq (q's type) and the temporaries D and (16-bit) dq_acc, dQ's float32
+    accumulator (dq itself for float32), which the second value lists (name -> (shape, dtype)). The seed goes to
+    the second launch (run_all / PreparedLaunches with seeded=1)."""
+    preprocess, main, cast = kernels
+    wide = precision in ("3xtf32", "tf32")
+    acc = "dq" if wide else "dq_acc"
+    temporaries = {"D": ((B, H, Nq), np.float32)}
+    if not wide:
+        temporaries["dq_acc"] = ((B, H, Nq, d), np.float32)
+    out = [Launch(preprocess, (-(-Nq // PREPROCESS_ROWS), B * H), 32 * PREPROCESS_WARPS, ("o", "do", "D", acc, H)),
+           Launch(main, (-(-Nk // tile.block_k), B * H_kv), tile.threads,  # key blocks x (batch, K/V head)
+                  ("q", "k", "v", "do", "lse", "D", acc, "dk", "dv", H, np.float32(scale),
+                   np.float32(scale * LOG2E), int(args.left), int(args.right), np.float32(args.cap), "slopes",
+                   np.int64(0)), shared=4 * tile.shared_words(d, precision))]
+    if not wide:  # dQ, accumulated in float32, to the inputs' 16-bit type
+        n = B * H * Nq * d
+        out.append(Launch(cast, (-(-(n // 2) // 256),), 256, (Arg(acc, (n,)), Arg("dq", (n // 2,)))))
+    return out, temporaries
+
+
+def signature(precision: str):
+    """main's argument types for C-contiguous arrays (kernels/plan.py)."""
+    from numba import int64, types
+
+    a4 = types.Array(float32 if precision in ("3xtf32", "tf32") else types.uint32, 4, "C")
+    f3, f4 = types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
+    # int64s: the heads, left, right, the dropout seed
+    return (a4, a4, a4, a4, f3, f3, f4, a4, a4, int64, float32, float32, int64, int64, float32,
+            types.Array(float32, 1, "C"), int64)
+
+
 def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, tile: BackwardTile, precision: str,
            *, extras=None, seed=0):
-    """Launch the three kernels on device arrays: q, k, v, o, do, dq, dk, dv as (B, H, N, d/2) uint32 pairs
-    (16-bit precisions) or float32 (B, H, N, d); lse, D float32 (B, H, Nq); dq_acc float32 (B, H, Nq, d),
-    which is dq itself for float32. extras: options.Extras (or None); seed: the dropout seed."""
+    """Launch the three kernels on device arrays (the general path, for tests and lesson 15): q, k, v, o, do, dq,
+    dk, dv as (B, H, N, d/2) uint32 pairs (16-bit precisions) or float32 (B, H, N, d); lse, D float32 (B, H, Nq);
+    dq_acc float32 (B, H, Nq, d), which is dq itself for float32. extras: options.Extras (or None); seed: the
+    dropout seed."""
     B, H, Nq, w = q.shape
     d = w if precision in ("3xtf32", "tf32") else 2 * w
-    preprocess, main, cast = build(d, tile, causal, precision, gqa=k.shape[1] != H, extras=extras)
-    rows = PREPROCESS_ROWS
-    preprocess[(-(-Nq // rows), B * H), 32 * PREPROCESS_WARPS](o, do, D, dq_acc, n_heads)
-    grid = (-(-k.shape[2] // tile.block_k), B * k.shape[1])  # key blocks x (batch, K/V head)
-    launch_with_shared(main, grid, tile.threads, 4 * tile.shared_words(d, precision), q, k, v, do, lse, D, dq_acc,
-                       dk, dv, n_heads, np.float32(scale), np.float32(scale * LOG2E), np.int64(seed))
-    if dq is not dq_acc:
-        n = B * H * Nq * w
-        cast[-(-n // 256), 256](dq_acc.reshape(B * H * Nq * d), dq.reshape(n))
-    return main
-
-
+    features = extras.features() if extras is not None else Features()
+    args = extras.arguments(causal, B, H, True) if extras is not None else plain_arguments(causal)
+    kernels = build(d, tile, causal, precision, gqa=k.shape[1] != H, features=features)
+    described, _ = launches(kernels, B, H, Nq, k.shape[2], d, k.shape[1], scale, tile, precision, args)
+    arrays = dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv, D=D, dq_acc=dq_acc,
+                  slopes=cuda.to_device(args.slopes))
+    run_all(described, arrays, seed=np.int64(seed), seeded=1)
+    return kernels[1]

@@ -13,26 +13,25 @@ import numpy as np
 from ..device import get_cuda, has_gpu
 from ..varlen import check_varlen
 from . import register_backward
-from .options import Extras
-from ._launch import check_kernel_backward_inputs, empty, like_input, shell, to_device, to_host
+from ._launch import check_kernel_backward_inputs, empty, like_input, run_all, shell, to_device, to_host
+from .options import Extras, Features, plain_arguments, query_band, tile_band
+from .register_backward import PREPROCESS_ROWS
 
 
 def key_blocks(cu_q, cu_k, block_q: int, block_k: int, opt) -> np.ndarray:
     """int32 (n, 2) table of (sequence b, first key k0 within it), one row per key block, heaviest first.
 
-    A block's weight is the number of query blocks dkdv visits for it: those whose band (causal, window,
-    alignment as in the kernel) reaches its keys; so long sequences' diagonal blocks start early."""
+    A block's weight is the number of query tiles dkdv visits for it: the tiles of block_q rows that overlap the
+    band of rows that can see its keys (options.query_band, as in the kernel), so long sequences' diagonal blocks
+    start early."""
     nq, nk = np.diff(cu_q), np.diff(cu_k)
     b = np.repeat(np.arange(nk.size), -(-nk // block_k))
     k0 = np.concatenate([np.arange(0, n, block_k) for n in nk]).astype(np.int64)
     nq_b = nq[b]
     off = nk[b] - nq_b if opt.align == "bottom_right" else 0  # query i sits at key position i + off
-    left, right = opt.window
-    if opt.causal:
-        right = min(right, 0) if right >= 0 else 0
-    first = np.clip(k0 - off - right, 0, nq_b) if right >= 0 else 0  # first query row that sees the block
-    end = np.clip(k0 + block_k - off + left, 0, nq_b) if left >= 0 else nq_b  # past the last one
-    weight = np.maximum(-(-end // block_q) - first // block_q, 0)
+    extras = Extras(*opt.window, opt.align == "bottom_right")
+    lo, hi = query_band(k0, k0 + block_k - 1, off, nq_b, extras.left, extras.right_bound(opt.causal))
+    weight = tile_band(lo, hi, block_q)[2]
     order = np.argsort(-weight, kind="stable")
     return np.stack([b[order], k0[order]], axis=1).astype(np.int32)
 
@@ -89,25 +88,28 @@ def flash_attention_varlen_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlen
     check_kernel_backward_inputs(*view.values(), causal=causal, scale=scale, gqa=True)  # dtypes, d
     n_seq = len(cu_q) - 1
     extras = Extras.from_options(opt, n_seq, H)
+    features = extras.features() if extras is not None else Features()
+    args = extras.arguments(opt.causal, n_seq, H, False) if extras is not None else plain_arguments(opt.causal)
     bq, bk, nt = register_backward.default_config(d, simulator=not has_gpu())
     bq, bk, nt = block_q or bq, block_k or bk, threads or nt
     Tk, H_kv = shells["k"].shape[:2]
-    preprocess, dkdv, cast = register_backward.make_kernels(d, bq, bk, nt, gqa=H_kv != H, extras=extras, varlen=True)
+    kernels = register_backward.make_kernels(d, bq, bk, nt, gqa=H_kv != H, features=features, varlen=True)
 
     kind, dtype = kinds["q"], np.dtype(dev["q"].dtype)
     new = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
-    D, dq = new((1, H, Tq), np.float32), new((Tq, H, d), np.float32)  # dQ: float32 atomics
+    half = dtype != np.float32
+    dq_packed = new((Tq, H, d), np.float32)  # dQ's float32 accumulator (atomics), packed
+    dq = new((Tq, H, d), dtype) if half else dq_packed
     dk, dv = new((Tk, H_kv, d), dtype), new((Tk, H_kv, d), dtype)
-    rows = 128 if has_gpu() else 32
-    preprocess[(-(-Tq // rows), H, 1), rows](view["o"], view["do"], D, heads_major(dq))  # total_q, total_k >= 1
     table = key_blocks(cu_q, cu_k, bq, bk, opt)  # covers every key, so dk and dv are written everywhere
+    launches, _ = register_backward.launches(kernels, 1, H, Tq, d, (len(table), H_kv, 1), nt, opt.scale, opt.causal,
+                                             args, half, PREPROCESS_ROWS["gpu" if has_gpu() else "simulator"],
+                                             tables=True)
     cuda = get_cuda()
-    cu = cuda.to_device(np.stack([cu_q, cu_k]).astype(np.int32))
-    dkdv[(len(table), H_kv, 1), nt](view["q"], view["k"], view["v"], view["do"], view["lse"], D, heads_major(dq),
-                                    heads_major(dk), heads_major(dv), np.float32(opt.scale), bool(opt.causal),
-                                    cuda.to_device(table), cu, np.int64(opt.seed))
-    if dtype != np.float32:  # dQ back to the input dtype
-        dq16, n = new((Tq, H, d), dtype), Tq * H * d
-        cast[-(-n // 256), 256](dq.reshape(n), dq16.reshape(n))
-        dq = dq16
+    arrays = dict(view, dq=dq, dq_packed=dq_packed, dq_acc=heads_major(dq_packed), dk=heads_major(dk),
+                  dv=heads_major(dv), D=new((1, H, Tq), np.float32), blocks=cuda.to_device(table),
+                  cu=cuda.to_device(np.stack([cu_q, cu_k]).astype(np.int32)), slopes=cuda.to_device(args.slopes))
+    if not half:
+        arrays["dq"] = arrays["dq_acc"]  # float32: the accumulator is the result (heads-major for the kernels)
+    run_all(launches, arrays, seed=np.int64(opt.seed), seeded=1)  # total_q, total_k >= 1
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
