@@ -1,6 +1,7 @@
 """The library's window, alignment, ALiBi, softcap and dropout in the tensor-core backward
-(kernels/tensor_backward.py, extras=...): dq, dk, dv against float64 gradients (flashlab.flash_attention_v2_backward
-on the forward's float64 o and lse), in the simulator on one warp (block_q = block_k = 16) and on a GPU.
+(kernels/tensor_backward.py, build(..., features=), the values as arguments): dq, dk, dv against float64 gradients
+(flashlab.flash_attention_v2_backward on the forward's float64 o and lse), in the simulator on one warp
+(block_q = block_k = 16) and on a GPU.
 
 The o and lse the kernel gets come from the float64 reference (o rounded to the input type), so a forward's
 own error cannot hide or cause a backward one; rows that see no key get lse = +inf, as from the forward.

@@ -1,8 +1,10 @@
 """flash_attention_backward: check the inputs, plan, and launch a backward kernel; return (dq, dk, dv).
 
 Two variants: "register" (FP32 units, kernels/register_backward.py) and "tensor" (tensor cores,
-kernels/tensor_backward.py). Torch CUDA tensors take the prepared path (kernels/prepared.py) after the first
-call with their shapes: PreparedRegisterBackward and PreparedTensorBackward build the argument lists once.
+kernels/tensor_backward.py). Each kernel module describes its launches once (`launches`): the general path runs
+them on numba arrays (_launch.run_all), and torch CUDA tensors take the prepared path (kernels/prepared.py) after
+the first call with their shapes: PreparedRegisterBackward and PreparedTensorBackward prepare the same
+descriptions once (prepared.PreparedLaunches).
 """
 from __future__ import annotations
 
@@ -119,7 +121,7 @@ def _register_setup(q, k, v, o, lse, do, causal, scale, block_q, block_k, thread
                                                                   gqa=True)
     p = make_plan((B, H, Nq, Nk, d), causal=causal, dtype=np.dtype(dev["q"].dtype).name, direction="backward",
              block_q=block_q, block_k=block_k, threads=threads)
-    return p, scale, 128 if has_gpu() else 32, dev, kinds["q"]
+    return p, scale, register_backward.PREPROCESS_ROWS["gpu" if has_gpu() else "simulator"], dev, kinds["q"]
 
 
 class PreparedRegisterBackward:

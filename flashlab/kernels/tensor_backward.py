@@ -27,15 +27,15 @@ Three launches, as in kernels/register_backward.py (the FP32-unit version); none
    Each warp adds its scale * dS K into the float32 accumulator with atomics, as FlashAttention-2 does.
 3. `cast`: dQ's accumulator to q's dtype (16-bit inputs only).
 
-The library's options (kernels/options.py: window, alignment, ALiBi, softcap, dropout) work as in the forward,
-on the C fragments of S^T (rows = keys, columns = queries): their presence is compiled in (build(...,
-features=)), their values are main's arguments (left, right, cap, slopes), so a new window or slope set compiles
-nothing. A key block visits only the query tiles of options.query_band (causal and window, after alignment), and
-a warp whose 16 keys miss the tile's band (options.key_band) skips its products. P^T is recomputed from the scores as the forward transformed them
-(softcap, then ALiBi, in raw score units), with masked entries *selected* to 0, never multiplied by it: on the
-GPU exp2 of a masked score can be inf (a fused multiply-add keeps rounding error), and rows that see no key
-come with lse = +inf. Softcap multiplies dS^T by its derivative 1 - tanh^2; ALiBi's bias is constant and adds
-no gradient. Dropout regenerates the forward's mask Z (flashlab.dropout, keyed by (seed, batch, query head,
+The library's options (kernels/options.py: window, alignment, ALiBi, softcap, dropout) work as in the forward, on
+the C fragments of S^T (rows = keys, columns = queries): their presence is compiled in (build(..., features=)),
+their values are main's arguments (left, right, cap, slopes), so a new window or slope set compiles nothing. A key
+block visits only the query tiles of options.query_band (causal and window, after alignment), and a warp whose 16
+keys miss the tile's band (options.key_band) skips its products. P^T is recomputed from the scores as the forward
+transformed them (softcap, then ALiBi, in raw score units), with masked entries *selected* to 0, never multiplied
+by it: on the GPU exp2 of a masked score can be inf (a fused multiply-add keeps rounding error), and rows that see
+no key come with lse = +inf. Softcap multiplies dS^T by its derivative 1 - tanh^2; ALiBi's bias is constant and
+adds no gradient. Dropout regenerates the forward's mask Z (flashlab.dropout, keyed by (seed, batch, query head,
 query, key)) on P^T's fragments: dV += (P^T o Z) dO and dS^T = P^T o (dP^T o Z - D). The seed is main's last
 argument (int64) in every build, so a new seed compiles nothing.
 
