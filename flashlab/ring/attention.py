@@ -24,6 +24,7 @@ Communication: gloo for CPU tensors, NCCL for CUDA tensors; ranks are those of `
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,10 @@ from ..torch import _backward as _local_backward
 from ..torch import _check_tensors
 from ..torch import _forward as _local_forward
 from .layout import check_layout, check_length, rank_chunks, visible_chunks
+
+#: Set to a list to record every forward step of this process as (step, compute seconds, seconds waiting for
+#: the next shard): benchmarks/timing/bench_ring.py does, to split a step into its compute and its wait.
+TRACE = None
 
 _LAYOUT_CODE = {"contiguous": 0, "zigzag": 1}
 _DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -142,6 +147,7 @@ def _ring_forward(q, k, v, causal, scale, ring, layout):
     lse = torch.full(q.shape[:-1], -math.inf, dtype=o.dtype, device=q.device)
     kv = (k, v)
     for t in range(w):
+        t0 = time.perf_counter()
         pending = ring.rotate(kv, tag=0) if t < w - 1 else None  # the next shard travels while we compute
         for q_chunks, k_chunks, masked in block_plan(r, (r - t) % w, w, layout, causal):
             q_b = _rows(q, q_chunks, size)
@@ -151,9 +157,12 @@ def _ring_forward(q, k, v, causal, scale, ring, layout):
             o_new, lse_new = merge(o_old, lse_old, o_b.to(o.dtype), lse_b.to(o.dtype))
             _put(o, q_chunks, size, o_new)
             _put(lse.unsqueeze(-1), q_chunks, size, lse_new.unsqueeze(-1))
+        t1 = time.perf_counter()
         if pending is not None:
             kv, requests = pending
             _wait(requests)
+        if TRACE is not None:
+            TRACE.append((t, t1 - t0, time.perf_counter() - t1))
     return o.to(q.dtype), lse
 
 

@@ -200,3 +200,39 @@ def _attention64(q, k, v, causal=False):
         n = q.shape[-2]
         S = S.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
     return torch.softmax(S, dim=-1) @ v
+
+
+def measure(rank, world_size, N, H=4, d=64, causal=True, layout="zigzag", steps=3, seed=0):
+    """One rank of benchmarks/timing/bench_ring.py: the best time of `steps` ring forwards and backwards on CPU
+    float32 shards, and, per ring step of the best forward, the seconds of compute and of waiting for the next
+    shard (attention.TRACE). The first round warms up and is not counted."""
+    import torch
+    import torch.distributed as dist
+
+    from . import attention
+    from .layout import shard
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (shard(torch.randn(1, H, N, d, generator=g), rank, world_size, layout).requires_grad_()
+               for _ in range(3))
+    do = torch.randn_like(q)
+    forward, backward, traces = [], [], []
+    for i in range(steps + 1):
+        attention.TRACE = []
+        dist.barrier()
+        t0 = time.perf_counter()
+        o = attention.ring_attention(q, k, v, causal=causal, layout=layout, check=False)
+        t1 = time.perf_counter()
+        o.backward(do)
+        t2 = time.perf_counter()
+        dist.barrier()
+        if i:
+            forward.append(t1 - t0)
+            backward.append(t2 - t1)
+            traces.append(attention.TRACE)
+    attention.TRACE = None
+
+    best = forward.index(min(forward))  # the least disturbed round, on a machine shared with other work
+    return {"rank": rank, "forward_s": forward[best], "backward_s": min(backward),
+            "compute_s": [traces[best][t][1] for t in range(world_size)],
+            "wait_s": [traces[best][t][2] for t in range(world_size)]}

@@ -1,0 +1,103 @@
+"""Lesson 17's figures and explorer (flashlab.viz.ring): what they draw is checked against flashlab.ring's
+layouts and model; the explorer is driven as a live kernel would, and its static fallback is drawn too."""
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from flashlab import viz  # noqa: E402
+from flashlab.ring import causal_work, model  # noqa: E402
+from flashlab.viz import ring as rviz  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture
+def drive(monkeypatch):
+    """The explorer with ipywidgets.interact replaced by a recorder: returns (sliders, callback(**params))."""
+    widgets = pytest.importorskip("ipywidgets")
+    seen = {}
+
+    def fake_interact(fn, **sliders):
+        seen.update(fn=fn, sliders=sliders)
+        fn(**{name: s.value for name, s in sliders.items()})
+        return "interact"
+
+    monkeypatch.setattr(viz._base, "use_widgets", lambda interactive=None: True)
+    monkeypatch.setattr(widgets, "interact", fake_interact)
+    monkeypatch.setattr(plt, "show", lambda: None)
+    assert rviz.ring_explorer() == "interact"
+
+    def callback(**params):
+        plt.close("all")
+        for name, value in params.items():
+            seen["sliders"][name].value = value  # a value the slider does not offer raises
+        seen["fn"](**{name: s.value for name, s in seen["sliders"].items()})
+        return plt.gcf()
+
+    return seen["sliders"], callback
+
+
+def _compute_bars(ax):
+    return [p for p in ax.patches if p.get_height() == pytest.approx(0.5)]
+
+
+@pytest.mark.parametrize("world_size,N,link,layout,causal", [
+    (4, 131072, "NVLink 4 (450 GB/s)", "zigzag", True), (8, 8192, "PCIe 4 (32 GB/s)", "zigzag", True),
+    (4, 32768, "InfiniBand NDR (50 GB/s)", "contiguous", True), (2, 8192, "NVLink 4 (450 GB/s)", "zigzag", False),
+])
+def test_explorer_draws_the_model_timeline(drive, world_size, N, link, layout, causal):
+    sliders, callback = drive
+    assert {"world_size", "N", "d", "link", "layout", "causal"} <= set(sliders)
+    fig = callback(world_size=world_size, N=N, link=link, layout=layout, causal=causal, d=128)
+    ax = fig.axes[0]
+    tl = model.timeline(world_size, N, 128, 32, 8, 2, model.H100_ATTENTION_FLOPS, rviz.BANDWIDTHS[link], layout,
+                        causal)
+    scale = 1e3 if tl.total >= 1e-3 else 1e6
+    widths = sorted(p.get_width() for p in _compute_bars(ax))
+    want = sorted(x * scale for x in tl.compute.ravel() if x > 0)  # skipped blocks draw no bar
+    assert np.allclose(widths, want)
+    compute = model.step_flops(N / world_size, 128, 32, 0.5 if causal else 1.0) / model.H100_ATTENTION_FLOPS
+    assert ("compute-bound" if compute >= tl.transfer else "link-bound") in ax.get_title()
+
+
+def test_explorer_static_fallback():
+    fig = rviz.ring_explorer(interactive=False)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 4 and any("link-bound" in t for t in titles) and any("compute-bound" in t for t in titles)
+
+
+def test_ring_steps_label_the_shard_each_rank_holds():
+    fig = rviz.plot_ring_steps(4, "contiguous", causal=True)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    held = [t for t in texts if t.startswith("K/V")]
+    assert held[:4] == ["K/V 0", "K/V 3", "K/V 2", "K/V 1"]  # rank 0 at steps 0..3: (0 - t) mod 4
+    assert texts.count("skip") == int((causal_work(4, "contiguous") == 0).sum()) == 6
+
+
+def test_causal_work_bars():
+    fig = rviz.plot_causal_work(8)
+    bars = [p.get_height() for p in fig.axes[0].patches]
+    assert np.allclose(bars[:8], np.arange(8) + 0.5) and np.allclose(bars[8:], 4.0)
+
+
+def test_cpu_measurement_and_scale_figures():
+    data = rviz.load_cpu_measurement()
+    assert data["date"] and "CPU, gloo, no GPU" in data["machine"]
+    assert {r["W"] for r in data["rows"]} == {1, 2, 4} and len({r["N"] for r in data["rows"]}) >= 2
+    fig = rviz.plot_cpu_measurement(data)
+    lines = [line for line in fig.axes[0].get_lines() if "per step" in line.get_label()]
+    assert len(lines) == len({r["N"] for r in data["rows"]})
+    fig = rviz.plot_at_scale()
+    assert len(fig.axes) == 2
+    fig = rviz.plot_crossover()
+    dots = [line for line in fig.axes[0].get_lines() if line.get_marker() == "o"]
+    assert len(dots) == len(rviz.LINKS)
+    fig = rviz.plot_score_owners(16, 4, "zigzag")
+    assert fig.axes[0].images
