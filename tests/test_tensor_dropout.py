@@ -13,7 +13,7 @@ from flashlab.reference import dropout_scale
 
 kernels = pytest.importorskip("flashlab.kernels")
 from flashlab.kernels import flash_attention, tensor  # noqa: E402
-from flashlab.kernels.options import Extras  # noqa: E402
+from flashlab.kernels.options import Extras, Features  # noqa: E402
 from flashlab.kernels.tensor import TensorTile  # noqa: E402
 
 BIG = 2 ** 40 + 11  # a seed whose high 32 bits are not 0
@@ -108,10 +108,10 @@ def test_dropout_builds_and_the_paged_build():
     """Dropout alone keeps the plain kernel's masking (a build of its own); the paged build, whose rows are
     (query head, row) pairs of a GQA group, has no dropout and says so."""
     tile = TensorTile(1, 16)
-    assert tensor.build(16, tile, True, "f16", extras=Extras(dropout_p=0.1)) is not \
-        tensor.build(16, tile, True, "f16", extras=Extras(dropout_p=0.2))
+    assert tensor.build(16, tile, True, "f16", features=Features(dropout_p=0.1)) is not \
+        tensor.build(16, tile, True, "f16", features=Features(dropout_p=0.2))
     with pytest.raises(ValueError, match=r"dropout_p=0\.1 with page=16.*use page=0"):
-        tensor.build(16, tile, False, "f16", split=True, page=16, extras=Extras(dropout_p=0.1))
+        tensor.build(16, tile, False, "f16", split=True, page=16, features=Features(dropout_p=0.1))
 
 
 gpu = pytest.mark.skipif(not fl.device.has_gpu(), reason="needs a CUDA GPU")

@@ -7,11 +7,9 @@ from .._inputs import check_options, check_seed
 from ..device import device_limits
 from . import plan as planner
 from . import prepared, register, shared, tensor
-from ._launch import (all_to_device_words, check_dropout_variant, check_kernel_inputs, empty, empty_words, like_input,
-                      to_device)
-from .common import LOG2E
+from ._launch import (Launches, all_to_device_words, check_dropout_variant, check_kernel_inputs, empty, empty_words,
+                      like_input, to_device)
 from .options import Extras
-from .split_kv import build_merge
 
 VARIANTS = planner.VARIANTS["forward"]
 
@@ -59,16 +57,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
                 call = prepared.store(key, PreparedForward(plan_, scale_, q, k, v))
             return call(q, k, v)
     plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options)
-    H, causal = plan.problem.H, plan.problem.causal
-    alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731 (partial results of split-KV)
-    if plan.variant == "register":
-        register.launch(q_d, k_d, v_d, o, lse, H, scale, causal, plan.config, splits=plan.splits,
-               heavy_first=plan.heavy_first, section=plan.section, alloc=alloc)
-    elif plan.variant == "tensor":
-        tensor.launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, plan.config, plan.precision, splits=plan.splits,
-               heavy_first=plan.heavy_first, section=plan.section, alloc=alloc)
-    else:
-        shared.launch(q_d, k_d, v_d, o, lse, H, scale, causal, *plan.config)
+    arrays = {"q": q_d, "k": k_d, "v": v_d, "o": o if o_words is None else o_words, "lse": lse}
+    describe(plan, scale, q_d.shape, k_d.shape).run(arrays, lambda shape, dt: empty(shape, dt, kind, like=q))
     return like_input(o, kind), like_input(lse, kind)
 
 
@@ -89,14 +79,25 @@ def _with_extras(q, k, v, options, library):
                                   f"'register' or 'tensor' so far; got variant={plan.variant!r}")
     if key is not None:  # checked: prepare this key's launch once, as plain calls do
         return prepared.store(key, PreparedForward(plan, scale, q, k, v, extras))(q, k, v, opt.seed)
-    alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
-    common = dict(splits=plan.splits, heavy_first=plan.heavy_first, section=plan.section, alloc=alloc, extras=extras,
-                  seed=opt.seed)
-    if plan.variant == "tensor":
-        tensor.launch(q_d, k_d, v_d, o_words, lse, H, scale, plan.problem.causal, plan.config, plan.precision, **common)
-    else:
-        register.launch(q_d, k_d, v_d, o, lse, H, scale, plan.problem.causal, plan.config, **common)
+    arrays = {"q": q_d, "k": k_d, "v": v_d, "o": o if o_words is None else o_words, "lse": lse}
+    describe(plan, scale, q_d.shape, k_d.shape, extras).run(arrays, lambda shape, dt: empty(shape, dt, kind, like=q),
+                                                            np.int64(opt.seed))
     return like_input(o, kind), like_input(lse, kind)
+
+
+def describe(plan, scale, q_shape, k_shape, extras=None) -> Launches:
+    """The launches of a forward plan for q (B, H, Nq, ·) and k (B, H_kv, Nk, ·) (the last axis is not read: d is
+    the plan's), described by the kernel module (register.py, tensor.py, shared.py); extras: the library's
+    options."""
+    p = plan.problem
+    q_shape, k_shape = (*q_shape[:3], p.d), (*k_shape[:3], p.d)
+    if plan.variant == "register":
+        return register.launches(q_shape, k_shape, scale, p.causal, plan.config, splits=plan.splits,
+                                 heavy_first=plan.heavy_first, section=plan.section, extras=extras)
+    if plan.variant == "tensor":
+        return tensor.launches(q_shape, k_shape, scale, p.causal, plan.config, plan.precision, splits=plan.splits,
+                               heavy_first=plan.heavy_first, section=plan.section, extras=extras)
+    return shared.launches(q_shape, k_shape, scale, p.causal, *plan.config)
 
 
 def setup(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, splits, plan, *, extras=False):
@@ -151,77 +152,44 @@ def prepare(q, k, v, *, causal=False, scale=None, block_q=None, block_k=None, pr
     inputs came ("numpy", "numba" or "torch") for _launch.like_input."""
     p, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, causal, scale, "tensor", block_q, block_k,
                                                              None, precision, splits, plan)
-    H, causal = p.problem.H, p.problem.causal
+    described = describe(p, scale, q_d.shape, k_d.shape)
+    alloc = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731 (partial results of split-KV)
+    arrays = {"q": q_d, "k": k_d, "v": v_d, "o": o_words, "lse": lse}
 
     def run():
-        tensor.launch(q_d, k_d, v_d, o_words, lse, H, scale, causal, p.config, p.precision, splits=p.splits,
-               heavy_first=p.heavy_first, section=p.section, alloc=lambda shape, dt: empty(shape, dt, kind, like=q))
+        described.run(arrays, alloc)
 
     return run, o, lse, kind
 
 
 class PreparedForward:
-    """flash_attention for torch tensors of one key: torch allocates the outputs, then one launch (or the
+    """flash_attention for torch tensors of one key: the kernel module's launch description (describe), prepared
+    once (prepared.PreparedLaunches); a call allocates the outputs with torch and launches (one kernel, or the
     split kernel and the merge). k and v may have fewer heads (GQA: the build that maps query heads to K/V heads).
-    extras: the library's options (options.Extras), or None; call(q, k, v, seed) passes the dropout seed to the
-    kernel."""
+    extras: the library's options (options.Extras), or None; call(q, k, v, seed) passes the dropout seed."""
 
     def __init__(self, plan, scale, q, k, v, extras=None):
         import torch  # optional: only torch tensors come here
 
         p = plan.problem
-        self.plan = plan
-        self.words = plan.variant == "tensor" and p.dtype != "float32"
         self.out_dtype = q.dtype
         self.shapes = ((p.B, p.H, p.Nq, p.d), (p.B, p.H, p.Nq))
-        self.part_shapes = ((p.B, p.H, plan.splits, p.Nq, p.d), (p.B, p.H, plan.splits, p.Nq))
-        ins = [prepared.torch_spec(x) for x in (q, k, v)]
-        o = prepared.Spec.contiguous(self.shapes[0], {torch.float32: np.float32, torch.float16: np.float16,
-                                             torch.bfloat16: np.uint16}[q.dtype])
-        lse = prepared.Spec.contiguous(self.shapes[1], np.float32)
-        if self.words:
-            ins, o = [s.words() for s in ins], o.words()
-        scalars = (p.Nq, p.Nk, p.H, np.float32(scale * LOG2E))
-        if plan.variant in ("register", "tensor"):
-            scalars += (np.int64(0),)  # the dropout seed, set on each call that has dropout
-        kernel = self._kernel(extras, gqa=k.shape[1] != q.shape[1])
-        threads = plan.threads
-        if plan.splits == 1:
-            self.kernels = [prepared.PreparedKernel(kernel, plan.grid, threads, ins + [o, lse, *scalars])]
-        else:
-            S = plan.splits
-            o_part = prepared.Spec.contiguous(self.part_shapes[0], np.float32)
-            lse_part = prepared.Spec.contiguous(self.part_shapes[1], np.float32)
-            views = [o_part.reshape((p.B, p.H * S, p.Nq, p.d)), lse_part.reshape((p.B, p.H * S, p.Nq))]
-            out = o.values(np.float16) if self.words else o
-            self.kernels = [prepared.PreparedKernel(kernel, plan.grid, threads, ins + views + list(scalars)),
-                            prepared.PreparedKernel(build_merge(p.d, normalised=True), (p.Nq, p.H, p.B), p.d,
-                                           [lse_part, lse_part, o_part, out, lse, S])]
-
-    def _kernel(self, extras, gqa):
-        plan, p = self.plan, self.plan.problem
-        split = plan.splits > 1
-        if plan.variant == "register":
-            return register.build(p.d, plan.config, p.causal, split=split, heavy_first=plan.heavy_first, gqa=gqa,
-                         extras=extras)
-        if plan.variant == "tensor":
-            return tensor.build(p.d, plan.config, p.causal, plan.precision, split=split, heavy_first=plan.heavy_first,
-                         gqa=gqa, extras=extras)
-        return shared.build(p.d, *plan.config, p.causal, gqa=gqa)
+        described = describe(plan, scale, tuple(q.shape), tuple(k.shape), extras)
+        specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k", k), ("v", v))}
+        specs["o"] = prepared.Spec.contiguous(self.shapes[0], specs["q"].dtype)
+        specs["lse"] = prepared.Spec.contiguous(self.shapes[1], np.float32)
+        # the option arrays (ALiBi slopes), on the device for as long as this call is kept: every launch reads them
+        self.host = {name: torch.from_numpy(x).to(q.device) for name, x in described.host.items()}
+        specs.update({name: prepared.torch_spec(t) for name, t in self.host.items()})
+        self.pointers = {name: t.data_ptr() for name, t in self.host.items()}
+        self.launches = prepared.PreparedLaunches(described.launches, specs, described.temporaries)
 
     def __call__(self, q, k, v, seed=None):
         import torch  # optional: only torch tensors come here
 
-        stream = prepared.current_stream(q)
         o = torch.empty(self.shapes[0], dtype=self.out_dtype, device=q.device)
         lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
-        ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr()]
-        if len(self.kernels) == 1:
-            self.kernels[0].launch(stream, ptrs + [o.data_ptr(), lse.data_ptr()], seed)
-        else:
-            o_part = torch.empty(self.part_shapes[0], dtype=torch.float32, device=q.device)
-            lse_part = torch.empty(self.part_shapes[1], dtype=torch.float32, device=q.device)
-            self.kernels[0].launch(stream, ptrs + [o_part.data_ptr(), lse_part.data_ptr()], seed)
-            self.kernels[1].launch(stream, [lse_part.data_ptr(), lse_part.data_ptr(), o_part.data_ptr(),
-                                            o.data_ptr(), lse.data_ptr()])
+        self.launches(prepared.current_stream(q), dict(self.pointers, q=q.data_ptr(), k=k.data_ptr(),
+                                                       v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr()),
+                      q.device, seed)
         return o, lse

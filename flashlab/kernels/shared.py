@@ -17,6 +17,7 @@ import numpy as np
 from numba import float32
 
 from ..device import get_cuda
+from ._launch import Launch, Launches
 from .common import FASTMATH, LN2, LOG2E, NEG
 
 cuda = get_cuda()  # a module global, so the simulator can swap in its fake module
@@ -103,9 +104,17 @@ def build(d: int, block_q: int, block_k: int, causal: bool, gqa: bool = False):
     return flash_fwd_shared
 
 
-def launch(q, k, v, o, lse, n_heads, scale, causal, block_q, block_k):
-    B, H, Nq, d = q.shape
-    kernel = build(d, block_q, block_k, causal, gqa=k.shape[1] != q.shape[1])
+def launches(q_shape, k_shape, scale, causal, block_q, block_k) -> Launches:
+    """The launch for q of shape (B, H, Nq, d) and k (B, H_kv, Nk, d), arrays by name: q, k, v, o, lse."""
+    B, H, Nq, d = q_shape
+    kernel = build(d, block_q, block_k, causal, gqa=k_shape[1] != H)
     grid = ((Nq + block_q - 1) // block_q, B * H)
-    kernel[grid, block_q](q, k, v, o, lse, Nq, k.shape[2], n_heads, np.float32(scale * LOG2E))
-    return kernel
+    return Launches([Launch(kernel, grid, block_q, ("q", "k", "v", "o", "lse", Nq, k_shape[2], H,
+                                                     np.float32(scale * LOG2E)))], {}, {})
+
+
+def launch(q, k, v, o, lse, n_heads, scale, causal, block_q, block_k):
+    """Launch on device arrays (B, H, N, d) (the general path of `launches`); returns the kernel."""
+    run = launches(q.shape, k.shape, scale, causal, block_q, block_k)
+    run.run({"q": q, "k": k, "v": v, "o": o, "lse": lse})
+    return run.launches[0].kernel

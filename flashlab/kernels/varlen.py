@@ -11,8 +11,6 @@ tensor.build(varlen=True)) launches one block per entry and head: grid (table ro
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from .._inputs import check_seed
@@ -20,17 +18,17 @@ from ..device import device_limits, get_cuda
 from ..varlen import check_varlen
 from . import plan as planner
 from . import prepared, register, tensor
-from ._launch import all_to_device_words, empty, empty_words, like_input, shell, to_device, to_host
+from ._launch import all_to_device_words, empty, empty_words, like_input, run_all, shell, to_device, to_host
 from .backward import default_variant
-from .common import LOG2E
-from .options import Extras
+from .options import Extras, key_band, tile_band
 
 
-def block_table(cu_q, cu_k, block_q: int, block_k: int, causal: bool, bottom_right: bool = False) -> np.ndarray:
+def block_table(cu_q, cu_k, block_q: int, block_k: int, causal: bool, bottom_right: bool = False,
+                window=(-1, -1)) -> np.ndarray:
     """int32 (n_blocks, 2): (sequence, first row) of every query block of every sequence, heaviest first.
 
-    A block's weight is the number of key tiles it visits: all of its sequence's, or under causal masking those
-    up to its last row (aligned top-left or bottom-right). Windows visit fewer; the order stays a good guess.
+    A block's weight is the number of key tiles it visits: those overlapping the band of its rows (options.key_band,
+    as the kernels compute it: all keys, causal's triangle aligned top-left or bottom-right, or the window).
     Vectorised: it runs on every call, and batches can hold thousands of sequences."""
     cu_q, cu_k = np.asarray(cu_q, np.int64), np.asarray(cu_k, np.int64)
     nq, nk = np.diff(cu_q), np.diff(cu_k)
@@ -38,8 +36,9 @@ def block_table(cu_q, cu_k, block_q: int, block_k: int, causal: bool, bottom_rig
     b = np.repeat(np.arange(nq.size), blocks)
     q0 = (np.arange(b.size) - np.repeat(np.cumsum(blocks) - blocks, blocks)) * block_q
     off = (nk - nq)[b] if bottom_right else 0
-    last = np.minimum(nk[b], q0 + block_q + off) if causal else nk[b]  # one past the last key the block may see
-    weight = -(-np.maximum(last, 0) // block_k)
+    ex = Extras(int(window[0]), int(window[1]))
+    lo, hi = key_band(q0 + off, q0 + block_q - 1 + off, nk[b], ex.left, ex.right_bound(causal))
+    weight = tile_band(lo, hi, block_k)[2]
     order = np.argsort(-weight, kind="stable")  # stable: equal weights keep sequence order
     return np.stack([b[order], q0[order]], axis=1).astype(np.int32).reshape(-1, 2)
 
@@ -66,36 +65,36 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
 
 
 class PreparedVarlen:
-    """One varlen launch for torch tensors of one key: the general path's kernel, grid and scalars, with the
-    block table and offsets kept on the GPU, launched through prepared.PreparedKernel."""
+    """One varlen launch for torch tensors of one key: the kernel module's launch description (register.py or
+    tensor.py: varlen_launches), prepared once (prepared.PreparedLaunches), with the block table, offsets and
+    option arrays kept on the GPU."""
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
         import torch  # optional: only torch tensors come here
 
-        _, launch = _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
+        _, described = _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
         total_q, H, d = q.shape
-        self.shapes, self.dtype, self.kernel = ((total_q, H, d), (H, total_q)), q.dtype, None
-        if launch is None:  # no query rows
+        self.shapes, self.dtype, self.launches = ((total_q, H, d), (H, total_q)), q.dtype, None
+        if described is None:  # no query rows
             return
         # kept alive here: the kernel reads them on every call
-        self.tables = [torch.from_numpy(x).to(q.device) for x in launch.tables]
-        ins = [prepared.torch_spec(x) for x in (q, k, v)]
-        o = prepared.Spec.contiguous((total_q, H, d), ins[0].dtype)
-        if launch.variant == "tensor" and q.dtype != torch.float32:  # 16-bit values as uint32 pairs
-            ins, o = [x.words() for x in ins], o.words()
-        lse = prepared.Spec.contiguous((H, total_q), np.float32)
-        tables = [prepared.Spec.contiguous(x.shape, np.int32) for x in launch.tables]
-        self.kernel = prepared.PreparedKernel(launch.kernel, launch.grid, launch.threads,
-                                           ins + [o, lse] + tables + list(launch.scalars))
+        self.host = {name: torch.from_numpy(x).to(q.device) for name, x in described.host.items()}
+        specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k", k), ("v", v))}
+        specs["o"] = prepared.Spec.contiguous((total_q, H, d), specs["q"].dtype)
+        specs["lse"] = prepared.Spec.contiguous((H, total_q), np.float32)
+        specs.update({name: prepared.torch_spec(t) for name, t in self.host.items()})
+        self.pointers = {name: t.data_ptr() for name, t in self.host.items()}
+        self.launches = prepared.PreparedLaunches(described.launches, specs, described.temporaries)
 
     def __call__(self, q, k, v, seed=0):
         import torch  # optional: only torch tensors come here
 
         o = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
         lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
-        if self.kernel is not None:  # no query rows: nothing to launch
-            self.kernel.launch(prepared.current_stream(q), [q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                                                         lse.data_ptr()] + [t.data_ptr() for t in self.tables], seed)
+        if self.launches is not None:  # no query rows: nothing to launch
+            self.launches(prepared.current_stream(q), dict(self.pointers, q=q.data_ptr(), k=k.data_ptr(),
+                                                           v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr()),
+                          q.device, seed)
         return o, lse
 
 
@@ -104,31 +103,21 @@ def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, **options):
     tables to the device, the outputs): returns (run, o, lse, kind), where run() launches the kernel on them and
     can be called again (benchmarks time it alone, without the host's work per call), o and lse are device arrays
     and kind says how the inputs came, for _launch.like_input. The arguments are _setup's."""
-    (q_d, k_d, v_d, o, o_words, lse, kind), launch = _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
+    (q_d, k_d, v_d, o, o_words, lse, kind), described = _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
     run = lambda: None  # noqa: E731 (no query rows: nothing to launch)
-    if launch is not None:
+    if described is not None:
         cuda = get_cuda()
-        table, cu = (cuda.to_device(x) for x in launch.tables)
-        go = launch.kernel[launch.grid, launch.threads]
-        run = lambda: go(q_d, k_d, v_d, o_words, lse, table, cu, *launch.scalars)  # noqa: E731
+        arrays = {"q": q_d, "k": k_d, "v": v_d, "o": o_words, "lse": lse}
+        arrays.update({name: cuda.to_device(x) for name, x in described.host.items()})
+        run = lambda: run_all(described.launches, arrays, seed=np.int64(options.get("seed", 0)))  # noqa: E731
     return run, o, lse, kind
-
-
-class Launch(NamedTuple):
-    """The varlen launch beyond q, k, v, o and lse: kernel[grid, threads](q, k, v, o, lse, *tables, *scalars)."""
-    kernel: object
-    grid: tuple
-    threads: int
-    variant: str
-    tables: tuple  # (block table, cu_seqlens_q and _k stacked), int32 NumPy arrays, for the device
-    scalars: tuple  # (H, scale * log2(e), dropout seed)
 
 
 def _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, causal=False, scale=None,
            window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0,
            variant=None, precision=None, block_q=None, block_k=None):
     """The checks, plan and block table: ((q, k, v as device arrays, o, o's 32-bit words (tensor variant) or o,
-    lse, kind), Launch or None when there are no query rows).
+    lse, kind), the kernel module's Launches, or None when there are no query rows).
 
     q: (total_q, H, d); k, v: (total_k, H_kv, d) with H_kv dividing H; NumPy arrays, numba device arrays or
     torch CUDA tensors (the outputs come back the same way). cu_seqlens_q, cu_seqlens_k: (batch + 1,) integers
@@ -176,19 +165,18 @@ def _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen
                      extras=tensor.library_weight(dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes,
                                                     softcap=softcap, dropout_p=dropout_p)), varlen=True)
     tile = p.config
-    table = block_table(cu_q, cu_k, tile.block_q, tile.block_k, opt.causal, opt.align == "bottom_right")
+    table = block_table(cu_q, cu_k, tile.block_q, tile.block_k, opt.causal, opt.align == "bottom_right",
+                        opt.window)
     if variant == "tensor":
         o, o_words = empty_words((total_q, H, d), dtype, kind, like=q)
     else:
         o = o_words = empty((total_q, H, d), q_d.dtype, kind, like=q)
     lse = empty((H, total_q), np.float32, kind, like=q)
-    arrays, launch = (q_d, k_d, v_d, o, o_words, lse, kind), None
+    arrays, described = (q_d, k_d, v_d, o, o_words, lse, kind), None
     if len(table):
+        cu = np.stack([cu_q, cu_k]).astype(np.int32)
         if variant == "tensor":
-            kernel = tensor.build(d, tile, opt.causal, p.precision, gqa=H_kv != H, extras=extras, varlen=True)
+            described = tensor.varlen_launches(H, H_kv, d, table, cu, opt.scale, opt.causal, tile, p.precision, extras)
         else:
-            kernel = register.build(d, tile, opt.causal, gqa=H_kv != H, extras=extras, varlen=True)
-        launch = Launch(kernel, (len(table), H, 1), tile.threads, variant,
-                        (table, np.stack([cu_q, cu_k]).astype(np.int32)), (H, np.float32(opt.scale * LOG2E),
-                                                                           np.int64(opt.seed)))
-    return arrays, launch
+            described = register.varlen_launches(H, H_kv, d, table, cu, opt.scale, opt.causal, tile, extras)
+    return arrays, described
