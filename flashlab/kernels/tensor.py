@@ -807,7 +807,8 @@ def _finish(T: Traits, guard: bool, split: bool, pack):
             if row < nq:
                 inv, row_lse = end(total, m[rr], scale_log2)
                 for n in range(NTD):
-                    store(oh, row, n, t, acc[(rr // 2) * NTD + n, 2 * r] * inv, acc[(rr // 2) * NTD + n, 2 * r + 1] * inv)
+                    n_o = (rr // 2) * NTD + n
+                    store(oh, row, n, t, acc[n_o, 2 * r] * inv, acc[n_o, 2 * r + 1] * inv)
                 if t == U(0):
                     lh[row] = row_lse
 
@@ -857,7 +858,8 @@ def steps(d: int, tile: TensorTile, causal: bool, precision: str, split: bool = 
     return T, Steps(
         _place(T, gqa, page > 0, varlen, query_block), _load_q(T), _start_rows(T),
         _start_dropout(T, d_start, d_mix) if f.dropout else _no_dropout, key_range, _option_values(f),
-        _tile_count(T, split or f.per_score), *_copies(T, page), _warp_done(T, causal, f), _scores(T, mma16), _mask(T, causal, f),
+        _tile_count(T, split or f.per_score), *_copies(T, page), _warp_done(T, causal, f), _scores(T, mma16),
+        _mask(T, causal, f),
         _softmax(T, guard, f.dropout, d_keep), _pv(T, mma16, pack), _out_views(split, varlen),
         _finish(T, guard, split, pack))
 
@@ -1083,7 +1085,8 @@ def paged_launches(B: int, H_kv: int, rows: int, d: int, page: int, pages: int, 
     opt, w = PLAIN.arguments(False, 1, 1, log2=True), d // 2
     cache = lambda name: Arg(name, (pages * page, H_kv, w), np.uint32)  # noqa: E731
     parts = (Arg("o_part", (B, H_kv * splits, rows, d)), Arg("lse_part", (B, H_kv * splits, rows)))
-    temporaries = {"o_part": ((B, H_kv, splits, rows, d), np.float32), "lse_part": ((B, H_kv, splits, rows), np.float32)}
+    temporaries = {"o_part": ((B, H_kv, splits, rows, d), np.float32),
+                   "lse_part": ((B, H_kv, splits, rows), np.float32)}
     split = Launch(kernel, grid(B, H_kv, rows, tile.block_q, splits), tile.threads,
                    (Arg("q", (B, H_kv, rows, w), np.uint32), cache("k_cache"), cache("v_cache"), *parts, rows, "meta",
                     H_kv, np.float32(scale * LOG2E), opt.left, opt.right, opt.cap, "slopes", np.int64(0)))
