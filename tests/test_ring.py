@@ -285,7 +285,8 @@ def test_ring_on_gpu_world_of_one():
 def test_the_example_runs(capsys):
     from flashlab.ring.__main__ import main
 
-    assert main(["--world-size", "2", "--n", "32", "--d", "8", "--heads", "2", "--kv-heads", "1", "--steps", "1"]) == 0
+    assert main(["--world-size", "2", "--seq-len", "32", "--head-dim", "8", "--heads", "2", "--kv-heads", "1",
+                 "--steps", "1"]) == 0
     text = capsys.readouterr().out
     errors = [float(x) for x in re.findall(r"d?[oqkv] (\d\.\de[-+]\d+)", text)]
     assert len(errors) == 4 and max(errors) < 1e-5, text

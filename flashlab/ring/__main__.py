@@ -14,8 +14,8 @@ import sys
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m flashlab.ring", description=__doc__.split("\n\n")[0])
     p.add_argument("--world-size", type=int, default=4, help="ranks to spawn (ignored under torchrun)")
-    p.add_argument("--n", type=int, default=1024, help="sequence length N of the whole sequence")
-    p.add_argument("--d", type=int, default=64, help="head dimension")
+    p.add_argument("--seq-len", type=int, default=1024, help="the length N of the whole sequence")
+    p.add_argument("--head-dim", type=int, default=64, help="the head dimension d")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=None, help="K/V heads (GQA); default: --heads")
     p.add_argument("--batch", type=int, default=1)
@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--timeout", type=float, default=600)
     a = p.parse_args(argv)
-    kw = dict(B=a.batch, H=a.heads, H_kv=a.kv_heads or a.heads, N=a.n, d=a.d, causal=not a.no_causal,
+    kw = dict(B=a.batch, H=a.heads, H_kv=a.kv_heads or a.heads, N=a.seq_len, d=a.head_dim, causal=not a.no_causal,
               layout=a.layout, steps=a.steps, dtype=a.dtype, device=a.device)
     from .processes import demo, run_ranks
 
