@@ -310,13 +310,10 @@ def test_gpu_tensor_backward_has_no_spills_at_d64():
 @pytest.mark.gpu
 @gpu
 def test_gpu_cc75_backward_build_uses_only_m16n8k8():
-    from numba import float32, int64, types
     from numba.cuda import compile_ptx
 
     main = tb.build(64, tb.choose_tile(64, "k8"), True, "k8")[1]
-    a4, f3, f4 = types.Array(types.uint32, 4, "C"), types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
-    ptx, _ = compile_ptx(main.py_func, (a4, a4, a4, a4, f3, f3, f4, a4, a4, int64, float32, float32, int64),
-                         cc=(7, 5), fastmath=True)
+    ptx, _ = compile_ptx(main.py_func, tb.signature("k8"), cc=(7, 5), fastmath=True)
     assert ".target sm_75" in ptx and "mma.sync.aligned.m16n8k8" in ptx
     assert "m16n8k16" not in ptx and "cp.async" not in ptx
 
