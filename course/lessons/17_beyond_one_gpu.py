@@ -88,9 +88,10 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Each step gives a rank a partial result for its queries over one shard of keys, exactly what one chunk
-# gave in split-KV decoding (lesson 14): a normalised output o_t and a log-sum-exp lse_t = m_t + log l_t per
-# row. The merge is lesson 03's, with O carried along. Reading (o_t, lse_t) as the state (m = lse_t, l = 1):
+# Each step gives a rank a partial result for its queries over one shard of keys, as one chunk did in split-KV
+# decoding (lesson 14). Here it comes as flashlab's FA2 returns it (and as the Flash-Decoding post writes it): a
+# normalised output o_t = O_t / l_t and a log-sum-exp lse_t = m_t + log l_t per row. The merge is lesson 03's,
+# with O carried along. Reading (o_t, lse_t) as the state (m = lse_t, l = 1):
 #
 # $$m = \max(\mathrm{lse}_a, \mathrm{lse}_b), \quad w_a = e^{\mathrm{lse}_a - m}, \quad w_b = e^{\mathrm{lse}_b - m}, \quad
 #   o = \frac{w_a o_a + w_b o_b}{w_a + w_b}, \quad \mathrm{lse} = m + \log(w_a + w_b).$$
@@ -275,9 +276,10 @@ for n_total in (2**20, 2**23):
 #   along the sequence and replaces `scaled_dot_product_attention` inside it with a ring. It offers two
 #   ways to move K and V, chosen with `set_rotate_method`: `"allgather"` (the default in the version installed
 #   here) gathers every shard onto every rank with one all-gather after the first local block, which is simple
-#   but holds all of K and V on every GPU; `"alltoall"` passes the shards between ranks step by step, as our
-#   ring does. For a causal mask it reorders the sequence with a "head-tail" load balancer: rank r gets chunks r
-#   and 2W − 1 − r, the zigzag layout.
+#   but holds all of K and V on every GPU; `"alltoall"` passes each rank's shard to the next one at every
+#   step, as our ring does (written as an all-to-all collective in which each rank sends to one other). Its
+#   load balancing is on by default: it reorders the sequence with a "head-tail" load balancer, which gives rank
+#   r chunks r and 2W − 1 − r, the zigzag layout.
 # - **ring-flash-attention** (zhuzilin) wraps the FlashAttention library's kernels: a plain ring, the zigzag
 #   ring, a striped variant (Brandon et al.) and the all-gather scheme of the Llama 3 report, with variable-length
 #   batches. Its README measures the zigzag ring on 8 GPUs closest to the ideal of one GPU's speed times eight,
