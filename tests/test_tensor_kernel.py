@@ -441,14 +441,10 @@ def test_gpu_tf32_precision_flag(rng):
 @pytest.mark.gpu
 @gpu
 def test_gpu_cc75_build_uses_only_m16n8k8_and_runs_here(rng):
-    from numba import types
     from numba.cuda import compile_ptx
 
     kern = tensor.build(64, TensorTile(), True, "k8")
-    arr = types.Array(types.uint32, 4, "C")
-    sig = (arr, arr, arr, arr, types.Array(types.float32, 3, "C"), types.int64, types.int64, types.int64,
-           types.float32, types.int64)  # the last: the dropout seed
-    ptx, _ = compile_ptx(kern.py_func, sig, cc=(7, 5), fastmath=True)
+    ptx, _ = compile_ptx(kern.py_func, tensor.signature("k8"), cc=(7, 5), fastmath=True)
     assert ".target sm_75" in ptx and "mma.sync.aligned.m16n8k8" in ptx
     assert "m16n8k16" not in ptx and "bf16" not in ptx and "tf32" not in ptx
     q, k, v = rand_qkv(rng, 1, 2, 200, 197, 64)

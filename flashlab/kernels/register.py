@@ -59,7 +59,7 @@ from ..device import get_cuda
 from ..dropout import device_functions as dropout_functions
 from ._launch import Launch, Launches
 from .common import FASTMATH, I, LN2, LOG2E, NEG, U
-from .options import EMPTY_LSE, EMPTY_PARTIAL, PLAIN, Extras, Features, device_functions
+from .options import EMPTY_LSE, EMPTY_PARTIAL, PLAIN, Extras, Features, argument_types, device_functions
 from .split_kv import forward_functions, forward_launches, grid, split_chunk
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
@@ -723,3 +723,16 @@ def varlen_launches(H: int, H_kv: int, d: int, table, cu, scale, causal, tile: T
             "slopes", np.int64(0))
     return Launches([Launch(kernel, (len(table), H, 1), tile.threads, args)], {},
                     {"table": table, "cu": cu, "slopes": opt.slopes})
+
+
+def signature(dtype: str, split: bool = False, varlen: bool = False) -> tuple:
+    """The kernel's argument types for C-contiguous arrays of `dtype` ("float32" or "float16"): for compiling a
+    build ahead of a launch (kernels/plan.py, kernels/info.py). split: float32 partial outputs."""
+    from numba import int64, types
+
+    dt = {"float32": float32, "float16": types.float16}[dtype]
+    n = 3 if varlen else 4
+    ins, out = types.Array(dt, n, "C"), types.Array(float32 if split else dt, n, "C")
+    tables = types.Array(types.int32, 2, "C") if varlen else int64  # n_q, n_k: varlen's tables, else lengths
+    return (ins, ins, ins, out, types.Array(float32, n - 1, "C"), tables, tables, int64, float32,
+            *argument_types(), int64)

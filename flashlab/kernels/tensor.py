@@ -62,7 +62,7 @@ from ..dropout import device_functions as dropout_functions
 from . import mma
 from ._launch import Arg, Launch, Launches
 from .common import FASTMATH, LN2, LOG2E, NEG, I, U
-from .options import EMPTY_LSE, EMPTY_PARTIAL, PLAIN, Extras, Features, device_functions
+from .options import EMPTY_LSE, EMPTY_PARTIAL, PLAIN, Extras, Features, argument_types, device_functions
 from .split_kv import build_merge, forward_functions, forward_launches, grid, split_chunk
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
@@ -1094,3 +1094,17 @@ def paged_launches(B: int, H_kv: int, rows: int, d: int, page: int, pages: int, 
                    ("lse_part", "lse_part", "o_part", Arg("o", (B, H_kv, rows, d), np.float16),
                     Arg("lse", (B, H_kv, rows)), splits))
     return Launches([split, merge], temporaries, {"slopes": opt.slopes})
+
+
+def signature(precision: str, split: bool = False, varlen: bool = False) -> tuple:
+    """The kernel's argument types for C-contiguous arrays (uint32 pairs for 16-bit precisions, float32 for tf32
+    and 3xTF32): for compiling a build ahead of a launch (kernels/plan.py, kernels/info.py, the sm_75 PTX check).
+    split: float32 partial outputs. Paged builds take n_k as an int32 (B, 1 + max_pages) array instead."""
+    from numba import int64, types
+
+    n = 3 if varlen else 4
+    ins = types.Array(float32 if precision in ("3xtf32", "tf32") else uint32, n, "C")
+    out = types.Array(float32, n, "C") if split else ins
+    tables = types.Array(types.int32, 2, "C") if varlen else int64  # n_q, n_k: varlen's tables, else lengths
+    return (ins, ins, ins, out, types.Array(float32, n - 1, "C"), tables, tables, int64, float32,
+            *argument_types(), int64)
