@@ -23,6 +23,12 @@ interval at SIM_SWITCH_INTERVAL (5 ms, measured best), restoring the interpreter
 returns or raises. Barriers, races, warp divergence and errors are reported as before. Measured before and
 after in benchmarks/results/simulator_speed.md. FLASHLAB_SIM_THREADS=numba in the environment leaves Numba's
 simulator as it is (to compare, or to rule flashlab out).
+
+Without numba-cuda (Colab's CPU runtime), `numba.cuda` is numba's own older copy; flashlab gives its simulator
+the one argument the kernels use that it lacks (`complete_builtin_simulator`). FLASHLAB_SIMULATE_GPU=T4 makes the
+simulator report a T4's compute capability and limits, so the planner and the kernels take a T4's paths
+(`simulated_gpu`). `doctor()` reports both, which dtypes run on tensor cores, and whether calls with torch tensors
+take the fast launch path.
 """
 from __future__ import annotations
 
@@ -138,8 +144,58 @@ def get_cuda():
             "(and numba itself if missing), then restart the Python kernel."
         ) from exc
     if _state["backend"] == "simulator" and _SIM["arranged"] is None:
+        complete_builtin_simulator()
         arrange_simulator()
     return cuda
+
+
+def complete_builtin_simulator() -> str:
+    """Give numba's built-in CUDA simulator what the kernels use from numba-cuda's. Returns what was done.
+
+    Without numba-cuda, `numba.cuda` is the copy inside numba itself, whose simulator predates the `alignment=`
+    argument of `cuda.shared.array` and `cuda.local.array`. The kernels pass alignment=None in the simulator
+    (a NumPy array has no alignment to ask for), so flashlab puts in numba-cuda's versions of the two methods:
+    the same arrays, alignment=None accepted, any other value refused. Nothing changes where numba-cuda is
+    installed. (The shared array is keyed by the line that asks for it, as in Numba, so it cannot be a wrapper
+    around Numba's: every array would then come from the wrapper's line, one array for all.)"""
+    import inspect
+
+    import numpy as np
+    from numba.core import types
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    def _dtype(dtype):
+        return numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype
+
+    def _no_alignment(alignment):
+        if alignment is not None:
+            raise RuntimeError(f"Array alignment is not supported in cudasim (got alignment={alignment!r})")
+
+    def shared_array(self, shape, dtype, alignment=None):
+        _no_alignment(alignment)
+        dtype = _dtype(dtype)
+        if shape == 0:  # dynamic shared memory: every such array views the launch's one buffer
+            return np.frombuffer(self._dynshared.data, dtype=dtype, count=self._dynshared_size // dtype.itemsize)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)  # one array per source line, as in Numba
+        res = self._allocations.get(caller)
+        if res is None:
+            res = self._allocations[caller] = np.empty(shape, dtype)
+        return res
+
+    def local_array(self, shape, dtype, alignment=None):
+        _no_alignment(alignment)
+        return np.empty(shape, _dtype(dtype))
+
+    added = []
+    for cls, array in ((kernelapi.FakeCUDAShared, shared_array), (kernelapi.FakeCUDALocal, local_array)):
+        if "alignment" not in inspect.signature(cls.array).parameters:
+            cls.array = array
+            added.append(cls.__name__.removeprefix("FakeCUDA").lower())
+    _SIM["builtin"] = (f"numba's built-in (numba-cuda not installed); flashlab gave cuda.{' and cuda.'.join(added)}"
+                       ".array numba-cuda's alignment argument" if added else "")
+    return _SIM["builtin"]
 
 
 # ------------------------------------------------------------------------------------- simulator threads
@@ -200,8 +256,9 @@ def arrange_simulator() -> str:
 
 
 def _patch_simulator(sim):
-    """Replace the simulator's BlockThread and BlockManager with subclasses that count arrivals at
-    cuda.syncthreads() under one condition variable, and wrap FakeCUDAKernel's launch in simulator_threads().
+    """Replace the simulator's BlockThread.syncthreads and .run, and its BlockManager with a subclass, so that
+    arrivals at cuda.syncthreads() are counted under one condition variable; wrap FakeCUDAKernel's launch in
+    simulator_threads().
 
     Numba's BlockManager.run polls every thread's `syncthreads_blocked` in a loop that holds the GIL; here the
     thread that completes a barrier (the last to arrive, counting threads that have ended, as Numba does)
@@ -214,30 +271,33 @@ def _patch_simulator(sim):
         if not callable(getattr(owner, name, None)):
             raise AttributeError(f"numba's simulator has no {getattr(owner, '__name__', owner)}.{name}")
 
-    class BlockThread(base_thread):
-        def syncthreads(self):
-            if self.abort:
-                raise RuntimeError("abort flag set on syncthreads call")
+    # BlockThread's methods are replaced in place, not in a subclass: numba 0.61's built-in simulator calls
+    # super(BlockThread, self) through the module's name, which a subclass put under that name would loop on.
+    numba_run = base_thread.run
+
+    def syncthreads(self):
+        if self.abort:
+            raise RuntimeError("abort flag set on syncthreads call")
+        block = self._manager
+        with block.changed:
+            self.syncthreads_blocked = True
+            block.waiting += 1
+            if block.waiting + block.finished == block.count:
+                block.changed.notify()
+        self.syncthreads_event.wait()
+        self.syncthreads_event.clear()
+        if self.abort:
+            raise RuntimeError("abort flag set on syncthreads clear")
+
+    def run(self):
+        try:
+            numba_run(self)  # Numba's: runs the kernel, keeps its exception in self.exception
+        finally:
             block = self._manager
             with block.changed:
-                self.syncthreads_blocked = True
-                block.waiting += 1
-                if block.waiting + block.finished == block.count:
+                block.finished += 1
+                if self.exception is not None or block.waiting + block.finished == block.count:
                     block.changed.notify()
-            self.syncthreads_event.wait()
-            self.syncthreads_event.clear()
-            if self.abort:
-                raise RuntimeError("abort flag set on syncthreads clear")
-
-        def run(self):
-            try:
-                super().run()  # Numba's: runs the kernel, keeps its exception in self.exception
-            finally:
-                block = self._manager
-                with block.changed:
-                    block.finished += 1
-                    if self.exception is not None or block.waiting + block.finished == block.count:
-                        block.changed.notify()
 
     class BlockManager(base_manager):
         def run(self, grid_point, *args):
@@ -281,7 +341,8 @@ def _patch_simulator(sim):
         with simulator_threads():
             return launch(self, *args)
 
-    sim.BlockThread, sim.BlockManager, kernel_cls.__call__ = BlockThread, BlockManager, __call__
+    base_thread.syncthreads, base_thread.run = syncthreads, run
+    sim.BlockManager, kernel_cls.__call__ = BlockManager, __call__
 
 
 _LIMITS = {}  # device id -> its limits
@@ -295,9 +356,40 @@ def _optin(dev) -> int:
         return 48 * 1024
 
 
+SIMULATE_GPU = "FLASHLAB_SIMULATE_GPU"
+
+
+def simulated_gpu() -> str | None:
+    """The GPU the simulator stands in for: FLASHLAB_SIMULATE_GPU=T4 (or A100, H100) in the environment, or None.
+
+    With it, the simulator reports that GPU's compute capability and limits (kernels/devices.py), so the planner
+    and the kernels take the paths they take there: on a T4 (cc 7.5) float16 runs two m16n8k8 per k16 step with
+    no cp.async, and bfloat16 and tf32 have no tensor-core path. Ignored on a real GPU, which reports itself."""
+    name = os.environ.get(SIMULATE_GPU, "").strip()
+    if not name or has_gpu():
+        return None
+    from .kernels.devices import DEVICES  # below: the planner's records of each GPU, one place for their facts
+
+    if name not in DEVICES:
+        raise ValueError(f"{SIMULATE_GPU}={name!r} names no GPU flashlab knows; use one of {sorted(DEVICES)}, "
+                         "or leave it unset for the simulator's own stand-in")
+    return name
+
+
 def device_limits() -> dict:
-    """The limits tile shapes are chosen from. On the simulator: those of a T4-class GPU (48 KB/block)."""
+    """The limits tile shapes are chosen from. On the simulator: those of a T4-class GPU (48 KB/block), with no
+    compute capability (every instruction runs), or those of simulated_gpu() with its compute capability."""
     if not has_gpu():
+        name = simulated_gpu()
+        if name:
+            from .kernels.devices import DEVICES
+
+            d = DEVICES[name]
+            return {"name": f"CUDA simulator as a {d.name}", "cc": d.cc, "sms": d.sms,
+                    "shared_per_block": d.shared_per_block, "shared_optin": d.dynamic_shared_per_block,
+                    "shared_per_sm": d.shared_per_sm, "regs_per_sm": d.regs_per_sm, "regs_per_block": d.regs_per_sm,
+                    "max_threads_per_sm": d.max_threads_per_sm, "max_blocks_per_sm": d.max_blocks_per_sm,
+                    "warp": d.warp}
         return {"name": "CUDA simulator", "cc": None, "sms": 1, "shared_per_block": 48 * 1024,
                 "shared_optin": 64 * 1024, "shared_per_sm": 64 * 1024, "regs_per_sm": 65536, "regs_per_block": 65536,
                 "max_threads_per_sm": 1024, "max_blocks_per_sm": 16, "warp": 32}
@@ -368,6 +460,59 @@ def _smoke(cuda_module) -> str:
     return "ok (1 block x 32 threads, every element checked)"
 
 
+def _tensor_core_dtypes(cc) -> str:
+    """Which input dtypes the tensor-core kernels (variant="tensor") take on a GPU of compute capability cc."""
+    from .kernels.tensor import resolve_precision
+
+    if cc is None:
+        return "float16, bfloat16, float32 (3xTF32): the simulator runs every instruction"
+    names = {"f16": "mma.m16n8k16", "k8": "two mma.m16n8k8 per k16 step", "bf16": "mma.m16n8k16",
+             "3xtf32": "3xTF32, variant='tensor'"}
+    runs, refused = [], []
+    for dtype in ("float16", "bfloat16", "float32"):
+        try:
+            runs.append(f"{dtype} ({names[resolve_precision(dtype, None, cc)]})")
+        except ValueError:
+            refused.append(dtype)
+    return ", ".join(runs) + (f"; not {' or '.join(refused)} (cc {cc[0]}.{cc[1]} < 8.0)" if refused else "")
+
+
+def _host_costs() -> dict:
+    """{"prepared": (lo, hi), "general": (lo, hi), "gpu": name}: host µs per forward call with torch tensors, from
+    the recorded run (flashlab/data/host.csv)."""
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "data" / "host.csv"
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["call"].startswith("forward") and "torch tensors" in r["call"]]
+    prepared = [float(r["host_us"]) for r in rows if "(default)" in r["call"]]
+    general = [float(r["host_us"]) for r in rows if r["call"].endswith("general path")]
+    return {"prepared": (min(prepared), max(prepared)), "general": (min(general), max(general)), "gpu": rows[0]["gpu"]}
+
+
+def _fast_launch() -> str:
+    """Whether calls with torch tensors take the prepared fast path (kernels/prepared.py), and what that costs."""
+    if not has_gpu():
+        return "not used: in the simulator every call takes the general path"
+    from .kernels import prepared
+
+    try:
+        cost = _host_costs()
+        measured = (f"{cost['prepared'][0]:.0f}-{cost['prepared'][1]:.0f} µs of host time per forward call, against "
+                    f"{cost['general'][0]:.0f}-{cost['general'][1]:.0f} µs the general way (measured with an "
+                    f"{cost['gpu']}, flashlab/data/host.csv)")
+    except (OSError, KeyError, ValueError) as exc:
+        measured = f"host time not known ({type(exc).__name__})"
+    if prepared.available():
+        return f"on: repeated calls with torch tensors cost about {measured}"
+    if os.environ.get("FLASHLAB_FAST_LAUNCH", "1").strip() in ("0", "false", "no"):
+        why = "FLASHLAB_FAST_LAUNCH=0"
+    else:
+        why = f"numba-cuda {_version('numba-cuda')} lacks the launch internals it uses"
+    return f"off ({why}): every call takes the general path, about {measured.split(', against ')[-1]}"
+
+
 def _version(dist: str) -> str:
     try:
         from importlib.metadata import version
@@ -421,6 +566,12 @@ def doctor(file=None) -> dict:
         else:
             say("gpu", "none: kernels run in Numba's CUDA simulator (correct, but ~0.1 ms per thread: many orders of magnitude slower than a GPU)")
             say("simulator", arrange_simulator())
+            if _SIM.get("builtin"):
+                say("simulator API", _SIM["builtin"])
+            if simulated_gpu():
+                say("simulating", f"{device_limits()['name']} ({SIMULATE_GPU}): its compute capability and limits")
+        say("tensor cores", _tensor_core_dtypes(device_limits()["cc"]))
+        say("fast launch", _fast_launch())
         say("smoke kernel", _smoke(cuda))
     except Exception as exc:
         say("smoke kernel", f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

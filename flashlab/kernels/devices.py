@@ -3,10 +3,10 @@ simulator's stand-in), and occupancy, the blocks of a kernel an SM holds at once
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from ..device import device_limits, get_cuda, has_gpu
+from ..device import device_limits, get_cuda, has_gpu, simulated_gpu
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Device:
     @property
     def label(self) -> str:
         if self.simulated:
-            return f"{self.name} (one block at a time; T4-like limits)"
+            return f"{self.name} (one block at a time; {'cc %d.%d' % self.cc if self.cc else 'T4-like limits'})"
         cc = f", cc {self.cc[0]}.{self.cc[1]}" if self.cc else ""
         return f"{self.name} ({self.sms} SMs{cc})"
 
@@ -80,9 +80,17 @@ H100 = Device("H100 SXM", sms=132, shared_per_block=48 * 1024, shared_per_sm=228
 DEVICES = {"T4": T4, "A100": A100, "H100": H100}
 
 
-@lru_cache(maxsize=1)
 def current_device() -> Device:
-    """This machine's GPU (numba-cuda's device attributes), or the simulator's stand-in."""
+    """This machine's GPU (numba-cuda's device attributes), or the simulator's stand-in: the GPU named by
+    FLASHLAB_SIMULATE_GPU (device.simulated_gpu), else T4-like limits with no compute capability."""
+    return _current_device(simulated_gpu())
+
+
+@lru_cache(maxsize=4)
+def _current_device(simulating) -> Device:
+    if simulating:
+        d = DEVICES[simulating]
+        return replace(d, name=f"CUDA simulator as a {d.name}", simulated=True)
     lim = device_limits()
     reserved, l2 = 1024, 0
     if has_gpu():
