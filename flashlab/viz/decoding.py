@@ -14,7 +14,7 @@ from ..decoding import default_num_splits, model_time_us, split_waves
 from ..roofline import PUBLISHED, SMS
 from ._base import explore, own_axes
 
-DECODING_MD = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "results" / "decoding.md"
+DECODING_MD = Path(__file__).resolve().parent.parent / "data" / "decoding.md"  # of benchmarks/results/
 #: benchmarks/results/decoding.md (NVIDIA H200, 132 SMs, 2026-11-22), split-KV rows only:
 #: (B, H, Nk, d, dtype, splits, µs). Used when the file is not there (an installed package, Colab).
 RECORDED = [
@@ -52,8 +52,8 @@ _SPLIT_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\
 
 
 def load_measured(path=None):
-    """(rows, source): the split-KV rows of benchmarks/results/decoding.md as (B, H, Nk, d, dtype, splits, µs),
-    or RECORDED when the file is missing."""
+    """(rows, source): the split-KV rows of flashlab/data/decoding.md (package data: a copy of
+    benchmarks/results/decoding.md) as (B, H, Nk, d, dtype, splits, µs), or RECORDED if `path` names no file."""
     path = Path(path) if path else DECODING_MD
     if not path.exists():
         return list(RECORDED), "recorded from benchmarks/results/decoding.md"

@@ -9,7 +9,7 @@ lesson 10  load_tile_sweep, plot_tile_sweep, tile_explorer, kernel_intensity, pl
 
 Recorded data: flashlab/data/tile_sweep.csv (benchmarks/timing/bench_kernels.py's sweep),
 flashlab/data/issue_profile.csv (benchmarks/profiling/profile_issue_slots.py, Nsight Compute) and
-benchmarks/results/forward.csv when present; otherwise the numbers of the project's H100 run (RECORDED).
+flashlab/data/forward.csv (a copy of benchmarks/results/forward.csv); RECORDED keeps the project's H100 run.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from ._base import explore, own_axes, subplots, text_color_on
 ROOT = Path(__file__).resolve().parent.parent.parent
 SWEEP_CSV = Path(__file__).resolve().parent.parent / "data" / "tile_sweep.csv"
 ISSUE_CSV = Path(__file__).resolve().parent.parent / "data" / "issue_profile.csv"
-FORWARD_CSV = ROOT / "benchmarks" / "results" / "forward.csv"
+FORWARD_CSV = Path(__file__).resolve().parent.parent / "data" / "forward.csv"  # of benchmarks/results/
 
 #: Forward TFLOP/s measured on an H100 (NVIDIA H100 80GB HBM3, torch 2.11, numba-cuda 0.30.4), B=1, H=16,
 #: float32 unless noted; CUDA-event medians of 20 runs (benchmarks/results/h100/forward.csv; a test keeps
@@ -325,7 +325,8 @@ def plot_kernel_roofline(points, machine=None, ax=None, roofs=()):
 
 
 def load_forward_results(path=None):
-    """(rows, source): benchmarks/results/forward.csv when present, else RECORDED."""
+    """(rows, source): flashlab/data/forward.csv (package data: a copy of benchmarks/results/forward.csv), or
+    RECORDED if `path` names no file."""
     path = Path(path) if path else FORWARD_CSV
     if path.exists():
         with open(path, newline="") as f:

@@ -19,7 +19,7 @@ from ..dropout import keep_scale
 from ..reference import alibi_bias, attention_mask
 from ._base import own_axes, subplots
 
-VARLEN_JSON = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "results" / "varlen.json"
+VARLEN_JSON = Path(__file__).resolve().parent.parent / "data" / "varlen.json"  # of benchmarks/results/
 # bench_varlen.py's timings, in the order the figure draws them
 VARLEN_PATHS = ("flashlab varlen", "flashlab loop", "flashlab padded", "torch SDPA loop", "torch SDPA padded + mask")
 
@@ -178,8 +178,9 @@ def plot_block_table(block_table, cache_seqlens, page_size, num_pages, ax=None):
 
 
 def load_varlen_results(path=None, variant="tensor") -> list:
-    """The runs of benchmarks/results/varlen.json for one kernel variant ([] without the file: a pip install
-    has no benchmarks/), each with its sequence lengths, d, H, causal, the GPU and ms per path."""
+    """The runs of flashlab/data/varlen.json (package data: a copy of benchmarks/results/varlen.json) for one
+    kernel variant ([] if `path` names no file), each with its sequence lengths, d, H, causal, the GPU and ms
+    per path."""
     path = Path(path) if path else VARLEN_JSON
     if not path.exists():
         return []

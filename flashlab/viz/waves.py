@@ -12,7 +12,8 @@ import numpy as np
 from ._base import explore, own_axes, subplots
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-SUITE_CSV = ROOT / "benchmarks" / "results" / "suite.csv"
+SUITE_CSV = Path(__file__).resolve().parent.parent / "data" / "suite.csv"  # of benchmarks/results/
+HOST_CSV = SUITE_CSV.parent / "host.csv"  # the same, for the host-time table
 GPUS = ("H100", "A100", "T4")
 BATCH_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
 SEQS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -21,7 +22,8 @@ BEFORE = "one block per query block, per-head order"  # how the kernels launched
 
 
 def load_suite(path=None):
-    """(rows, source) of the shape suite, numbers parsed; ([], None) when the file does not exist."""
+    """(rows, source) of the shape suite (flashlab/data/suite.csv, package data: a copy of
+    benchmarks/results/suite.csv), numbers parsed; ([], None) if `path` names no file."""
     path = Path(path) if path else SUITE_CSV
     if not path.exists():
         return [], None
