@@ -7,6 +7,7 @@ import flashlab as fl
 from flashlab.decoding import paged_attention
 
 paged = pytest.importorskip("flashlab.kernels.paged")
+flash_decoding = pytest.importorskip("flashlab.kernels.decoding").flash_decoding
 
 
 def paged_case(rng, B, H, H_kv, nq, d, page, lens, dtype=np.float32, spare=3):
@@ -45,6 +46,20 @@ def test_paged_kernel_matches_numpy(rng, B, H, H_kv, nq, page, lens, causal, spl
 
 def test_paged_kernel_float16(rng):
     check(*paged_case(rng, 1, 2, 1, 1, 16, 8, [21], dtype=np.float16), False, 2)
+
+
+def test_paged_register_kernel_is_the_decoding_kernel(rng):
+    """Over pages that hold each sequence's keys in order, without GQA, the register variant gives
+    flash_decoding's outputs bit for bit: both are kernels/decoding.py's split kernel, whose two builds differ only
+    in where a key row lives."""
+    B, H, nq, nk, d, page = 2, 2, 3, 24, 16, 8
+    q, k, v = (rng.standard_normal((B, H, n, d)).astype(np.float32) for n in (nq, nk, nk))
+    pages = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(B * nk // page, page, H, d)  # noqa: E731
+    table = np.arange(B * nk // page, dtype=np.int32).reshape(B, nk // page)  # sequence b: pages in order
+    o, lse = paged.paged_decoding(q, pages(k), pages(v), table, np.full(B, nk, np.int32), num_splits=2, threads=32,
+                                  variant="register")
+    want_o, want_lse = flash_decoding(q, k, v, num_splits=2, threads=32)
+    assert np.array_equal(o, want_o) and np.array_equal(lse, want_lse)
 
 
 @pytest.mark.parametrize("B,H,H_kv,nq,page,lens,causal,splits", [

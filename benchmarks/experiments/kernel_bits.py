@@ -4,7 +4,7 @@
     PYTHONPATH=/path/to/old/checkout python benchmarks/experiments/kernel_bits.py old.json
     python benchmarks/experiments/kernel_bits.py --compare old.json new.json [old_again.json]
 
-46 cases: every variant and precision, forward and backward, the library's options, GQA, split-KV, varlen,
+48 cases: every variant and precision, forward and backward, the library's options, GQA, split-KV, varlen,
 decoding and the paged cache, on tiny shapes (they run in the simulator too: NUMBA_ENABLE_CUDASIM=1). Each
 output is hashed on its own. On a GPU the register backward adds dQ with atomics, in whatever order blocks
 finish: pass a second run of the old checkout, and outputs that differ between its two runs are left out.
@@ -67,6 +67,16 @@ def paged(variant):
     return P.paged_decoding(q, k_cache, v_cache, table, lengths, num_splits=2, variant=variant)
 
 
+def paged_ragged(causal, nq, h, h_kv, dtype):
+    """The register paged kernel on sequences of 13, 1 and 0 keys in pages of 4 (pages out of order), 3 splits."""
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((3, h, nq, 16)).astype(dtype)
+    k_cache, v_cache = (rng.standard_normal((10, 4, h_kv, 16)).astype(dtype) for _ in range(2))
+    table = np.array([[7, 2, 9, 0], [4, 1, 1, 1], [3, 3, 3, 3]], np.int32)
+    lengths = np.array([13, 1, 0], np.int32)
+    return P.paged_decoding(q, k_cache, v_cache, table, lengths, causal=causal, num_splits=3, variant="register")
+
+
 def cases():
     """(name, function returning the outputs) for each case."""
     for variant, dtype in [("shared", np.float32), ("register", np.float32), ("register", np.float16),
@@ -91,6 +101,10 @@ def cases():
     yield "decoding", lambda: K.flash_decoding(*qkv(9, 1, 2, 1, 50, 16, np.float32), num_splits=3)
     yield "paged register", lambda: paged("register")
     yield "paged tensor", lambda: paged("tensor")
+    yield "decoding nq=3 f16 d32", lambda: K.flash_decoding(*qkv(12, 2, 1, 3, 37, 32, np.float16), num_splits=2)
+    yield "paged register gqa causal nq=3", lambda: paged_ragged(True, 3, 4, 2, np.float32)
+    yield "paged register gqa nq=2 f16", lambda: paged_ragged(False, 2, 6, 2, np.float16)
+    yield "paged register mha causal nq=1", lambda: paged_ragged(True, 1, 2, 2, np.float32)
 
 
 def compare(before, after, again=None):

@@ -10,6 +10,11 @@ The NumPy version, with the algorithm in words, is `flashlab.decoding`. Here:
         (V is read straight from global memory: neighbouring threads read neighbouring x, coalesced)
 and writes its unnormalised partial state (m_c, l_c, O_c) to a float32 scratch array.
 
+The same split kernel serves kernels/paged.py (`build(..., group, paged=True)`). Two steps are device functions
+chosen at build time: where key j of sequence b lives (key_rows: row j of contiguous K/V, or slot j % page_size
+of page block_table[b, j // page_size] of a paged cache), and which query head and query a row of the block is
+(query_rows: under GQA one block serves the group of query heads of its K/V head, their queries as rows).
+
 `merge` kernel, grid (Nq, H, B), one thread per output dim x: m = max_c m_c, l = sum_c l_c 2^(m_c - m),
 o = sum_c O_c 2^(m_c - m) / l, lse = (m + log2 l) ln 2: the same merge as `decoding.merge_partials`.
 
@@ -29,7 +34,7 @@ from .._inputs import check_block
 from ..decoding import check_num_splits, chunk_bounds, default_num_splits
 from ..device import device_limits, get_cuda, has_gpu
 from ._launch import check_kernel_inputs, empty, like_input, to_device
-from .common import LN2, LOG2E, NEG
+from .common import FASTMATH, LN2, LOG2E, NEG
 from .split_kv import build_merge
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
@@ -49,38 +54,96 @@ def key_tile(d: int, n_q: int, threads: int) -> int:
     return max(1, min(threads // nq_pow2, _pow2_floor(K_TILE_BYTES // (4 * (d + 1)))))
 
 
+def key_rows(paged: bool):
+    """kv_at(k, block_table, b, h, j, x): entry x of key j of sequence b, K/V head h, in k (or v): where a key row
+    lives. Contiguous K/V (B, H, Nk, d): k[b, h, j, x], block_table unused. A paged cache (num_pages, page_size,
+    H_kv, d): slot j % page_size of page block_table[b, j // page_size]."""
+    step = cuda.jit(device=True, inline="always")
+
+    @step
+    def contiguous(k, block_table, b, h, j, x):
+        return k[b, h, j, x]
+
+    @step
+    def through_table(k, block_table, b, h, j, x):
+        page = k.shape[1]
+        return k[block_table[b, j // page], j % page, h, x]
+
+    return through_table if paged else contiguous
+
+
+def query_rows(group: int, n_q: int):
+    """(head_of, query_of): row r of a block that serves K/V head hk is query query_of(r) of query head
+    head_of(hk, r). Under GQA the block packs the `group` query heads of its K/V head as rows, (head g, query i)
+    -> row g * n_q + i, so each key is read once per K/V head; without it (group 1) row r is query r of head hk."""
+    G, NQ = group, n_q
+    step = cuda.jit(device=True, inline="always")
+
+    @step
+    def one_head(hk, r):
+        return hk
+
+    @step
+    def query(r):
+        return r
+
+    @step
+    def group_head(hk, r):
+        return hk * G + r // NQ
+
+    @step
+    def group_query(r):
+        return r % NQ
+
+    return (group_head, group_query) if group > 1 else (one_head, query)
+
+
 @functools.lru_cache(maxsize=None)
-def build(d: int, n_q: int, threads: int):
-    """(split, merge) kernels for head dim d, n_q queries and `threads` threads per block."""
+def build(d: int, n_q: int, threads: int, group: int = 1, paged: bool = False):
+    """(split, merge) kernels for head dim d, n_q queries per head and `threads` threads per block. group: query
+    heads per K/V head, packed as rows of one block (query_rows); paged: K/V in a paged cache, found through a
+    block table (key_rows), with causal masking as a run-time argument (kernels/paged.py). The split kernel:
+
+        contiguous: split(q, k, v, m_part, l_part, o_part, n_k, chunk, scale_log2)
+        paged:      split(q, k_cache, v_cache, block_table, seqlens, m_part, l_part, o_part, chunk, scale_log2,
+                          causal)
+
+    grid (n_splits, H_kv, B) (H_kv = H without GQA), `threads` threads; the merge kernel: split_kv.build_merge."""
     from numba import float32
 
     D, NQ, T = d, n_q, threads
+    R = group * n_q  # rows of a block: (query head of the group, query)
     DP = d + 1  # a padded row of the K tile (a compile-time constant, as shared array shapes must be)
-    BK = key_tile(d, n_q, threads)
-    NS = NQ * BK  # threads that hold one score each
+    BK = key_tile(d, R, threads)
+    NS = R * BK  # threads that hold one score each
     K_LOADS = (BK * D + T - 1) // T  # K-tile elements each thread copies
-    O_PER = (NQ * D + T - 1) // T  # O entries each thread owns
+    O_PER = (R * D + T - 1) // T  # O entries each thread owns
     tile_step = online_softmax_step(NS, BK)
+    kv_at, (head_of, query_of) = key_rows(paged), query_rows(group, n_q)
 
-    @cuda.jit(fastmath={"contract", "afn", "arcp"})
-    def split(q, k, v, m_part, l_part, o_part, n_k, chunk, scale_log2):
-        Qs = cuda.shared.array((NQ, D), float32)
+    @cuda.jit(device=True, inline="always")
+    def attend_chunk(q, k, v, block_table, n_k, m_part, l_part, o_part, chunk, scale_log2, causal):
+        """Block (c, hk, b): key chunk c of sequence b for the rows of K/V head hk; writes their partial state."""
+        Qs = cuda.shared.array((R, D), float32)
         Ks = cuda.shared.array((BK, DP), float32)  # +1: thread j reads row j, so rows fall in different banks
-        Ps = cuda.shared.array((NQ, BK), float32)  # scores, then probabilities
-        red = cuda.shared.array(NS, float32)  # tree reductions, one segment of BK per query
-        Ms = cuda.shared.array(NQ, float32)
-        Ls = cuda.shared.array(NQ, float32)
-        As = cuda.shared.array(NQ, float32)  # alpha = 2^(m_old - m_new) of the current tile
+        Ps = cuda.shared.array((R, BK), float32)  # scores, then probabilities
+        red = cuda.shared.array(NS, float32)  # tree reductions, one segment of BK per row
+        Ms = cuda.shared.array(R, float32)
+        Ls = cuda.shared.array(R, float32)
+        As = cuda.shared.array(R, float32)  # alpha = 2^(m_old - m_new) of the current tile
         t = cuda.threadIdx.x
-        c, h, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
+        c, hk, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
         k_begin = c * chunk
         k_stop = min(k_begin + chunk, n_k)
-        qi_s = t // BK  # this thread's score: query qi_s, key j_s of the tile
+        r_s = t // BK  # this thread's score: row r_s, key j_s of the tile
         j_s = t % BK
+        last = n_k - NQ + r_s % NQ  # causal: the last key row r_s may see (bottom-right alignment)
 
-        for e in range(t, NQ * D, T):
-            Qs[e // D, e % D] = float32(q[b, h, e // D, e % D]) * scale_log2
-        if t < NQ:
+        # q of every row, in log2 units; m = -inf, l = 0, O = 0
+        for e in range(t, R * D, T):
+            r = e // D
+            Qs[r, e % D] = float32(q[b, head_of(hk, r), query_of(r), e % D]) * scale_log2
+        if t < R:
             Ms[t] = NEG
             Ls[t] = 0.0
         acc = cuda.local.array(O_PER, float32)
@@ -88,6 +151,7 @@ def build(d: int, n_q: int, threads: int):
             acc[i] = 0.0
 
         for k0 in range(k_begin, k_stop, BK):
+            # K tile -> shared memory
             cuda.syncthreads()  # Qs/Ms written, or the previous tile's Ks, Ps and As no longer read
             for i in range(K_LOADS):
                 e = i * T + t
@@ -96,38 +160,51 @@ def build(d: int, n_q: int, threads: int):
                     x = e % D
                     Ks[r, x] = 0.0
                     if k0 + r < k_stop:
-                        Ks[r, x] = float32(k[b, h, k0 + r, x])
+                        Ks[r, x] = float32(kv_at(k, block_table, b, hk, k0 + r, x))
             cuda.syncthreads()
+            # S = q . k, one score per thread; then P, m, l and alpha of the tile
             s = float32(NEG)
-            if t < NS and k0 + j_s < k_stop:
+            if t < NS and k0 + j_s < k_stop and (not causal or k0 + j_s <= last):
                 s = 0.0
                 for x in range(D):
-                    s += Qs[qi_s, x] * Ks[j_s, x]
+                    s += Qs[r_s, x] * Ks[j_s, x]
             tile_step(s, t, Ps, red, Ms, Ls, As)
+            # O = alpha O + P V: thread owns entries (r, x) = divmod(i*T + t, D); V straight from global memory
             n_keys = min(BK, k_stop - k0)
-            for i in range(O_PER):  # O = alpha O + P V, thread owns entries (qi, x) = divmod(i*T + t, D)
+            for i in range(O_PER):
                 e = i * T + t
-                if e < NQ * D:
-                    qi = e // D
+                if e < R * D:
+                    r = e // D
                     x = e % D
-                    o_acc = acc[i] * As[qi]
+                    o_acc = acc[i] * As[r]
                     for j in range(n_keys):
-                        o_acc += Ps[qi, j] * float32(v[b, h, k0 + j, x])
+                        o_acc += Ps[r, j] * float32(kv_at(v, block_table, b, hk, k0 + j, x))
                     acc[i] = o_acc
 
+        # the chunk's unnormalised partial state (m_c, l_c, O_c)
         for i in range(O_PER):
             e = i * T + t
-            if e < NQ * D:
-                o_part[b, h, c, e // D, e % D] = acc[i]
-        if t < NQ:
-            m_part[b, h, c, t] = Ms[t] * LN2  # stored in natural-log units, like decoding.py
-            l_part[b, h, c, t] = Ls[t]
+            if e < R * D:
+                o_part[b, head_of(hk, e // D), c, query_of(e // D), e % D] = acc[i]
+        if t < R:
+            m_part[b, head_of(hk, t), c, query_of(t)] = Ms[t] * LN2  # natural-log units, like flashlab.decoding
+            l_part[b, head_of(hk, t), c, query_of(t)] = Ls[t]
+
+    if paged:
+        @cuda.jit(fastmath=FASTMATH)
+        def split(q, k_cache, v_cache, block_table, seqlens, m_part, l_part, o_part, chunk, scale_log2, causal):
+            attend_chunk(q, k_cache, v_cache, block_table, seqlens[cuda.blockIdx.z], m_part, l_part, o_part, chunk,
+                         scale_log2, causal)
+    else:
+        @cuda.jit(fastmath=FASTMATH)
+        def split(q, k, v, m_part, l_part, o_part, n_k, chunk, scale_log2):
+            attend_chunk(q, k, v, 0, n_k, m_part, l_part, o_part, chunk, scale_log2, False)
 
     return split, build_merge(d)
 
 
 def online_softmax_step(NS: int, BK: int):
-    """The online-softmax step of one key tile, shared by this split kernel and kernels/paged.py's: thread
+    """The online-softmax step of one key tile in the split kernel (both builds, contiguous and paged): thread
     t < NS holds the score s of row t // BK and key t % BK (NEG where masked). It writes P = 2^(s - m_new) over s
     in Ps (0 where masked, even in a row whose keys so far are all masked), and updates the rows' running max Ms
     and sum Ls, leaving each row's rescale factor alpha = 2^(m_old - m_new) in As for the O update. Tree

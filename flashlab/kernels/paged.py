@@ -4,8 +4,8 @@ The NumPy version, with the semantics, is `flashlab.decoding.paged_attention`: t
 pages block_table[b, 0], block_table[b, 1], ... of k_cache (num_pages, page_size, H_kv, d), cache_seqlens[b]
 keys in all, and the Nq queries are the sequence's last Nq positions (bottom-right alignment).
 
-The `split` kernel follows kernels/decoding.py's (a K tile in shared memory, one score per thread, tree
-reductions, O in registers), with two changes:
+variant="register" runs kernels/decoding.py's split kernel (a K tile in shared memory, one score per thread, tree
+reductions, O in registers), built with `paged=True` and `group` = H / H_kv, which change two of its steps:
 - every key is found through the block table: key j of sequence b lives in page block_table[b, j // page_size],
   slot j % page_size;
 - grid (n_splits, H_kv, B): under grouped-query attention one block serves all H / H_kv query heads of its K/V
@@ -23,107 +23,18 @@ without causal masking, so it takes Nq = 1 (where causal changes nothing) or cau
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from .._inputs import check_block, check_options
 from ..decoding import check_num_splits, check_paged, chunk_bounds, default_num_splits
 from ..device import device_limits, get_cuda, has_gpu
-from . import prepared
+from . import decoding, prepared, tensor
 from ._launch import all_to_device_words, empty, like_input, to_device, to_host
-from . import tensor
-from .common import LN2, LOG2E, NEG
-from .decoding import default_threads, key_tile, online_softmax_step
+from .common import LOG2E
+from .decoding import default_threads
 from .split_kv import build_merge, grid
 
-cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
-
 MAX_ROWS = 64  # (query heads per K/V head) x Nq rows per block
-
-
-@functools.lru_cache(maxsize=None)
-def build(d: int, group: int, n_q: int, threads: int):
-    """The split kernel for head dim d, `group` query heads per K/V head, n_q queries, `threads` per block."""
-    from numba import float32
-
-    D, G, NQ, T = d, group, n_q, threads
-    R = G * NQ  # rows: (query head g of the group, query i)
-    DP = d + 1
-    BK = key_tile(d, R, threads)
-    NS = R * BK
-    K_LOADS = (BK * D + T - 1) // T
-    O_PER = (R * D + T - 1) // T
-    tile_step = online_softmax_step(NS, BK)
-
-    @cuda.jit(fastmath={"contract", "afn", "arcp"})
-    def split(q, k_cache, v_cache, block_table, seqlens, m_part, l_part, o_part, chunk, scale_log2, causal):
-        Qs = cuda.shared.array((R, D), float32)
-        Ks = cuda.shared.array((BK, DP), float32)
-        Ps = cuda.shared.array((R, BK), float32)
-        red = cuda.shared.array(NS, float32)
-        Ms = cuda.shared.array(R, float32)
-        Ls = cuda.shared.array(R, float32)
-        As = cuda.shared.array(R, float32)
-        t = cuda.threadIdx.x
-        c, hkv, b = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z
-        page = k_cache.shape[1]
-        n_k = seqlens[b]
-        k_begin = c * chunk
-        k_stop = min(k_begin + chunk, n_k)
-        r_s = t // BK  # this thread's score: row r_s, key j_s of the tile
-        j_s = t % BK
-        last = n_k - NQ + r_s % NQ  # causal: the last key row r_s may see (bottom-right alignment)
-
-        for e in range(t, R * D, T):
-            r = e // D
-            Qs[r, e % D] = float32(q[b, hkv * G + r // NQ, r % NQ, e % D]) * scale_log2
-        if t < R:
-            Ms[t] = NEG
-            Ls[t] = 0.0
-        acc = cuda.local.array(O_PER, float32)
-        for i in range(O_PER):
-            acc[i] = 0.0
-
-        for k0 in range(k_begin, k_stop, BK):
-            cuda.syncthreads()
-            for i in range(K_LOADS):
-                e = i * T + t
-                if e < BK * D:
-                    r = e // D
-                    x = e % D
-                    Ks[r, x] = 0.0
-                    if k0 + r < k_stop:
-                        Ks[r, x] = float32(k_cache[block_table[b, (k0 + r) // page], (k0 + r) % page, hkv, x])
-            cuda.syncthreads()
-            s = float32(NEG)
-            if t < NS and k0 + j_s < k_stop and (not causal or k0 + j_s <= last):
-                s = 0.0
-                for x in range(D):
-                    s += Qs[r_s, x] * Ks[j_s, x]
-            tile_step(s, t, Ps, red, Ms, Ls, As)
-            n_keys = min(BK, k_stop - k0)
-            for i in range(O_PER):
-                e = i * T + t
-                if e < R * D:
-                    r = e // D
-                    x = e % D
-                    o_acc = acc[i] * As[r]
-                    for j in range(n_keys):
-                        kj = k0 + j
-                        o_acc += Ps[r, j] * float32(v_cache[block_table[b, kj // page], kj % page, hkv, x])
-                    acc[i] = o_acc
-
-        for i in range(O_PER):
-            e = i * T + t
-            if e < R * D:
-                r = e // D
-                o_part[b, hkv * G + r // NQ, c, r % NQ, e % D] = acc[i]
-        if t < R:
-            m_part[b, hkv * G + t // NQ, c, t % NQ] = Ms[t] * LN2
-            l_part[b, hkv * G + t // NQ, c, t % NQ] = Ls[t]
-
-    return split
 
 
 def _tensor_kernels(B: int, H_kv: int, rows: int, d: int, page: int, capacity: int, num_splits):
@@ -277,10 +188,10 @@ def paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=Fa
     m_part, l_part = new((B, H, n_splits, Nq), np.float32), new((B, H, n_splits, Nq), np.float32)
     o_part = new((B, H, n_splits, Nq, d), np.float32)
     o, lse = new((B, H, Nq, d), q_d.dtype), new((B, H, Nq), np.float32)
-    split = build(d, G, Nq, threads)
+    split, merge = decoding.build(d, Nq, threads, group=G, paged=True)
     split[(n_splits, H_kv, B), threads](q_d, k_d, v_d, bt_d, sl_d, m_part, l_part, o_part, chunk,
                                          np.float32(opt.scale * LOG2E), bool(opt.causal))
-    build_merge(d)[(Nq, H, B), d](m_part, l_part, o_part, o, lse, n_splits)
+    merge[(Nq, H, B), d](m_part, l_part, o_part, o, lse, n_splits)
     return like_input(o, kind), like_input(lse, kind)
 
 
@@ -345,11 +256,12 @@ class PreparedPaged:
             m_part, o_part = S(self.part_shapes[1], np.float32), S(self.part_shapes[0], np.float32)
             ins = [prepared.torch_spec(x) for x in (q, k_cache, v_cache)]
             o = S((B, H, Nq, d), ins[0].dtype)
+            split, merge = decoding.build(d, Nq, threads, group=G, paged=True)
             self.kernels = [
-                prepared.PreparedKernel(build(d, G, Nq, threads), (n_splits, H_kv, B), threads,
+                prepared.PreparedKernel(split, (n_splits, H_kv, B), threads,
                                      ins + [S((B, max_pages), np.int32), S((B,), np.int32), m_part, m_part, o_part,
                                             chunk, scale_log2, bool(opt.causal)]),
-                prepared.PreparedKernel(build_merge(d), (Nq, H, B), d,
+                prepared.PreparedKernel(merge, (Nq, H, B), d,
                                      [m_part, m_part, o_part, o, S((B, H, Nq), np.float32), n_splits])]
 
     def tables_ok(self, block_table, cache_seqlens) -> bool:
