@@ -29,24 +29,22 @@ from .._inputs import check_block, check_options
 from ..decoding import check_num_splits, check_paged, chunk_bounds, default_num_splits
 from ..device import device_limits, get_cuda, has_gpu
 from . import decoding, prepared, tensor
-from ._launch import all_to_device_words, empty, like_input, to_device, to_host
+from ._launch import all_to_device_words, empty, like_input, run_all, to_device, to_host
 from .common import LOG2E
 from .decoding import default_threads
-from .split_kv import build_merge, grid
 
 MAX_ROWS = 64  # (query heads per K/V head) x Nq rows per block
 
 
-def _tensor_kernels(B: int, H_kv: int, rows: int, d: int, page: int, capacity: int, num_splits):
-    """The tensor variant's two launches, for the general and the prepared path: (split kernel, its grid, its
-    threads, merge kernel, splits). One warp per 16 rows of the packed group; chunks from tensor_splits."""
-
+def _tensor_launches(B: int, H_kv: int, rows: int, d: int, page: int, pages: int, max_pages: int, scale,
+                     num_splits):
+    """The tensor variant's launches (tensor.paged_launches: the paged build, then the merge), for the general and
+    the prepared path. One warp per 16 rows of the packed group; chunks from tensor_splits."""
     precision = tensor.resolve_precision("float16", None, device_limits()["cc"])
     # 16 keys a tile on sm_75 ("k8"), which copies through registers: 32 would spill
     tile = tensor.TensorTile(warps=-(-rows // 16), block_k=16 if precision == "k8" else 32).check(d, precision)
-    splits = tensor_splits(num_splits, B * H_kv, capacity)
-    kernel = tensor.build(d, tile, False, precision, split=True, page=page)
-    return kernel, grid(B, H_kv, rows, tile.block_q, splits), tile.threads, build_merge(d, normalised=True), splits
+    splits = tensor_splits(num_splits, B * H_kv, max_pages * page)
+    return tensor.paged_launches(B, H_kv, rows, d, page, pages, max_pages, splits, scale, tile, precision)
 
 
 def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
@@ -57,24 +55,19 @@ def _tensor(q, k_cache, v_cache, bt_host, sl_host, scale, num_splits):
     (q_w, k_w, v_w), kind, _ = all_to_device_words((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     B, H, Nq, W = q_w.shape
     pages, page, H_kv, _ = k_w.shape
-    rows = H // H_kv * Nq
-    kernel, g, threads, merge, splits = _tensor_kernels(B, H_kv, rows, 2 * W, page, bt_host.shape[1] * page,
-                                                        num_splits)
+    described = _tensor_launches(B, H_kv, H // H_kv * Nq, 2 * W, page, pages, bt_host.shape[1], scale, num_splits)
     meta = np.zeros((B, 1 + bt_host.shape[1]), np.int32)  # the kernel's n_k: seqlens, then the block table
     meta[:, 0], meta[:, 1:] = sl_host, bt_host
-    q2 = q_w.reshape(B, H_kv, rows, W)
-    k2, v2 = k_w.reshape(pages * page, H_kv, W), v_w.reshape(pages * page, H_kv, W)
     new = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
     o, lse = new((B, H, Nq, 2 * W), np.float16), new((B, H, Nq), np.float32)
-    meta_d = get_cuda().to_device(meta)
-    o2, lse2, scale_log2 = o.reshape(B, H_kv, rows, 2 * W), lse.reshape(B, H_kv, rows), np.float32(scale * LOG2E)
-    # each chunk's normalised output and lse (decoding.merge_split's layout), allocated once for every run()
-    o_part, lse_part = new((B, H_kv, splits, rows, 2 * W), np.float32), new((B, H_kv, splits, rows), np.float32)
-    o_view, lse_view = o_part.reshape(B, H_kv * splits, rows, 2 * W), lse_part.reshape(B, H_kv * splits, rows)
+    cuda = get_cuda()
+    arrays = {"q": q_w, "k_cache": k_w, "v_cache": v_w, "o": o, "lse": lse, "meta": cuda.to_device(meta)}
+    arrays.update({name: cuda.to_device(x) for name, x in described.host.items()})
+    # each chunk's normalised output and lse, allocated once for every run()
+    arrays.update({name: new(shape, dt) for name, (shape, dt) in described.temporaries.items()})
 
     def run():
-        kernel[g, threads](q2, k2, v2, o_view, lse_view, rows, meta_d, H_kv, scale_log2, 0)  # 0: the seed
-        merge[(rows, H_kv, B), 2 * W](lse_part, lse_part, o_part, o2, lse2, splits)
+        run_all(described.launches, arrays)
 
     return run, o, lse, kind
 
@@ -215,8 +208,9 @@ def _prepared_key(q, k_cache, v_cache, block_table, cache_seqlens, *parts):
 
 
 class PreparedPaged:
-    """paged_decoding for torch CUDA tensors of one key: both kernels' argument lists built once
-    (prepared.PreparedKernel); a call allocates the outputs with torch and launches. The block table and the
+    """paged_decoding for torch CUDA tensors of one key: both kernels' argument lists built once (the tensor
+    variant's from tensor.paged_launches through prepared.PreparedLaunches, the register variant's as
+    prepared.PreparedKernel); a call allocates the outputs with torch and launches. The block table and the
     lengths are read where they are, on the GPU: the tensor variant gets them as one int32 array (lengths, then
     the table: two small copies on the GPU), the register variant as int32 arrays."""
 
@@ -235,20 +229,16 @@ class PreparedPaged:
             if threads is not None:
                 raise ValueError("threads sets the register kernel's block; the tensor variant chooses its own")
             all_to_device_words((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))  # its dtype checks
-            kernel, g, block, merge, splits = _tensor_kernels(B, H_kv, rows, d, page, self.capacity, num_splits)
-            W = d // 2
+            described = _tensor_launches(B, H_kv, rows, d, page, pages, max_pages, opt.scale, num_splits)
             self.meta_shape = (B, 1 + max_pages)
-            self.part_shapes = (B, H_kv, splits, rows, d), (B, H_kv, splits, rows)
-            o_part, lse_part = S(self.part_shapes[0], np.float32), S(self.part_shapes[1], np.float32)
-            words = [S((B, H_kv, rows, W), np.uint32)] + [S((pages * page, H_kv, W), np.uint32)] * 2
-            self.kernels = [
-                prepared.PreparedKernel(kernel, g, block,
-                                     words + [o_part.reshape((B, H_kv * splits, rows, d)),
-                                              lse_part.reshape((B, H_kv * splits, rows)), rows,
-                                              S(self.meta_shape, np.int32), H_kv, scale_log2, 0]),
-                prepared.PreparedKernel(merge, (rows, H_kv, B), d,
-                                     [lse_part, lse_part, o_part, S((B, H_kv, rows, d), np.float16),
-                                      S((B, H_kv, rows), np.float32), splits])]
+            # the option arrays the kernel reads (none set here), kept on the GPU with this call
+            self.host = {name: torch.from_numpy(x).to(q.device) for name, x in described.host.items()}
+            specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))}
+            specs.update(o=S((B, H, Nq, d), np.float16), lse=S((B, H, Nq), np.float32))
+            specs["meta"] = S(self.meta_shape, np.int32)
+            specs.update({name: prepared.torch_spec(t) for name, t in self.host.items()})
+            self.pointers = {name: t.data_ptr() for name, t in self.host.items()}
+            self.launches = prepared.PreparedLaunches(described.launches, specs, described.temporaries)
         else:
             threads = register_threads(threads, rows)
             n_splits, chunk = register_chunks(num_splits, B * H_kv, self.capacity)
@@ -279,14 +269,15 @@ class PreparedPaged:
         stream, dev = prepared.current_stream(q), q.device
         new = lambda shape, dt=torch.float32: torch.empty(shape, dtype=dt, device=dev)  # noqa: E731
         o, lse = new(self.shapes[0], self.dtype), new(self.shapes[1])
-        o_part, lse_part = new(self.part_shapes[0]), new(self.part_shapes[1])
         ptr = lambda *xs: [x.data_ptr() for x in xs]  # noqa: E731
         if self.variant == "tensor":
             meta = new(self.meta_shape, torch.int32)
             meta[:, 0], meta[:, 1:] = cache_seqlens, block_table
-            self.kernels[0].launch(stream, ptr(q, k_cache, v_cache, o_part, lse_part, meta))
-            self.kernels[1].launch(stream, ptr(lse_part, lse_part, o_part, o, lse))
+            self.launches(stream, dict(self.pointers, q=q.data_ptr(), k_cache=k_cache.data_ptr(),
+                                       v_cache=v_cache.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr(),
+                                       meta=meta.data_ptr()), dev)
         else:
+            o_part, lse_part = new(self.part_shapes[0]), new(self.part_shapes[1])
             bt, sl = (x.to(torch.int32).contiguous() for x in (block_table, cache_seqlens))
             m_part = new(self.part_shapes[1])
             self.kernels[0].launch(stream, ptr(q, k_cache, v_cache, bt, sl, m_part, lse_part, o_part))
