@@ -9,15 +9,19 @@ cell whose lines start with `# `. In exercise sources, code between `### BEGIN S
 with `# YOUR CODE HERE` and `raise NotImplementedError()` at the same indentation.
 
 Every notebook gets a generated first cell: an "Open in Colab" badge, and a setup cell that installs
-flashlab (pinned to REF, no dependencies, so Colab's own numba and torch stay) when run in Colab, then
-prints flashlab.doctor(). The repository address lives here and nowhere else.
+flashlab (pinned to REF, no dependencies, so Colab's own numpy, numba and torch stay) when run in Colab, then
+prints flashlab.doctor(). When that install fails (the address cannot be reached, or the tag does not exist
+yet), the cell stops with what to do instead: open the published copy, or upload the course as a zip, which
+it installs from first. The repository address and the release live here (REPO, REF) and nowhere else.
 
 Run `python -m flashlab build` after editing anything under course/; `--check` fails if the generated
-notebooks are out of date (a test runs it).
+notebooks are out of date (a test runs it). `python -m flashlab build --release OWNER/NAME@TAG` sets REPO and
+REF in this file and regenerates every badge and setup cell from them (before publishing a release).
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -33,16 +37,55 @@ def colab_badge(rel_path: str) -> str:
     return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
 
 
-def setup_code() -> str:
-    return (
-        "# Setup: in Colab, install flashlab (pinned; Colab's numba and torch are kept). Elsewhere, nothing to do.\n"
-        "import sys\n"
-        "if 'google.colab' in sys.modules:\n"
-        f"    %pip install -q --no-deps 'flashlab @ git+https://github.com/{REPO}@{REF}'\n"
-        "    %pip install -q tqdm\n"
-        "import flashlab\n"
-        "flashlab.doctor();"
-    )
+def published_source(repo: str | None = None, ref: str | None = None) -> str:
+    """What pip installs flashlab from in Colab: the course's repository at its release tag."""
+    return f"git+https://github.com/{repo or REPO}@{ref or REF}"
+
+
+def setup_code(source: str | None = None) -> str:
+    """The setup cell. Plain Python (no magics), so it runs, and is tested, outside a notebook too.
+
+    In Colab it installs flashlab without dependencies from an uploaded copy of the course when there is one
+    (a zip of the repository or a wheel, named flashlab*), else from `source` (the published release). If pip
+    fails, the cell raises one short error that says what to do; pip's own output stays out of sight."""
+    source = source or published_source()
+    home = f"https://github.com/{REPO}"
+    return f"""\
+# Setup. In Colab: install flashlab ({REF}; --no-deps keeps Colab's numpy, numba and torch). Elsewhere: nothing to do.
+import sys
+if "google.colab" in sys.modules:
+    import glob, subprocess
+    uploaded = sorted(glob.glob("flashlab*.zip") + glob.glob("flashlab*.whl"))  # a copy of the course you uploaded
+    source = uploaded[-1] if uploaded else "{source}"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", source],
+                         capture_output=True, text=True)
+    if pip.returncode != 0:
+        last = (pip.stderr.strip().splitlines() or ["no message"])[-1]
+        raise RuntimeError(
+            f"flashlab could not be installed from {{source}} (pip: {{last}}). To go on, either open this "
+            "notebook from the course's published copy, "
+            "{home} (release {REF}), or upload the course: "
+            "download the repository as a zip, upload the zip (its name starting with 'flashlab') in Colab's "
+            "Files pane, the folder icon on the left, and run this cell again.") from None
+import flashlab
+flashlab.doctor();"""
+
+
+def set_release(repo: str, ref: str, path: Path | None = None) -> None:
+    """Write REPO and REF into this file (the one place they are set) and into this module."""
+    global REPO, REF
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+", repo):
+        raise ValueError(f"the repository must be GitHub's OWNER/NAME, e.g. flashlab-course/flashlab; got {repo!r}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_./-]*", ref):
+        raise ValueError(f"the release must be a git tag or branch name, e.g. v0.1.0; got {ref!r}")
+    path = path or Path(__file__)
+    text = path.read_text()
+    for name, value in (("REPO", repo), ("REF", ref)):
+        text, n = re.subn(rf'^{name} = "[^"]*"', f'{name} = "{value}"', text, flags=re.M)
+        if n != 1:
+            raise RuntimeError(f"{path}: expected one line `{name} = \"...\"`, found {n}")
+    path.write_text(text)
+    REPO, REF = repo, ref
 
 
 def parse_cells(text: str):
@@ -142,6 +185,20 @@ def stale(root: Path = ROOT) -> list:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--release" in argv:
+        i = argv.index("--release")
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if value.count("@") != 1:
+            print(f"--release takes OWNER/NAME@TAG, e.g. flashlab-course/flashlab@v0.1.0; got {value!r}",
+                  file=sys.stderr)
+            return 2
+        try:
+            set_release(*value.split("@"))
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        print(f"badges and setup cells now point at github.com/{REPO}, release {REF}")
+        argv = argv[:i] + argv[i + 2:]
     if "--check" in argv:
         bad = stale()
         for p in bad:

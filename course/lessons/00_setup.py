@@ -17,6 +17,12 @@
 # | Numba-CUDA kernels (`flashlab.kernels`) | 07 onwards | a CUDA GPU | an NVIDIA GPU and driver (Colab: *Runtime → Change runtime type → GPU*) |
 # | the same kernels, simulated | 07 onwards | the CPU, one Python thread per GPU thread | nothing: chosen automatically without a GPU |
 #
+# In Colab: a CPU runtime runs everything, the kernels in the simulator (Colab's CPU runtime has no
+# numba-cuda, so `numba.cuda` is numba's own older copy; flashlab fills in what the kernels need from it).
+# A T4 runtime runs the kernels on the T4, a GPU of compute capability 7.5: float16 on its tensor cores,
+# bfloat16 not at all (it has no bf16 tensor cores), float32 on its FP32 units. The report above says which
+# applies (`tensor cores`), and whether calls take the fast launch path (`fast launch`).
+#
 # The simulator runs your kernel *exactly as written*, thread by thread, so it is good for finding
 # bugs (you can even `print` inside a kernel) and hopeless for timing: each simulated thread costs from a
 # tenth of a millisecond to a millisecond, depending on the kernel (lesson 07 measures it), so a launch a
@@ -76,6 +82,10 @@ flashlab.check("safe_softmax", flashlab.naive_softmax)
 # ```
 #
 # An untouched exercise reports *not implemented*, not a crash, so you can grade early and often.
+#
+# **In Colab** there is no `exercises/` folder: you open one exercise notebook at a time, and its
+# `flashlab.check` cells grade it as you go. To grade a whole notebook from a cell, save it
+# (*File → Download → .ipynb*), upload it in the Files pane and run `!python -m flashlab grade NAME.ipynb`.
 
 # %% [markdown]
 # ## Fast mode

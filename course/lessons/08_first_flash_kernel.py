@@ -95,7 +95,8 @@ for name, tf in speeds.items():
 print(f"the textbook kernel reaches {speeds['flashlab shared'] / speeds['torch SDPA fp32']:.0%} of SDPA")
 
 # %% [markdown]
-# Under a third of PyTorch. Where does the time go?
+# On the project's H100, under a third of PyTorch; the line above gives the ratio on your GPU. Where does
+# the time go?
 #
 # ## Suspect 1: bytes from HBM
 #
@@ -111,11 +112,19 @@ for block_q in (32, 64, 128):
     print(f"block_q = {block_q:3d}: {hbm / 2**20:6.1f} MiB per head, {intensity:5.1f} FLOP/byte "
           f"(≈ block_q / 2)")
 print("H100 ridge point for FP32: 67 TFLOP/s / 3.35 TB/s = 20 FLOP/byte")
+from flashlab.hardware import GPUS  # noqa: E402
+
+t4 = GPUS["T4"]  # Colab's GPU
+print(f"T4 ridge point for FP32: {t4.fp32_flops / 1e12:.1f} TFLOP/s / {t4.bandwidth / 1e9:.0f} GB/s = "
+      f"{t4.fp32_flops / t4.bandwidth:.0f} FLOP/byte")
 
 # %% [markdown]
 # With `block_q = 64` the kernel does about 32 FLOPs per byte it moves, above the FP32 ridge point of an
 # H100: by the roofline of lesson 01 it could run at the full FP32 rate, 67 TFLOP/s. At 9.4 TFLOP/s it
-# moves about 0.3 TB/s of the 3.35 available. HBM is not the problem; the chip is.
+# moves about 0.3 TB/s of the 3.35 available. HBM is not the problem; the chip is. On a T4 the ridge point
+# is a little higher (the second line), still below `block_q = 64`'s intensity, and the FP32 peak is an
+# eighth of the H100's: expect single-digit TFLOP/s there from the kernel and from SDPA in float32 alike
+# (Turing has no TF32 tensor cores), and the same reasoning.
 #
 # ## Suspect 2: how each warp touches memory
 #

@@ -116,7 +116,7 @@ if "torch SDPA fp16" in at:
 from flashlab.viz import tensor as tviz
 
 points.update(tviz.tensor_roofline_points(tviz.load_tensor_results(), N=N, d=d))
-print("from", source, "and benchmarks/results/h100/ (tensor kernel, mma ceilings)")
+print("from", source, "and flashlab/data/h100_tensor.csv, h100_mma_ceiling.csv (tensor kernel, mma ceilings)")
 gviz.plot_kernel_roofline(points, roofs=tviz.mma_roofs(tviz.load_mma_ceiling()));
 
 # %% [markdown]
@@ -183,9 +183,11 @@ if profile:
 # python benchmarks/timing/bench_kernels.py        # forward, backward, memory and the tile sweep; CSVs + plot
 # ```
 #
+# (The scripts are in the course's repository, not in the installed package: in Colab, `!git clone` the
+# repository named in the setup cell at the top and run them from inside the clone, on a GPU runtime.)
+#
 # Its results: the run committed in `benchmarks/results/forward.csv` (an H200, the H100's SM with faster
-# memory; see the README there), or, when that file is missing, the H100 numbers recorded in
-# `benchmarks/results/h100/`:
+# memory; see the README there), which ships with flashlab as `flashlab/data/forward.csv`:
 
 # %%
 gviz.plot_vs_torch(results, N=N, d=d, source=f"from {source}");
@@ -355,25 +357,21 @@ if ON_GPU:
 
 # %%
 import csv  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-suite_rows, suite_source = gwaves.load_suite()
-if suite_rows:
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    for d, color in zip(gwaves.DS, ("tab:blue", "tab:orange", "tab:green")):
-        for causal in (False, True):
-            pts = gwaves.suite_points(suite_rows, 16, d, causal)
-            ax.plot(*zip(*pts), marker="o", color=color, ls="--" if causal else "-",
-                    label=f"d = {d}" + (", causal" if causal else ""))
-    ax.axhline(1.0, color="0.5", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xticks([1024, 2048, 4096, 8192, 16384], ["1024", "2048", "4096", "8192", "16384"])
-    ax.set(xlabel="N", ylabel="flashlab / SDPA, float32",
-           title=f"register forward, B·H 16 ({suite_source})")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-else:
-    print("benchmarks/results/suite.csv is not here (a package install without the repository): see the README")
+suite_rows, suite_source = gwaves.load_suite()  # flashlab/data/suite.csv
+fig, ax = plt.subplots(figsize=(6.4, 3.4))
+for d, color in zip(gwaves.DS, ("tab:blue", "tab:orange", "tab:green")):
+    for causal in (False, True):
+        pts = gwaves.suite_points(suite_rows, 16, d, causal)
+        ax.plot(*zip(*pts), marker="o", color=color, ls="--" if causal else "-",
+                label=f"d = {d}" + (", causal" if causal else ""))
+ax.axhline(1.0, color="0.5", lw=0.8)
+ax.set_xscale("log")
+ax.set_xticks([1024, 2048, 4096, 8192, 16384], ["1024", "2048", "4096", "8192", "16384"])
+ax.set(xlabel="N", ylabel="flashlab / SDPA, float32",
+       title=f"register forward, B·H 16 ({suite_source})")
+ax.legend(fontsize=7, ncol=2)
+fig.tight_layout()
 
 # %% [markdown]
 # Two things stand out. At d = 128 the register kernel stays near a third of SDPA at every N: its tile holds
@@ -391,23 +389,36 @@ else:
 # by `python benchmarks/timing/bench_kernels.py --parts host`:
 
 # %%
-host_csv = Path(gwaves.ROOT) / "benchmarks" / "results" / "host.csv"
-if host_csv.exists():
-    with open(host_csv, newline="") as f:
-        host_rows = list(csv.DictReader(f))
-    print(f"{host_rows[0]['gpu']}, host time of one call:")
-    for r in host_rows:
-        print(f"  {r['call']:78s} {float(r['host_us']):7.1f} µs")
-    sdpa_1024 = [r for r in suite_rows if (r["direction"], r["variant"], r["B"], r["N"], r["d"], r["causal"])
-                 == ("forward", "register", 1, 1024, 64, 0)]
-    if sdpa_1024:
-        ms = attention_flops(1, 16, 1024, 1024, 64) / (sdpa_1024[0]["torch_tflops"] * 1e12) * 1e3
-        print(f"for scale: SDPA's whole forward at B1 H16 N1024 d64 float32 takes {ms * 1e3:.0f} µs")
-else:
-    print("benchmarks/results/host.csv is not here (a package install without the repository)")
+with open(gwaves.HOST_CSV, newline="") as f:  # flashlab/data/host.csv
+    host_rows = list(csv.DictReader(f))
+print(f"{host_rows[0]['gpu']}, host time of one call:")
+for r in host_rows:
+    print(f"  {r['call']:78s} {float(r['host_us']):7.1f} µs")
+sdpa_1024 = [r for r in suite_rows if (r["direction"], r["variant"], r["B"], r["N"], r["d"], r["causal"])
+             == ("forward", "register", 1, 1024, 64, 0)]
+ms = attention_flops(1, 16, 1024, 1024, 64) / (sdpa_1024[0]["torch_tflops"] * 1e12) * 1e3
+print(f"for scale: SDPA's whole forward at B1 H16 N1024 d64 float32 takes {ms * 1e3:.0f} µs")
 
 # %% [markdown]
 # The prepared call still takes 1.6 to 2 times SDPA's host time: two output allocations and one driver
 # call from Python already cost more than PyTorch's whole C++ dispatch. Real FlashAttention is a C++/CUDA
 # extension, and its launch costs what SDPA's does. `FLASHLAB_FAST_LAUNCH=0` sends every call the general
 # way, if you want to see the difference yourself.
+#
+# **In Colab** the prepared call is off for now: it uses numba-cuda internals that the numba-cuda Colab ships
+# does not have, so every call takes the general path: the general rows above, measured on the H100
+# machine's host (Colab's is another CPU). `flashlab.doctor()` says which path your calls take (`fast launch`)
+# and what that costs per call.
+#
+# **On a T4**, Colab's GPU, the same planner picks other tiles and grids: it has 40 SMs, 64 KB of shared
+# memory per SM and an FP32 peak an eighth of the H100's. What the planner does with the benchmark's shape there,
+# and the most any FP32 kernel can reach (no T4 run is recorded):
+
+# %%
+from flashlab.kernels import plan as kplan  # noqa: E402
+from flashlab.roofline import PUBLISHED_FP32  # noqa: E402
+
+for gpu_name in ("T4", "H100"):
+    bench_plan = kplan.plan((1, 16, 4096, 64), causal=False, dtype="float32", device=gpu_name)
+    print("\n".join(bench_plan.explain().splitlines()[:3]))
+    print(f"  FP32 peak {PUBLISHED_FP32[gpu_name] / 1e12:.1f} TFLOP/s: the register kernel's upper bound there\n")

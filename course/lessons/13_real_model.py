@@ -338,10 +338,14 @@ for name, run in cpu_run["runs"].items():
 # torch's. `tests/test_gpt_bf16.py` keeps this check, and `tests/test_gpt_bf16_gpu.py` runs the bf16 comparison
 # on a GPU, with the same broken attention as a control.
 #
-# With a GPU, measure it yourself (a minute or so; three progress bars):
+# With a GPU of compute capability 8.0 or newer (an A100, an H100), measure it yourself (a minute or so; three
+# progress bars). On a T4, Colab's GPU, the cell says why it skips: no bf16 tensor cores there.
 
 # %%
-if flashlab.device.has_gpu() and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+# torch.cuda.is_bf16_supported() is True on a T4 too (torch emulates bf16 there); flashlab's bf16 kernels need
+# the bf16 tensor cores of compute capability 8.0, so the guard asks for that.
+bf16_gpu = flashlab.device.has_gpu() and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+if bf16_gpu:
     live = gpt.compare_attention({"torch": F.scaled_dot_product_attention, "flashlab": flash_sdpa},
                                  {**gpt.BF16_SETUP, "steps": size(gpt.BF16_SETUP["steps"], 60)},
                                  device="cuda", autocast_dtype=torch.bfloat16)
@@ -351,6 +355,10 @@ if flashlab.device.has_gpu() and torch.cuda.is_available() and torch.cuda.is_bf1
     g = gpt.loss_gap(live["runs"]["flashlab"]["losses"], live["runs"]["torch"]["losses"])
     print(f"largest gap {g:.4f} nats (tolerance {gpt.BF16_LOSS_TOLERANCE}); tokens/s: "
           + ", ".join(f"{r['label']} {r['tokens_per_s']:,.0f}" for r in live["runs"].values()))
+elif flashlab.device.has_gpu():
+    cc = torch.cuda.get_device_capability()
+    print(f"Skipped: this GPU (compute capability {cc[0]}.{cc[1]}, a T4 in Colab) has no bf16 tensor cores, which "
+          "flashlab's bf16 kernels need (8.0 or newer); the figure above is the committed run.")
 else:
     print("No CUDA GPU with bf16 here" + (": the figure above is the committed run." if bf16_run else "."))
 
@@ -359,6 +367,7 @@ else:
 #
 # The same call on CUDA tensors runs the register kernel of lesson 09 (forward) and the FA2 backward
 # kernel, with the lse saved in float32. The kernels need d in (16, 32, 64, 128) and the same width for V.
+# These are float32 tensors, so a T4 (Colab's GPU) runs this cell as an H100 does, on its FP32 units.
 # In the simulator this would take minutes, so it runs only where there is a GPU:
 
 # %%

@@ -518,6 +518,22 @@ else:
     print("no benchmark data found (flashlab/data/h100_tensor.csv is missing from this install)")
 
 # %% [markdown]
+# **On a T4** (Colab's GPU, compute capability 7.5) the same kernel builds differently, and the planner says
+# how: float16 runs as two `m16n8k8` per k16 step with copies through registers (no `cp.async`), and
+# bfloat16 and float32 have no tensor-core path at all. What the datasheets allow there, against the H100:
+
+# %%
+from flashlab.kernels import plan as kplan
+from flashlab.roofline import PUBLISHED, PUBLISHED_FP32
+
+for gpu_name in ("T4", "H100"):
+    print(f"{gpu_name}: datasheet FP16 tensor cores {PUBLISHED[gpu_name].peak_flops / 1e12:.0f} TFLOP/s, "
+          f"{PUBLISHED[gpu_name].peak_flops / PUBLISHED_FP32[gpu_name]:.0f} times its FP32 units")
+t4_plan = kplan.plan((1, 16, 4096, 64), dtype="float16", variant="tensor", device="T4")
+print("\n".join(t4_plan.explain().splitlines()[:3]))
+print("(no T4 run is recorded: the figures above are the H100's)")
+
+# %% [markdown]
 # And against the instruction's own ceiling from section 1: how much of what `mma.sync` can do from Numba
 # does the whole kernel get? Attention's FLOPs counted as 4·N²·d, as everywhere in the course.
 
@@ -546,7 +562,9 @@ plt.show()
 # What the measurements say, and what they do not:
 #
 # - The speed and the ratios come from one benchmark file on one H100; rerun the script for your GPU, and
-#   always compare with torch measured in the same run.
+#   always compare with torch measured in the same run. The scripts are in the course's repository, not in
+#   the installed package: in Colab, `!git clone` the repository named in the setup cell at the top, and run
+#   the same command from inside the clone.
 # - In float32, SDPA also runs 3xTF32 on tensor cores: the printed ratios say how close the kernel gets.
 #   1xTF32 is faster than 3xTF32 because it gives up accuracy; a fair comparison names its precision.
 # - In float16 and bfloat16, SDPA's kernels are FlashAttention-2's (and cuDNN's): compiled C++ tuned over

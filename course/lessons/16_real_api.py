@@ -297,8 +297,8 @@ print(f"scores of a padded batch: {padded}; of the packed one: {packed} ({packed
 # %% [markdown]
 # **Measured.** `benchmarks/timing/bench_varlen.py` times three batches on a GPU, each five ways: one packed launch,
 # a loop of one launch per sequence, padding to the longest (flashlab's kernel, and torch SDPA with a mask),
-# and torch SDPA called once per sequence. The figure reads its last run (`benchmarks/results/varlen.json`,
-# in a clone of the repository). Compare the two uncausal batches:
+# and torch SDPA called once per sequence. The figure reads its last run (`flashlab/data/varlen.json`, a copy of
+# `benchmarks/results/varlen.json` that ships with the package). Compare the two uncausal batches:
 # - **Many short sequences:** each launch of the loop has too few query blocks to fill the GPU, so the loop
 #   is bound by launches, and one packed launch wins by a wide margin.
 # - **Mixed lengths up to 4096:** most of the work is in the long sequences, whose own launches fill the
