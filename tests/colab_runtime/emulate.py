@@ -97,8 +97,12 @@ def _requirements(dist: str, have: set, seen: set) -> None:
     key = dist.lower().replace("_", "-")
     if key in seen or key in have:
         return
+    try:
+        requires = importlib.metadata.requires(dist) or []
+    except importlib.metadata.PackageNotFoundError:  # not in the running environment either: nothing to link
+        return
     seen.add(key)
-    for req in importlib.metadata.requires(dist) or []:
+    for req in requires:
         if "extra ==" in req:
             continue
         name = req.split(";")[0].strip()
