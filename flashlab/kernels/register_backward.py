@@ -216,22 +216,34 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
             x += ONE
 
     @cuda.jit(device=True, inline="always")
-    def plain_p(s, scale, lse, pos, col, q_in, nk, causal, left, right, cap, slope):
+    def plain_band(pos, q_in, nk, left, right):
+        return I(0), I(0)  # unused: plain_p masks by itself
+
+    @cuda.jit(device=True, inline="always")
+    def options_band(pos, q_in, nk, left, right):
+        """[lo, hi): the keys the row at aligned position pos sees (options.key_band of one row); none past Nq."""
+        lo, hi = opt.key_band(pos, pos, nk, left, right)
+        return lo, hi if q_in else lo
+
+    @cuda.jit(device=True, inline="always")
+    def plain_p(s, scale, lse, pos, col, q_in, nk, causal, lo, hi, cap, slope):
         """(P, 0): P = exp(scale S - lse), zero past Nq, past Nk and (causal) right of the diagonal."""
         if q_in and col < nk and (not causal or col <= pos):
             return math.exp(s * scale - lse), float32(0)
         return float32(0), float32(0)
 
     @cuda.jit(device=True, inline="always")
-    def options_p(s, scale, lse, pos, col, q_in, nk, causal, left, right, cap, slope):
-        """(P, tanh): P from the score as the forward transformed it (softcap, ALiBi), zero outside the band; the
-        softcap's tanh(s / cap), for dS."""
+    def options_p(s, scale, lse, pos, col, q_in, nk, causal, lo, hi, cap, slope):
+        """(P, tanh): P from the score as the forward transformed it (softcap, ALiBi), zero outside the row's
+        keys [lo, hi); the softcap's tanh(s / cap), for dS."""
         sc, th = opt.capped(s * scale, pos, col, cap, slope)
-        if q_in and not opt.outside(pos, col, nk, left, right):
+        if lo <= col and col < hi:
             return math.exp(sc - lse), th
         return float32(0), th
 
-    p_of = options_p if features.per_score else plain_p
+    # The band once per row, not per entry: a smaller loop body, which the compiler still unrolls fully (S_ij,
+    # dP_ij in registers, not local memory).
+    band_of, p_of = (options_band, options_p) if features.per_score else (plain_band, plain_p)
 
     @cuda.jit(device=True, inline="always")
     def probs(S, dP, Ps, Th, zrow, Ls, q0, k0, nq, nk, sy, sx, scale, causal, off, left, right, cap, slope, zh):
@@ -241,10 +253,11 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
             r = sy + S_NR * a
             if DROP:
                 zrow[a] = d_mix(zh, q0 + r)
+            lo, hi = band_of(I(q0 + r) + off, q0 + r < nq, I(nk), left, right)
             for b in range(S_TC):
                 c = sx + S_NC * b
                 p, th = p_of(S[a * S_TC + b], scale, Ls[r], I(q0 + r) + off, I(k0 + c), q0 + r < nq, I(nk), causal,
-                             left, right, cap, slope)
+                             lo, hi, cap, slope)
                 if SOFTCAP:
                     Th[a * S_TC + b] = th
                 S[a * S_TC + b] = p

@@ -284,14 +284,14 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
         return mma.mma_tf32_m16n8k8(a0, a1, a2, a3, b0b, b1b, c0, c1, c2, c3)
 
     @cuda.jit(device=True, inline=True)
-    def p_ds(x, dpx, lse2, Di, i, key, nq, nk, off, left, right, capr, slope, zq, scale_log2):
+    def p_ds(x, dpx, lse2, Di, i, key, lo, hi, off, capr, slope, zq, scale_log2):
         """(P^T, dS^T) of one entry under the options (raw score x = S^T[key, i], dpx = dP^T[key, i]): the
-        forward's softcap, ALiBi and band, P = exp2(x' scale log2(e) - lse log2(e)) with a select (never a
-        product) for masked entries, since exp2 may be inf there (lse = +inf rows: every entry is masked).
-        Dropout: dV takes P Z and dS = P (dP Z - D); softcap: dS times its derivative 1 - tanh^2."""
-        pos = I(i) + off
-        x, th = opt.capped(x, pos, I(key), capr, slope)
-        dead = i >= nq or opt.outside(pos, I(key), I(nk), left, right)
+        forward's softcap, ALiBi and band (the key's queries are [lo, hi): band_of), P = exp2(x' scale log2(e) -
+        lse log2(e)) with a select (never a product) for masked entries, since exp2 may be inf there (lse = +inf
+        rows: every entry is masked). Dropout: dV takes P Z and dS = P (dP Z - D); softcap: dS times its
+        derivative 1 - tanh^2."""
+        x, th = opt.capped(x, I(i) + off, I(key), capr, slope)
+        dead = I(i) < lo or I(i) >= hi
         p = float32(0.0) if dead else math.exp2(x * scale_log2 - lse2)
         z = z_keep(zq, key) if DROP else float32(1.0)
         ds = p * (dpx * z - Di)
@@ -495,16 +495,27 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
     # (queries) 8n + 2t + c % 2.
     if OPTIONS:
         @step
+        def band_of(key, nq, nk, off, left, right):
+            """[lo, hi): the queries that see the key (options.query_band of one key); none past Nk."""
+            lo, hi = opt.query_band(I(key), I(key), off, I(nq), left, right)
+            return lo, hi if key < nk else lo
+
+        @step
         def probs(s, dp, Ls, Ds, st, q0, kw, g, t, nq, nk, off, left, right, capr, slope, zh, scale_log2):
-            """Options: p_ds on every entry (the band, softcap, ALiBi, dropout)."""
+            """Options: p_ds on every entry (the band, softcap, ALiBi, dropout). The band is computed once per
+            key (this thread's two), as the range of queries that see it, rather than per entry: a smaller loop
+            body, which the compiler still unrolls fully (registers, not local memory, for S^T and dP^T)."""
+            lo0, hi0 = band_of(kw + g, nq, nk, off, left, right)
+            lo1, hi1 = band_of(kw + g + U(8), nq, nk, off, left, right)
             for n in range(NTQ):
                 for c in range(2):  # columns 8n + 2t + c: one query each, with keys kw+g and kw+g+8
                     col = U(8 * n) + U(2) * t + U(c)
                     zq = z_mix(zh, q0 + col) if DROP else U(0)  # the query's hash state, for both keys
-                    for r in range(2):
-                        s[n, 2 * r + c], dp[n, 2 * r + c] = p_ds(
-                            s[n, 2 * r + c], dp[n, 2 * r + c], Ls[st + col], Ds[st + col], q0 + col,
-                            kw + g + U(8 * r), nq, nk, off, left, right, capr, slope, zq, scale_log2)
+                    s[n, c], dp[n, c] = p_ds(s[n, c], dp[n, c], Ls[st + col], Ds[st + col], q0 + col, kw + g,
+                                             lo0, hi0, off, capr, slope, zq, scale_log2)
+                    s[n, 2 + c], dp[n, 2 + c] = p_ds(s[n, 2 + c], dp[n, 2 + c], Ls[st + col], Ds[st + col], q0 + col,
+                                                     kw + g + U(8), lo1, hi1, off, capr, slope, zq, scale_log2)
+
     else:
         @step
         def probs(s, dp, Ls, Ds, st, q0, kw, g, t, nq, nk, off, left, right, capr, slope, zh, scale_log2):
