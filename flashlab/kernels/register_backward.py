@@ -35,7 +35,7 @@ from ..device import get_cuda
 from ..dropout import device_functions as dropout_functions
 from ._launch import Arg, Launch
 from .common import I
-from .options import Features, OptionArgs, device_functions
+from .options import Features, OptionArgs, argument_types, device_functions
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
 
@@ -512,9 +512,8 @@ def signature(dtype: str):
 
     dt = {"float32": f32, "float16": types.float16}[dtype]
     a4, f3, f4 = types.Array(dt, 4, "C"), types.Array(f32, 3, "C"), types.Array(f32, 4, "C")
-    # int64s: varlen's tables (unused here), left, right; then cap, the slopes and the dropout seed
-    return (a4, a4, a4, a4, f3, f3, f4, a4, a4, f32, types.boolean, int64, int64, int64, int64, f32,
-            types.Array(f32, 1, "C"), int64)
+    # int64s: varlen's tables (unused here); then the options' values and the dropout seed
+    return (a4, a4, a4, a4, f3, f3, f4, a4, a4, f32, types.boolean, int64, int64) + argument_types() + (int64,)
 
 
 def default_config(d: int, simulator: bool = False):

@@ -72,7 +72,7 @@ from ..dropout import device_functions as dropout_functions
 from . import mma
 from ._launch import STATIC_SHARED, Arg, Launch, run_all
 from .common import FASTMATH, LOG2E, I, U
-from .options import Features, OptionArgs, device_functions, plain_arguments
+from .options import Features, OptionArgs, argument_types, device_functions, plain_arguments
 from .tensor import row_words, stages as async_stages
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
@@ -800,9 +800,8 @@ def signature(precision: str):
 
     a4 = types.Array(float32 if precision in ("3xtf32", "tf32") else types.uint32, 4, "C")
     f3, f4 = types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
-    # int64s: the heads, left, right, the dropout seed
-    return (a4, a4, a4, a4, f3, f3, f4, a4, a4, int64, float32, float32, int64, int64, float32,
-            types.Array(float32, 1, "C"), int64)
+    # the heads, scale and scale * log2(e), the options' values, the dropout seed
+    return (a4, a4, a4, a4, f3, f3, f4, a4, a4, int64, float32, float32) + argument_types() + (int64,)
 
 
 def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, tile: BackwardTile, precision: str,
