@@ -92,7 +92,7 @@ def test_cpu_measurement_and_scale_figures():
     assert data["date"] and "CPU, gloo, no GPU" in data["machine"]
     assert {r["W"] for r in data["rows"]} == {1, 2, 4} and len({r["N"] for r in data["rows"]}) >= 2
     fig = rviz.plot_cpu_measurement(data)
-    lines = [line for line in fig.axes[0].get_lines() if "per step" in line.get_label()]
+    lines = [line for line in fig.axes[0].get_lines() if line.get_label().startswith("ring, N =")]
     assert len(lines) == len({r["N"] for r in data["rows"]})
     fig = rviz.plot_at_scale()
     assert len(fig.axes) == 2

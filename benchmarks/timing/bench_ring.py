@@ -4,7 +4,9 @@
 
 For each total sequence length N and world size W = 1, 2, 4: the time of a ring forward and backward
 (`flashlab.ring.ring_attention`, float32, causal, zigzag; every rank runs flashlab's NumPy FA2 on its blocks,
-one thread per rank) and, per ring step, the seconds of compute and of waiting for the next K/V shard. Beside
+one thread per rank) and, per ring step, the seconds of compute and of waiting for the next K/V shard, and the
+CPU seconds of the compute (with more processes than cores, wall-clock time also counts the turns a process
+waits for a core; CPU time counts the work). Beside
 it, in this process with one thread, flashlab's FA2 forward (`flashlab.torch.flash_attention`) on the full N:
 the work the ring splits. Every time is the best of --steps rounds after one untimed round: on a machine
 shared with other work, the least disturbed round is the closest to the code's own cost. The machine, its
@@ -38,13 +40,14 @@ def single(N, H, d, steps):
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, N, d, generator=g) for _ in range(3))
-    times = []
+    times, cpu = [], []
     for i in range(steps + 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         flash_attention(q, k, v, causal=True)
         if i:
             times.append(time.perf_counter() - t0)
-    return min(times)
+            cpu.append(time.process_time() - c0)
+    return min(times), min(cpu)
 
 
 def main(argv=None):
@@ -60,18 +63,20 @@ def main(argv=None):
     rows = []
     load_before = os.getloadavg()
     for N in a.lengths:
-        one = single(N, a.heads, a.d, a.steps)
+        one, one_cpu = single(N, a.heads, a.d, a.steps)
         print(f"N = {N}: one process, flashlab FA2 forward {one * 1e3:.1f} ms", flush=True)
         for w in a.worlds:
             ranks = run_ranks(measure, w, N, kwargs=dict(H=a.heads, d=a.d, steps=a.steps), timeout=600)
             slow = max(ranks, key=lambda r: r["forward_s"])
-            row = {"N": N, "W": w, "single_forward_ms": one * 1e3,
+            row = {"N": N, "W": w, "single_forward_ms": one * 1e3, "single_forward_cpu_ms": one_cpu * 1e3,
                    "forward_ms": slow["forward_s"] * 1e3, "backward_ms": max(r["backward_s"] for r in ranks) * 1e3,
                    "step_ms": slow["forward_s"] * 1e3 / w,
                    "compute_ms_per_step": [max(r["compute_s"][t] for r in ranks) * 1e3 for t in range(w)],
-                   "wait_ms_per_step": [max(r["wait_s"][t] for r in ranks) * 1e3 for t in range(w)]}
+                   "wait_ms_per_step": [max(r["wait_s"][t] for r in ranks) * 1e3 for t in range(w)],
+                   "compute_cpu_ms_per_step": [max(r["compute_cpu_s"][t] for r in ranks) * 1e3 for t in range(w)]}
             rows.append(row)
-            print(f"  W = {w}: forward {row['forward_ms']:.1f} ms ({row['step_ms']:.1f} ms per ring step), "
+            print(f"  W = {w}: forward {row['forward_ms']:.1f} ms ({row['step_ms']:.1f} ms per ring step, "
+                  f"{max(row['compute_cpu_ms_per_step']):.1f} ms of CPU time in the busiest), "
                   f"backward {row['backward_ms']:.1f} ms", flush=True)
     data = {"date": datetime.date.today().isoformat(),
             "machine": f"CPU, gloo, no GPU: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "

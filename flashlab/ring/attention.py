@@ -35,7 +35,9 @@ from ..torch import _forward as _local_forward
 from .layout import check_layout, check_length, rank_chunks, visible_chunks
 
 #: Set to a list to record every forward step of this process as (step, compute seconds, seconds waiting for
-#: the next shard): benchmarks/timing/bench_ring.py does, to split a step into its compute and its wait.
+#: the next shard, CPU seconds this process spent computing): benchmarks/timing/bench_ring.py does, to split
+#: a step into its compute and its wait. On a CPU shared by more processes than cores, the CPU seconds are the
+#: work itself, the wall-clock seconds also the turns the process waited for a core.
 TRACE = None
 
 _LAYOUT_CODE = {"contiguous": 0, "zigzag": 1}
@@ -147,7 +149,7 @@ def _ring_forward(q, k, v, causal, scale, ring, layout):
     lse = torch.full(q.shape[:-1], -math.inf, dtype=o.dtype, device=q.device)
     kv = (k, v)
     for t in range(w):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         pending = ring.rotate(kv, tag=0) if t < w - 1 else None  # the next shard travels while we compute
         for q_chunks, k_chunks, masked in block_plan(r, (r - t) % w, w, layout, causal):
             q_b = _rows(q, q_chunks, size)
@@ -157,12 +159,12 @@ def _ring_forward(q, k, v, causal, scale, ring, layout):
             o_new, lse_new = merge(o_old, lse_old, o_b.to(o.dtype), lse_b.to(o.dtype))
             _put(o, q_chunks, size, o_new)
             _put(lse.unsqueeze(-1), q_chunks, size, lse_new.unsqueeze(-1))
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         if pending is not None:
             kv, requests = pending
             _wait(requests)
         if TRACE is not None:
-            TRACE.append((t, t1 - t0, time.perf_counter() - t1))
+            TRACE.append((t, t1 - t0, time.perf_counter() - t1, c1 - c0))
     return o.to(q.dtype), lse
 
 

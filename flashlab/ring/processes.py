@@ -204,8 +204,9 @@ def _attention64(q, k, v, causal=False):
 
 def measure(rank, world_size, N, H=4, d=64, causal=True, layout="zigzag", steps=3, seed=0):
     """One rank of benchmarks/timing/bench_ring.py: the best time of `steps` ring forwards and backwards on CPU
-    float32 shards, and, per ring step of the best forward, the seconds of compute and of waiting for the next
-    shard (attention.TRACE). The first round warms up and is not counted."""
+    float32 shards; per ring step of the best forward, the seconds of compute and of waiting for the next shard;
+    and per ring step the least CPU time the compute took in any round (attention.TRACE). The first round warms
+    up and is not counted."""
     import torch
     import torch.distributed as dist
 
@@ -235,4 +236,5 @@ def measure(rank, world_size, N, H=4, d=64, causal=True, layout="zigzag", steps=
     best = forward.index(min(forward))  # the least disturbed round, on a machine shared with other work
     return {"rank": rank, "forward_s": forward[best], "backward_s": min(backward),
             "compute_s": [traces[best][t][1] for t in range(world_size)],
-            "wait_s": [traces[best][t][2] for t in range(world_size)]}
+            "wait_s": [traces[best][t][2] for t in range(world_size)],
+            "compute_cpu_s": [min(tr[t][3] for tr in traces) for t in range(world_size)]}

@@ -188,43 +188,48 @@ def load_cpu_measurement(path=None) -> dict:
 
 
 def plot_cpu_measurement(data=None, axes=None):
-    """Left: the forward's time per ring step against W, beside one process's FA2 forward on the whole N.
-    Right: each step of the largest N split into compute and waiting for the next shard."""
+    """Left: the ring's forward against W, beside one process's FA2 forward on the whole N and that divided by W
+    (what W ranks on W free cores would reach). Right: each ring step of the largest N, split into the CPU time
+    of its compute, the rest of its compute's wall-clock time (turns waiting for a core) and the wait for the
+    next shard."""
     data = data or load_cpu_measurement()
     if axes is None:
-        fig, axes = subplots(1, 2, width=11, height=3.6)
+        fig, axes = subplots(1, 2, width=11, height=3.8)
     fig = axes[0].figure
     rows = data["rows"]
     lengths = sorted({r["N"] for r in rows})
+    worlds = sorted({r["W"] for r in rows})
     colors = plt.cm.viridis(np.linspace(0, 0.8, len(lengths)))
     ax = axes[0]
     for n, color in zip(lengths, colors):
         sel = sorted((r for r in rows if r["N"] == n), key=lambda r: r["W"])
-        ax.plot([r["W"] for r in sel], [r["step_ms"] for r in sel], "o-", color=color, label=f"ring, N = {n}: per step")
-        ax.plot([r["W"] for r in sel], [r["forward_ms"] for r in sel], "s--", color=color, mfc="none",
-                label=f"ring, N = {n}: whole forward")
-        ax.axhline(sel[0]["single_forward_ms"], color=color, lw=0.8, ls=":")
+        ax.plot([r["W"] for r in sel], [r["forward_ms"] for r in sel], "o-", color=color, label=f"ring, N = {n}")
+        one = sel[0]["single_forward_ms"]
+        ax.plot(worlds, [one / w for w in worlds], ":", color=color, lw=1,
+                label="one process / W" if n == lengths[-1] else None)
+        ax.plot([worlds[0]], [one], "*", color=color, ms=10, label="one process" if n == lengths[-1] else None)
     ax.set(xscale="log", yscale="log", xlabel="world size W (processes)", ylabel="ms",
-           title="ring forward (dotted: one process, flashlab FA2)")
-    ax.set_xticks(sorted({r["W"] for r in rows}), [str(w) for w in sorted({r["W"] for r in rows})])
+           title="the forward, whole sequence (wall clock)")
+    ax.set_xticks(worlds, [str(w) for w in worlds])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.legend(fontsize=6, loc="lower left")
     ax.grid(True, alpha=0.3)
     ax = axes[1]
     n = lengths[-1]
     sel = sorted((r for r in rows if r["N"] == n), key=lambda r: r["W"])
-    labels, x = [], 0
+    labels, pos, x = [], [], 0.0
     for r in sel:
-        for t, (c, w) in enumerate(zip(r["compute_ms_per_step"], r["wait_ms_per_step"])):
-            ax.bar(x, c, color="#1f77b4", label="compute" if x == 0 else None)
-            ax.bar(x, w, bottom=c, color="#ff7f0e", label="wait for the next shard" if x == 0 else None)
+        cpus = r.get("compute_cpu_ms_per_step") or r["compute_ms_per_step"]
+        for t, (c, w, cpu) in enumerate(zip(r["compute_ms_per_step"], r["wait_ms_per_step"], cpus)):
+            first = not labels
+            ax.bar(x, min(cpu, c), color="#1f77b4", label="compute: CPU time" if first else None)
+            ax.bar(x, max(c - cpu, 0), bottom=min(cpu, c), color="#aec7e8",
+                   label="compute: waiting for a core" if first else None)
+            ax.bar(x, w, bottom=c, color="#ff7f0e", label="waiting for the next shard" if first else None)
             labels.append(f"W{r['W']}\nt{t}")
+            pos.append(x)
             x += 1
         x += 0.5
-    pos, x = [], 0
-    for r in sel:
-        pos += [x + t for t in range(r["W"])]
-        x += r["W"] + 0.5
     ax.set_xticks(pos, labels, fontsize=6)
     ax.set(ylabel="ms (slowest rank)", title=f"N = {n}: each ring step of the forward")
     ax.legend(fontsize=7)
