@@ -123,18 +123,21 @@ class _Ring:
 
     def rotate(self, tensors, tag):
         """Start sending `tensors` to the next rank and receiving as many from the previous one.
-        Returns (received buffers, requests): wait on the requests before reading the buffers."""
+        Returns (received buffers, requests): `_wait(requests)` before reading the buffers. The requests keep
+        the tensors being sent alive until then."""
         received = [torch.empty_like(t) for t in tensors]
-        requests = []
-        for i, (out, into) in enumerate(zip(tensors, received)):
-            requests.append(dist.isend(out.contiguous(), self.next, group=self.group, tag=tag + i))
-            requests.append(dist.irecv(into, self.prev, group=self.group, tag=tag + i))
-        return received, requests
+        sent = [t.contiguous() for t in tensors]
+        works = []
+        for i, (out, into) in enumerate(zip(sent, received)):
+            works.append(dist.isend(out, self.next, group=self.group, tag=tag + i))
+            works.append(dist.irecv(into, self.prev, group=self.group, tag=tag + i))
+        return received, (works, sent)
 
 
 def _wait(requests):
-    for r in requests:
-        r.wait()
+    works, _sent = requests
+    for work in works:
+        work.wait()
 
 
 def _acc_dtype(dtype):
