@@ -180,7 +180,7 @@ class PreparedForward:
         specs["lse"] = prepared.Spec.contiguous(self.shapes[1], np.float32)
         # the option arrays (ALiBi slopes), on the device for as long as this call is kept: every launch reads them
         self.host = {name: torch.from_numpy(x).to(q.device) for name, x in described.host.items()}
-        specs.update({name: prepared.torch_spec(t) for name, t in self.host.items()})
+        specs.update({name: prepared.Spec.contiguous(x.shape, x.dtype) for name, x in described.host.items()})
         self.pointers = {name: t.data_ptr() for name, t in self.host.items()}
         self.launches = prepared.PreparedLaunches(described.launches, specs, described.temporaries)
 

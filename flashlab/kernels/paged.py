@@ -236,7 +236,7 @@ class PreparedPaged:
             specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))}
             specs.update(o=S((B, H, Nq, d), np.float16), lse=S((B, H, Nq), np.float32))
             specs["meta"] = S(self.meta_shape, np.int32)
-            specs.update({name: prepared.torch_spec(t) for name, t in self.host.items()})
+            specs.update({name: prepared.Spec.contiguous(x.shape, x.dtype) for name, x in described.host.items()})
             self.pointers = {name: t.data_ptr() for name, t in self.host.items()}
             self.launches = prepared.PreparedLaunches(described.launches, specs, described.temporaries)
         else:

@@ -82,7 +82,7 @@ class PreparedVarlen:
         specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k", k), ("v", v))}
         specs["o"] = prepared.Spec.contiguous((total_q, H, d), specs["q"].dtype)
         specs["lse"] = prepared.Spec.contiguous((H, total_q), np.float32)
-        specs.update({name: prepared.torch_spec(t) for name, t in self.host.items()})
+        specs.update({name: prepared.Spec.contiguous(x.shape, x.dtype) for name, x in described.host.items()})
         self.pointers = {name: t.data_ptr() for name, t in self.host.items()}
         self.launches = prepared.PreparedLaunches(described.launches, specs, described.temporaries)
 
