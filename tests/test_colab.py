@@ -7,7 +7,6 @@ lesson and exercise notebook in the fast mode, from a folder outside the reposit
 test` does to build .venv/); the other tests here are quick and need nothing.
 """
 import ast
-import os
 import subprocess
 import sys
 import zipfile
@@ -24,7 +23,9 @@ import emulate  # noqa: E402
 # The files lessons read that are copies of recorded benchmark results (docs/contributing.md).
 RESULT_COPIES = ("forward.csv", "suite.csv", "host.csv", "decoding.md", "varlen.json")
 DATA_SUFFIXES = (".csv", ".json", ".md", ".txt", ".npz", ".npy")
-WORKERS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+# Two notebooks at a time even beside another pytest worker: much of a notebook's time is a kernel starting and
+# waiting, and these runs have no time limit to keep (tests/test_notebooks.py times the fast mode).
+WORKERS = 2
 
 
 # ------------------------------------------------------------------------------------------------ versions
