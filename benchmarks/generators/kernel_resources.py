@@ -45,6 +45,22 @@ def _compile_only():
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         raise SystemExit("NUMBA_ENABLE_CUDASIM is set: unset it (this script compiles for real GPUs)")
     dev._state["backend"] = "gpu"  # compile only: nothing is launched
+    # Typing a call to a device function asks the current device for its compute capability; without a driver,
+    # answer for the newest target (the inlined device functions' code is compiled for the kernel's own target).
+    import numba.cuda.dispatcher as nd
+
+    if not getattr(nd.get_current_device, "_compile_only", False):
+        class _Target:
+            compute_capability = (9, 0)
+
+        def current_device():
+            try:
+                return current_device.real()
+            except Exception:
+                return _Target()
+
+        current_device.real, current_device._compile_only = nd.get_current_device, True
+        nd.get_current_device = current_device
 
 
 def ptxas_version() -> str:

@@ -17,15 +17,7 @@ from ..device import device_limits, get_cuda, has_gpu
 from . import register, shared, tensor
 from ._launch import check_d
 from .devices import occupancy
-from .plan import resolve_config
-
-
-def _signature(dtype, words=False, seed=False):
-    from numba import float32, int64, types
-
-    nb = {np.dtype(np.float32): float32, np.dtype(np.float16): types.float16}[np.dtype(dtype)]
-    arr = types.Array(types.uint32 if words else nb, 4, "C")  # the tensor kernel reads 16-bit pairs as words
-    return (arr, arr, arr, arr, types.Array(float32, 3, "C"), int64, int64, int64, float32) + ((int64,) if seed else ())
+from .plan import kernel_and_signature, resolve_config
 
 
 def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k=None, causal: bool = False,
@@ -63,9 +55,8 @@ def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k
                 registers_per_thread=None, local_bytes_per_thread=None)
     limits = device_limits()
     if has_gpu():
-        sig = _signature(np.float32 if precision in ("3xtf32", "tf32") else dtype,
-                         words=variant == "tensor" and precision not in ("3xtf32", "tf32"),
-                         seed=variant in ("register", "tensor"))  # the dropout seed
+        _, sig = kernel_and_signature(variant, "forward", d, np.dtype(dtype).name, precision, config, bool(causal),
+                                      False, False)
         kernel.compile(sig)
         compiled = kernel.overloads[sig]  # the compiled kernel for this signature on this device
         info["registers_per_thread"] = int(compiled.regs_per_thread)

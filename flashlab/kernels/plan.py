@@ -41,7 +41,7 @@ from .._inputs import check_block
 from ..device import device_limits, has_gpu
 from . import register, register_backward, shared, tensor, tensor_backward
 from ._launch import SUPPORTED_D, check_d
-from .options import key_band, query_band, tile_band
+from .options import Features, key_band, query_band, tile_band
 # T4, A100, H100, DEVICES and current_device are part of plan's API (lesson 10 plans for them by name).
 from .devices import A100, DEVICES, H100, T4, Device, _device, current_device, occupancy  # noqa: F401
 from .split_kv import grid, split_chunk
@@ -188,35 +188,28 @@ def _table_cc(cc):
     return older[-1] if older else None
 
 
-def kernel_and_signature(variant, direction, d, dtype, precision, config, causal, split, heavy_first):
+def kernel_and_signature(variant, direction, d, dtype, precision, config, causal, split, heavy_first,
+                         features=Features()):
     """(numba dispatcher, argument types) of one configuration, C-contiguous arrays of `dtype` in (compiled
-    here on a GPU; by benchmarks/generators/kernel_resources.py for other compute capabilities)."""
+    here on a GPU; by benchmarks/generators/kernel_resources.py for other compute capabilities). features: the
+    library's options a build compiles in (options.Features; their values are arguments in every build)."""
+    if direction == "backward" and variant == "tensor":
+        # the non-causal build stands for both (as the resource table has always measured it)
+        return tensor_backward.build(d, config, False, precision, features=features)[1], \
+            tensor_backward.signature(precision)
+    if direction == "backward":
+        return register_backward.make_kernels(d, *config, heavy_first=heavy_first, features=features)[1], \
+            register_backward.signature(dtype)
+    if variant == "register":
+        return register.build(d, config, causal, split=split, heavy_first=heavy_first, features=features), \
+            register.signature(dtype, split)
+    if variant == "tensor":
+        return tensor.build(d, config, causal, precision, split=split, heavy_first=heavy_first, features=features), \
+            tensor.signature(precision, split)
     from numba import float32, int64, types
 
-    if direction == "backward" and variant == "tensor":
-        kernel = tensor_backward.build(d, config, False, precision)[1]
-        wide = precision in ("3xtf32", "tf32")
-        a4 = types.Array(float32 if wide else types.uint32, 4, "C")
-        f3, f4 = types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
-        return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, int64, float32, float32, int64)  # int64: the dropout seed
-    if direction == "backward":
-        kernel = register_backward.make_kernels(d, *config, heavy_first=heavy_first)[1]
-        dt = {"float32": float32, "float16": types.float16}[dtype]
-        a4, f3, f4 = types.Array(dt, 4, "C"), types.Array(float32, 3, "C"), types.Array(float32, 4, "C")
-        # int64s: varlen's tables (unused here) and the dropout seed
-        return kernel, (a4, a4, a4, a4, f3, f3, f4, a4, a4, float32, types.boolean, int64, int64, int64)
-    if variant == "register":
-        kernel = register.build(d, config, causal, split=split, heavy_first=heavy_first)
-    elif variant == "tensor":
-        kernel = tensor.build(d, config, causal, precision, split=split, heavy_first=heavy_first)
-    else:
-        kernel = shared.build(d, *config, causal)
-    wide = precision in (None, "3xtf32", "tf32")
-    dt = {"float32": float32, "float16": types.float16}[dtype] if wide else types.uint32
-    a_in = types.Array(dt, 4, "C")
-    a_out = types.Array(float32, 4, "C") if split else a_in
-    seed = (int64,) if variant in ("register", "tensor") else ()  # the register and tensor kernels' dropout seed
-    return kernel, (a_in, a_in, a_in, a_out, types.Array(float32, 3, "C"), int64, int64, int64, float32) + seed
+    a4 = types.Array({"float32": float32, "float16": types.float16}[dtype], 4, "C")
+    return shared.build(d, *config, causal), (a4, a4, a4, a4, types.Array(float32, 3, "C"), int64, int64, int64, float32)
 
 
 def _compiled_resources(p: Problem, variant, config, precision, split, heavy):
