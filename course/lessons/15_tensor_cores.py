@@ -308,15 +308,22 @@ for fmt in tviz.FORMATS:
 # `m_tiles` m-tiles of 16 rows (two for float16 and bfloat16 by default, one in float32) and never talks to the
 # other warps about S or P, as in FA2 (Section 3.3 of the paper). Two m-tiles make every K and V fragment that
 # a warp reads from shared memory feed two `mma` instead of one. The cells below print its code, read from the
-# module itself, one step at a time.
+# module itself: first the kernel body, which is a list of steps, then each step as the float16 build binds it.
+# The module builds one kernel for several precisions and options (bfloat16, tf32 and 3xTF32 for float32
+# inputs, the sm_75 build, the library's options); each of those binds its own version of a step when the
+# kernel is compiled, so the float16 path you read here has no branch for the others.
+
+# %%
+print(tensor.float16_source("body"))
+
+# %% [markdown]
 #
 # **Step 1. Q's fragments, loaded once.** A warp's rows of Q are the A operand of every S = QKᵀ of the
 # loop, so each lane loads its A fragments once, for each of its m-tiles, and keeps them in registers (a
 # 16-bit row of d values is d/2 words; column `8ks + t` is the lane's word of k-step `ks`).
 
 # %%
-src = tensor.build
-print(tviz.source_between(src, "# Q fragments", "m = cuda.local.array"))
+print(tensor.float16_source("load_q"))
 
 # %% [markdown]
 # **Step 2. K and V tiles, double-buffered.** The block copies each tile of `block_k` keys of K and V into
@@ -329,7 +336,7 @@ print(tviz.source_between(src, "# Q fragments", "m = cuda.local.array"))
 # %%
 tviz.plot_double_buffer()
 plt.show()
-print(tviz.source_between(src, "for j in range(n_tiles + U(LAG))", "# S = Q K^T for this warp"))
+print(tensor.float16_source("copy_tile"))
 
 # %% [markdown]
 # **What the copies and loads cost in instructions.** Bytes are not the only price: every address a thread
@@ -367,12 +374,23 @@ if mix:
 # %% [markdown]
 # **Step 3. S = QKᵀ on tensor cores.** For each k-step of d and each 8-key n-tile: the lane's A registers
 # (Q), two B registers (K, from one `ldmatrix_x4` for two n-tiles, used by each of the warp's m-tiles), and
-# the n-tile's four C registers, which accumulate over the k-steps. The fp32 path (tf32) reads K's B values with plain shared loads and, for
-# 3xTF32, splits both operands with `round_tf32` and runs the big x big products in one chain and the two
-# corrections in another (independent chains keep the tensor cores busy).
+# the n-tile's four C registers, which accumulate over the k-steps. (The float32 builds bind another version of
+# this step: tf32 reads K's B values with plain shared loads, and 3xTF32 splits both operands with `round_tf32`
+# and runs the big x big products in one chain and the two corrections in another: independent chains keep the
+# tensor cores busy.)
 
 # %%
-print(tviz.source_between(src, "# S = Q K^T for this warp", "# Mask keys past Nk"))
+print(tensor.float16_source("scores"))
+
+# %% [markdown]
+# **Step 3b. The mask, only where a tile needs one.** Keys past Nk and, under causal masking, keys after a row
+# are set to a large negative number, so that exp2 gives them p = 0. Only a tile that crosses the end of the
+# keys or the diagonal can hold such a key, so the test runs once per tile and the per-entry loop only there.
+# The library's options (windows, ALiBi, softcap) bind another mask step, which transforms and masks every
+# tile through the options module (`flashlab/kernels/options.py`).
+
+# %%
+print(tensor.float16_source("mask"))
 
 # %% [markdown]
 # **Step 4. The online softmax on C fragments.** In each m-tile a lane holds two rows, g and g+8, and two
@@ -394,7 +412,7 @@ after2 = np.maximum(after1, after1[lanes ^ 2])  # shfl_xor(x, 2)
 print("every lane of quad g now holds the max of rows g and g+8:",
       np.array_equal(after2[:, 0], S_tile.max(axis=1)[lanes // 4]),
       np.array_equal(after2[:, 1], S_tile.max(axis=1)[lanes // 4 + 8]))
-print(tviz.source_between(src, "# Online softmax on the C fragments", "# O += P V"))
+print(tensor.float16_source("softmax"))
 
 # %% [markdown]
 # The row *sum* l is not exchanged inside the loop: each lane keeps its share and the quad adds them once, at
@@ -427,19 +445,19 @@ if mix:
 
 # %% [markdown]
 # **Step 5. O += PV, P straight from registers.** Section 4 in code: two n-tiles of P packed into one A
-# fragment (`pack`), V's B fragments through `ldmatrix_x4_trans`. For 3xTF32 each tile's PV is summed from
-# zero on the tensor cores and added to O with an fp32 multiply-add: a tensor-core accumulator over
-# thousands of keys lost accuracy when the kernel was first written (the module says how much).
+# fragment (`pack`), V's B fragments through `ldmatrix_x4_trans`. (The 3xTF32 build sums each tile's PV from
+# zero on the tensor cores and adds it to O with an fp32 multiply-add: a tensor-core accumulator summing
+# thousands of keys rounds differently from fp32 adds, and its error grows with N.)
 
 # %%
-print(tviz.source_between(src, "# O += P V, with P straight from registers", "# Add up each row's sum"))
+print(tensor.float16_source("pv"))
 
 # %% [markdown]
 # **Step 6. Finish.** Add up each row's l over its quad, divide once, write O (16-bit outputs packed in
 # pairs again) and the log-sum-exp the backward pass needs.
 
 # %%
-print(tviz.source_between(src, "# Add up each row's sum", "return flash_fwd_tensor"))
+print(tensor.float16_source("finish"))
 
 # %% [markdown]
 # ### Run it

@@ -952,14 +952,16 @@ def float16_source(step: str | None = None) -> str:
     causal build binds (and the steps it calls, from this module and split_kv.py), in the order the body calls
     them; no other precision's or option's variant, and no step that does nothing in this build. step: one step's
     function (a name of Steps: "load_q", "copy_tile", "scores", "mask", "softmax", "pv", "finish", ...) with the
-    steps it calls."""
+    steps it calls; "body": the kernel body alone)."""
     T, S = steps(64, choose_tile(64, "f16"), True, "f16")
-    if step is not None:
+    if step is not None and step != "body":
         return "\n\n\n".join(_source(f) for f in _with_substeps(getattr(S, step)) if not _does_nothing(f))
     idle = tuple(name for name, fn in zip(Steps._fields, S) if _does_nothing(fn))
     body = [line for line in _source(_kernel(T, S)).splitlines() if not line.strip().startswith(
         tuple(f"{name}(" for name in idle))]  # a call of a step that does nothing here
     parts = ["\n".join(body)]
+    if step == "body":
+        return parts[0]
     for fn in S:
         for f in _with_substeps(fn):
             text = _source(f)

@@ -3,7 +3,7 @@
 fragments  plot_fragments, fragment_explorer, plot_p_in_registers, plot_ldmatrix, plot_quad_reduction
 backward   plot_backward_block, ds_sources, plot_ds_transpose
 formats    format_errors, plot_format_errors (fp16, bf16, 1xTF32, 3xTF32 products against float64)
-kernel     plot_double_buffer, source_between (a commented section of a function's source)
+kernel     plot_double_buffer (the code itself: flashlab.kernels.tensor.float16_source)
 speed      load_mma_ceiling, load_tensor_results, plot_mma_ceiling, plot_tensor_speed, ceiling_shares,
            plot_ceiling_shares, mma_roofs (lesson 10's roofline)
 mix        load_sass_mix, instruction_groups, plot_instruction_mix (the loop body's SASS, before / after)
@@ -17,7 +17,6 @@ missing file makes the loaders return [] (or None) and the plots say so.
 from __future__ import annotations
 
 import csv
-import inspect
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -455,27 +454,6 @@ def plot_double_buffer(n_tiles=4, ax=None):
     return fig
 
 
-def source_between(obj, start: str, stop: str = None) -> str:
-    """The lines of obj's source from the first line containing `start` up to (not including) the first
-    later line containing `stop` (to the end when stop is None), dedented. Raises ValueError naming a
-    marker that is not found, so a lesson cannot silently show the wrong code."""
-    lines = inspect.getsource(obj).splitlines()
-    first = next((i for i, line in enumerate(lines) if start in line), None)
-    if first is None:
-        raise ValueError(f"start marker {start!r} is not in the source of {getattr(obj, '__name__', obj)}")
-    last = len(lines)
-    if stop is not None:
-        last = next((i for i in range(first + 1, len(lines)) if stop in lines[i]), None)
-        if last is None:
-            raise ValueError(f"stop marker {stop!r} is not after {start!r} in {getattr(obj, '__name__', obj)}")
-    part = lines[first:last]
-    while part and not part[-1].strip():
-        part.pop()
-    indent = min(len(x) - len(x.lstrip()) for x in part if x.strip())
-    return "\n".join(x[indent:] for x in part)
-
-
-# ------------------------------------------------------------------------------------------ speed
 def _read(path):
     path = Path(path)
     if not path.exists():
