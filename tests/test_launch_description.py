@@ -1,10 +1,12 @@
 """A kernel's launches described once (_launch.Launch): the general path runs them on numba arrays, and the prepared
 path sees the same arguments as Specs (views by name, shape and dtype)."""
 import numpy as np
-from numba import cuda
 
+from flashlab.device import get_cuda
 from flashlab.kernels._launch import Arg, Launch, run_all
 from flashlab.kernels.prepared import Spec, spec_view
+
+cuda = get_cuda()  # the simulator's module on a machine without a GPU
 
 
 @cuda.jit
