@@ -186,8 +186,6 @@ def _backward(q, k, v, o, lse, do, causal, scale, options=None):
         variant = default_variant(q) if q.shape[-1] in _TENSOR_D else "register"  # both variants take the options
         if variant == "tensor":  # 16-byte copies of rows: the last dim must be contiguous (do may be a broadcast)
             args = [x if x.stride(-1) == 1 else x.contiguous() for x in args]
-        elif q.dtype == torch.bfloat16:  # the register kernel computes in fp32 from float16/float32 inputs
-            args = [x.float() for x in args]
         grads = flash_attention_backward(*(x.detach() for x in args), causal=causal, scale=scale, variant=variant,
                                          **options)
         grads = tuple(g.to(q.dtype) for g in grads)

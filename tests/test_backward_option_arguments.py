@@ -59,8 +59,9 @@ def test_a_key_blocks_query_band_is_the_options_one():
 def test_register_launches_are_described_once():
     kernels = register_backward.make_kernels(16, 8, 16, 32, features=Features(window=True))
     args = Extras(3, 1).arguments(True, 1, 2, False)
-    launches, temporaries = register_backward.launches(kernels, 1, 2, 9, 16, (2, 2, 1), 32, 0.25, True, args,
-                                                       True, 32)
+    described = register_backward.launches(kernels, 1, 2, 9, 16, (2, 2, 1), 32, 0.25, True, args, True, 32)
+    launches, temporaries = described.launches, described.temporaries
+    assert described.seeded == 1 and described.host["slopes"] is args.slopes
     assert [x.arrays for x in launches] == [("o", "do", "D", "dq_acc"),
                                             ("q", "k", "v", "do", "lse", "D", "dq_acc", "dk", "dv", "slopes"),
                                             ("dq_acc", "dq")]
@@ -72,7 +73,9 @@ def test_tensor_launches_are_described_once():
     tile = tensor_backward.choose_tile(16, "f16")
     kernels = tensor_backward.build(16, tile, False, "f16", features=Features(softcap=True))
     args = Extras(softcap=2.0).arguments(False, 1, 2, True)
-    launches, temporaries = tensor_backward.launches(kernels, 1, 2, 9, 11, 16, 2, 0.25, tile, "f16", args)
+    described = tensor_backward.launches(kernels, 1, 2, 9, 11, 16, 2, 0.25, tile, "f16", args)
+    launches, temporaries = described.launches, described.temporaries
+    assert described.seeded == 1
     assert launches[1].arrays == ("q", "k", "v", "do", "lse", "D", "dq_acc", "dk", "dv", "slopes")
     assert launches[1].args[-5:-2] == (-1, -1, np.float32(2.0 * 1.4426950408889634))
     assert launches[1].shared == 4 * tile.shared_words(16, "f16") and set(temporaries) == {"D", "dq_acc"}
@@ -98,15 +101,12 @@ def test_plain_arguments_reach_a_plain_build(rng):
     outs = []
     for args in (plain_arguments(True), plain_arguments(True)._replace(left=3, cap=np.float32(5.0),
                                                                        slopes=np.ones(4, np.float32))):
-        launches, temporaries = register_backward.launches(kernels, 1, 1, 9, 16, (1, 1, 1), 32, 0.25, True, args,
-                                                           False, 32)
+        described = register_backward.launches(kernels, 1, 1, 9, 16, (1, 1, 1), 32, 0.25, True, args, False, 32)
         arrays = dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=np.zeros(q.shape, np.float32),
-                      dk=np.zeros(k.shape, np.float32), dv=np.zeros(k.shape, np.float32),
-                      slopes=cuda.to_device(args.slopes))
-        from flashlab.kernels._launch import run_all
-
-        run_all(launches, arrays, temporaries, lambda shape, dt: np.zeros(shape, dt), seed=np.int64(0), seeded=1)
+                      dk=np.zeros(k.shape, np.float32), dv=np.zeros(k.shape, np.float32))
+        described.run(arrays, lambda shape, dt: cuda.to_device(np.zeros(shape, dt)), seed=np.int64(0))
         outs.append([arrays[n].copy() for n in ("dq", "dk", "dv")])
+    assert all(np.abs(x).max() > 0 for x in outs[0])  # the kernels ran
     for a, b in zip(*outs):
         assert np.array_equal(a, b)
 

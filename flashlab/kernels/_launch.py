@@ -379,15 +379,17 @@ def run_all(launches, arrays: dict, temporaries: dict | None = None, alloc=None,
 
 class Launches(NamedTuple):
     """A call's launches as a kernel module describes them: the Launch list, run in order; the temporaries (name ->
-    (shape, dtype)), made for each call; and host arrays the kernels read besides the caller's (name -> NumPy
-    array: the ALiBi slopes, varlen's tables), which the prepared path copies to the device once."""
+    (shape, dtype)), made for each call; host arrays the kernels read besides the caller's (name -> NumPy array:
+    the ALiBi slopes, varlen's tables), which the prepared path copies to the device once; and `seeded`, the index
+    of the launch that takes the dropout seed (the backward's main kernel comes after its preprocess)."""
     launches: tuple
     temporaries: dict
     host: dict
+    seeded: int = 0
 
     def run(self, arrays: dict, alloc=None, seed=None):
         """The general path: copy the host arrays to the device, then run_all."""
         cuda = get_cuda()
         arrays = dict(arrays, **{name: cuda.to_device(x) for name, x in self.host.items()})
         run_all(self.launches, arrays, self.temporaries, alloc or (lambda shape, dt: cuda.device_array(shape, dt)),
-                seed)
+                seed, self.seeded)

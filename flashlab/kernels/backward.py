@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import numpy as np
 
 from .._inputs import check_options, check_seed
-from ..device import device_limits, get_cuda, has_gpu
+from ..device import device_limits, has_gpu
 from . import prepared, register_backward, tensor, tensor_backward
 from ._launch import (all_to_device_words, check_kernel_backward_inputs, check_kernel_inputs, empty, empty_words,
-                      is_gqa, like_input, run_all, to_device)
+                      is_gqa, like_input, to_device)
 from .options import Extras, Features, plain_arguments
 from .plan import plan as make_plan
 from .register_backward import make_kernels
@@ -79,13 +79,12 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     kernels = make_kernels(d, block_q, block_k, threads, heavy_first=heavy, gqa=H_kv != H, features=features)
     grid = p.grid if H_kv == H and extras is None else (-(-Nk // block_k), H_kv, B)
     dtype = np.dtype(dev["q"].dtype)
-    launches, temporaries = register_backward.launches(kernels, B, H, Nq, d, grid, threads, scale, p.problem.causal,
-                                                       args, dtype != np.float32, rows)
+    described = register_backward.launches(kernels, B, H, Nq, d, grid, threads, scale, p.problem.causal, args,
+                                           dtype != np.float32, rows)
     new = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
     dq = new((B, H, Nq, d), dtype)  # float16: the cast of dQ's float32 accumulator (atomics)
     dk, dv = new((B, H_kv, Nk, d), dtype), new((B, H_kv, Nk, d), dtype)
-    run_all(launches, dict(dev, dq=dq, dk=dk, dv=dv, slopes=get_cuda().to_device(args.slopes)), temporaries, new,
-            seed=np.int64(seed), seeded=1)
+    described.run(dict(dev, dq=dq, dk=dk, dv=dv), new, seed=np.int64(seed))
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
 
 
@@ -135,23 +134,21 @@ class PreparedRegisterBackward:
         bq, bk, threads = plan.config
         kernels = make_kernels(p.d, bq, bk, threads, heavy_first=plan.heavy_first)
         args = plain_arguments(p.causal)
-        launches, temporaries = register_backward.launches(kernels, p.B, p.H, p.Nq, p.d, plan.grid, threads, scale,
-                                                           p.causal, args, q.dtype != torch.float32, rows)
+        described = register_backward.launches(kernels, p.B, p.H, p.Nq, p.d, plan.grid, threads, scale, p.causal,
+                                               args, q.dtype != torch.float32, rows)
         self.dtype, self.q_shape, self.k_shape = q.dtype, (p.B, p.H, p.Nq, p.d), (p.B, p.H, p.Nk, p.d)
-        self.slopes = torch.as_tensor(args.slopes, device=q.device)
         specs = {n: prepared.torch_spec(x) for n, x in zip(("q", "k", "v", "o", "lse", "do"), (q, k, v, o, lse, do))}
         dt = specs["q"].dtype
         specs.update(dq=prepared.Spec.contiguous(self.q_shape, dt), dk=prepared.Spec.contiguous(self.k_shape, dt),
-                     dv=prepared.Spec.contiguous(self.k_shape, dt), slopes=prepared.torch_spec(self.slopes))
-        self.launches = prepared.PreparedLaunches(launches, specs, temporaries, seeded=1)
+                     dv=prepared.Spec.contiguous(self.k_shape, dt))
+        self.launches = prepared.PreparedLaunches.of(described, specs, q.device)
 
     def __call__(self, q, k, v, o, lse, do):
         import torch  # optional: only torch tensors come here
 
         new = lambda shape: torch.empty(shape, dtype=self.dtype, device=q.device)  # noqa: E731
         dq, dk, dv = new(self.q_shape), new(self.k_shape), new(self.k_shape)
-        pointers = {n: x.data_ptr() for n, x in dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv,
-                                                     slopes=self.slopes).items()}
+        pointers = {n: x.data_ptr() for n, x in dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv).items()}
         self.launches(prepared.current_stream(q), pointers, q.device)
         return dq, dk, dv
 
@@ -180,11 +177,8 @@ def _tensor_backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision
     dq, dq_w = empty_words((B, H, Nq, d), dtype, kind, like=q)
     dk, dk_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
     dv, dv_w = empty_words((B, H_kv, Nk, d), dtype, kind, like=q)
-    launches, temporaries = _tensor_launches(s)
-    arrays = dict(q=q_w, k=k_w, v=v_w, o=o_w, lse=lse_d, do=do_w, dq=dq_w, dk=dk_w, dv=dv_w,
-                  slopes=get_cuda().to_device(s.args.slopes))
-    run_all(launches, arrays, temporaries, lambda shape, dt: empty(shape, dt, kind, like=q), seed=np.int64(s.seed),
-            seeded=1)
+    arrays = dict(q=q_w, k=k_w, v=v_w, o=o_w, lse=lse_d, do=do_w, dq=dq_w, dk=dk_w, dv=dv_w)
+    _tensor_launches(s).run(arrays, lambda shape, dt: empty(shape, dt, kind, like=q), seed=np.int64(s.seed))
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
 
 
@@ -232,26 +226,21 @@ class PreparedTensorBackward:
     gradients and launches preprocess, main (with the call's dropout seed) and (16-bit) the dQ cast."""
 
     def __init__(self, q, k, v, o, lse, do, **options):
-        import torch  # optional: only torch tensors come here
-
         s = _tensor_setup(q, k, v, o, lse, do, plan=None, **options)
-        launches, temporaries = _tensor_launches(s)
         self.dtype, self.q_shape, self.k_shape = q.dtype, (s.B, s.H, s.Nq, s.d), (s.B, s.H_kv, s.Nk, s.d)
-        self.slopes = torch.as_tensor(s.args.slopes, device=q.device)
         specs = {n: prepared.torch_spec(x) for n, x in zip(("q", "k", "v", "o", "lse", "do"), (q, k, v, o, lse, do))}
         dt = specs["q"].dtype
         specs.update(dq=prepared.Spec.contiguous(self.q_shape, dt), dk=prepared.Spec.contiguous(self.k_shape, dt),
-                     dv=prepared.Spec.contiguous(self.k_shape, dt), slopes=prepared.torch_spec(self.slopes))
+                     dv=prepared.Spec.contiguous(self.k_shape, dt))
         if s.dtype != "float32":  # 16-bit values as uint32 pairs (lse stays float32)
-            specs = {n: x if n in ("lse", "slopes") else x.words() for n, x in specs.items()}
-        self.launches = prepared.PreparedLaunches(launches, specs, temporaries, seeded=1)
+            specs = {n: x if n == "lse" else x.words() for n, x in specs.items()}
+        self.launches = prepared.PreparedLaunches.of(_tensor_launches(s), specs, q.device)
 
     def __call__(self, q, k, v, o, lse, do, seed=0):
         import torch  # optional: only torch tensors come here
 
         new = lambda shape: torch.empty(shape, dtype=self.dtype, device=q.device)  # noqa: E731
         dq, dk, dv = new(self.q_shape), new(self.k_shape), new(self.k_shape)
-        pointers = {n: x.data_ptr() for n, x in dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv,
-                                                     slopes=self.slopes).items()}
+        pointers = {n: x.data_ptr() for n, x in dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv).items()}
         self.launches(prepared.current_stream(q), pointers, q.device, seed)
         return dq, dk, dv

@@ -33,7 +33,7 @@ import numpy as np
 from .._inputs import check_block
 from ..decoding import check_num_splits, chunk_bounds, default_num_splits
 from ..device import device_limits, get_cuda, has_gpu
-from ._launch import check_kernel_inputs, empty, like_input, to_device
+from ._launch import Launch, Launches, check_kernel_inputs, empty, like_input, to_device
 from .common import FASTMATH, LN2, LOG2E, NEG
 from .split_kv import build_merge
 
@@ -257,6 +257,24 @@ def default_threads() -> int:
     return 128 if has_gpu() else 32  # the simulator runs one OS thread per CUDA thread
 
 
+def launches(kernels, B: int, H: int, H_kv: int, Nq: int, d: int, n_splits: int, chunk: int, threads: int,
+             scale: float, Nk: int = 0, paged: bool = False, causal: bool = False) -> Launches:
+    """The split kernel and the merge of one call, described once (_launch.Launch) for the general and the prepared
+    path. Arrays by name: q, k, v (the caches, for a paged build), o, lse, block_table and seqlens (int32, paged),
+    and the temporaries m_part, l_part, o_part, the chunks' float32 partial states. kernels: build(...)'s
+    (split, merge), built with the same `paged`: a paged build takes its lengths from seqlens and causal at run
+    time, a contiguous one Nk."""
+    split, merge = kernels
+    scale_log2 = np.float32(scale * LOG2E)
+    states = ("m_part", "l_part", "o_part")
+    args = ("q", "k", "v", "block_table", "seqlens", *states, chunk, scale_log2, bool(causal)) if paged else \
+        ("q", "k", "v", *states, Nk, chunk, scale_log2)
+    temporaries = {"m_part": ((B, H, n_splits, Nq), np.float32), "l_part": ((B, H, n_splits, Nq), np.float32),
+                   "o_part": ((B, H, n_splits, Nq, d), np.float32)}
+    return Launches((Launch(split, (n_splits, H_kv, B), threads, args),
+                     Launch(merge, (Nq, H, B), d, (*states, "o", "lse", n_splits))), temporaries, {})
+
+
 def flash_decoding(q, k, v, *, scale=None, num_splits=None, threads=None, return_partials=False):
     """Split-KV attention on the GPU (or the simulator): every query sees every key. Returns (o, lse).
 
@@ -281,12 +299,13 @@ def flash_decoding(q, k, v, *, scale=None, num_splits=None, threads=None, return
     n_splits, chunk = len(bounds), bounds[0][1] - bounds[0][0]
     split, merge = build(d, Nq, threads)
 
-    new = lambda shape, dt: empty(shape, dt, kind, like=q)
-    m_part, l_part = new((B, H, n_splits, Nq), np.float32), new((B, H, n_splits, Nq), np.float32)
-    o_part = new((B, H, n_splits, Nq, d), np.float32)
+    described = launches((split, merge), B, H, H, Nq, d, n_splits, chunk, threads, scale, Nk=Nk)
+    new = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
+    # the partial states are made here, not as temporaries: return_partials hands them back
+    arrays = {name: new(shape, dt) for name, (shape, dt) in described.temporaries.items()}
     o, lse = new((B, H, Nq, d), q_d.dtype), new((B, H, Nq), np.float32)
-    split[(n_splits, H, B), threads](q_d, k_d, v_d, m_part, l_part, o_part, Nk, chunk, np.float32(scale * LOG2E))
-    merge[(Nq, H, B), d](m_part, l_part, o_part, o, lse, n_splits)
+    described._replace(temporaries={}).run(dict(arrays, q=q_d, k=k_d, v=v_d, o=o, lse=lse))
+    m_part, l_part, o_part = arrays["m_part"], arrays["l_part"], arrays["o_part"]
     out = (like_input(o, kind), like_input(lse, kind))
     if return_partials:
         out += tuple(like_input(x, kind) for x in (m_part, l_part, o_part))

@@ -169,8 +169,6 @@ class PreparedForward:
     extras: the library's options (options.Extras), or None; call(q, k, v, seed) passes the dropout seed."""
 
     def __init__(self, plan, scale, q, k, v, extras=None):
-        import torch  # optional: only torch tensors come here
-
         p = plan.problem
         self.out_dtype = q.dtype
         self.shapes = ((p.B, p.H, p.Nq, p.d), (p.B, p.H, p.Nq))
@@ -178,18 +176,14 @@ class PreparedForward:
         specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k", k), ("v", v))}
         specs["o"] = prepared.Spec.contiguous(self.shapes[0], specs["q"].dtype)
         specs["lse"] = prepared.Spec.contiguous(self.shapes[1], np.float32)
-        # the option arrays (ALiBi slopes), on the device for as long as this call is kept: every launch reads them
-        self.host = {name: torch.from_numpy(x).to(q.device) for name, x in described.host.items()}
-        specs.update({name: prepared.Spec.contiguous(x.shape, x.dtype) for name, x in described.host.items()})
-        self.pointers = {name: t.data_ptr() for name, t in self.host.items()}
-        self.launches = prepared.PreparedLaunches(described.launches, specs, described.temporaries)
+        self.launches = prepared.PreparedLaunches.of(described, specs, q.device)
 
     def __call__(self, q, k, v, seed=None):
         import torch  # optional: only torch tensors come here
 
         o = torch.empty(self.shapes[0], dtype=self.out_dtype, device=q.device)
         lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
-        self.launches(prepared.current_stream(q), dict(self.pointers, q=q.data_ptr(), k=k.data_ptr(),
+        self.launches(prepared.current_stream(q), dict(q=q.data_ptr(), k=k.data_ptr(),
                                                        v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr()),
                       q.device, seed)
         return o, lse

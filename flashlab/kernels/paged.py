@@ -30,7 +30,6 @@ from ..decoding import check_num_splits, check_paged, chunk_bounds, default_num_
 from ..device import device_limits, get_cuda, has_gpu
 from . import decoding, prepared, tensor
 from ._launch import all_to_device_words, empty, like_input, run_all, to_device, to_host
-from .common import LOG2E
 from .decoding import default_threads
 
 MAX_ROWS = 64  # (query heads per K/V head) x Nq rows per block
@@ -174,17 +173,13 @@ def paged_decoding(q, k_cache, v_cache, block_table, cache_seqlens, *, causal=Fa
     n_splits, chunk = register_chunks(num_splits, B * H_kv, bt_host.shape[1] * k_cache.shape[1])
 
     (q_d, kind), (k_d, _), (v_d, _) = to_device(q, "q"), to_device(k_cache, "k_cache"), to_device(v_cache, "v_cache")
-    cuda_ = get_cuda()
-    bt_d = cuda_.to_device(np.ascontiguousarray(bt_host, dtype=np.int32))
-    sl_d = cuda_.to_device(np.ascontiguousarray(sl_host, dtype=np.int32))
     new = lambda shape, dt: empty(shape, dt, kind, like=q)  # noqa: E731
-    m_part, l_part = new((B, H, n_splits, Nq), np.float32), new((B, H, n_splits, Nq), np.float32)
-    o_part = new((B, H, n_splits, Nq, d), np.float32)
     o, lse = new((B, H, Nq, d), q_d.dtype), new((B, H, Nq), np.float32)
-    split, merge = decoding.build(d, Nq, threads, group=G, paged=True)
-    split[(n_splits, H_kv, B), threads](q_d, k_d, v_d, bt_d, sl_d, m_part, l_part, o_part, chunk,
-                                         np.float32(opt.scale * LOG2E), bool(opt.causal))
-    merge[(Nq, H, B), d](m_part, l_part, o_part, o, lse, n_splits)
+    described = decoding.launches(decoding.build(d, Nq, threads, group=G, paged=True), B, H, H_kv, Nq, d, n_splits,
+                                  chunk, threads, opt.scale, paged=True, causal=opt.causal)
+    tables = {"block_table": np.ascontiguousarray(bt_host, dtype=np.int32),
+              "seqlens": np.ascontiguousarray(sl_host, dtype=np.int32)}
+    described._replace(host=tables).run(dict(q=q_d, k=k_d, v=v_d, o=o, lse=lse), new)
     return like_input(o, kind), like_input(lse, kind)
 
 
@@ -224,35 +219,25 @@ class PreparedPaged:
         self.dtype, self.pages, self.page, self.capacity = q.dtype, pages, page, max_pages * page
         self.cols = torch.arange(max_pages, device=q.device)
         self.shapes = (B, H, Nq, d), (B, H, Nq)
-        scale_log2 = np.float32(opt.scale * LOG2E)
         if self.variant == "tensor":
             if threads is not None:
                 raise ValueError("threads sets the register kernel's block; the tensor variant chooses its own")
             all_to_device_words((("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))  # its dtype checks
             described = _tensor_launches(B, H_kv, rows, d, page, pages, max_pages, opt.scale, num_splits)
             self.meta_shape = (B, 1 + max_pages)
-            # the option arrays the kernel reads (none set here), kept on the GPU with this call
-            self.host = {name: torch.from_numpy(x).to(q.device) for name, x in described.host.items()}
             specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))}
             specs.update(o=S((B, H, Nq, d), np.float16), lse=S((B, H, Nq), np.float32))
             specs["meta"] = S(self.meta_shape, np.int32)
-            specs.update({name: prepared.Spec.contiguous(x.shape, x.dtype) for name, x in described.host.items()})
-            self.pointers = {name: t.data_ptr() for name, t in self.host.items()}
-            self.launches = prepared.PreparedLaunches(described.launches, specs, described.temporaries)
+            self.launches = prepared.PreparedLaunches.of(described, specs, q.device)
         else:
             threads = register_threads(threads, rows)
             n_splits, chunk = register_chunks(num_splits, B * H_kv, self.capacity)
-            self.part_shapes = (B, H, n_splits, Nq, d), (B, H, n_splits, Nq)
-            m_part, o_part = S(self.part_shapes[1], np.float32), S(self.part_shapes[0], np.float32)
-            ins = [prepared.torch_spec(x) for x in (q, k_cache, v_cache)]
-            o = S((B, H, Nq, d), ins[0].dtype)
-            split, merge = decoding.build(d, Nq, threads, group=G, paged=True)
-            self.kernels = [
-                prepared.PreparedKernel(split, (n_splits, H_kv, B), threads,
-                                     ins + [S((B, max_pages), np.int32), S((B,), np.int32), m_part, m_part, o_part,
-                                            chunk, scale_log2, bool(opt.causal)]),
-                prepared.PreparedKernel(merge, (Nq, H, B), d,
-                                     [m_part, m_part, o_part, o, S((B, H, Nq), np.float32), n_splits])]
+            described = decoding.launches(decoding.build(d, Nq, threads, group=G, paged=True), B, H, H_kv, Nq, d,
+                                          n_splits, chunk, threads, opt.scale, paged=True, causal=opt.causal)
+            specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k", k_cache), ("v", v_cache))}
+            specs.update(o=S((B, H, Nq, d), specs["q"].dtype), lse=S((B, H, Nq), np.float32),
+                         block_table=S((B, max_pages), np.int32), seqlens=S((B,), np.int32))
+            self.launches = prepared.PreparedLaunches.of(described, specs, q.device)
 
     def tables_ok(self, block_table, cache_seqlens) -> bool:
         """check_paged's value checks, on the GPU: one synchronisation (.item()) and no copy of the tables."""
@@ -269,17 +254,14 @@ class PreparedPaged:
         stream, dev = prepared.current_stream(q), q.device
         new = lambda shape, dt=torch.float32: torch.empty(shape, dtype=dt, device=dev)  # noqa: E731
         o, lse = new(self.shapes[0], self.dtype), new(self.shapes[1])
-        ptr = lambda *xs: [x.data_ptr() for x in xs]  # noqa: E731
         if self.variant == "tensor":
             meta = new(self.meta_shape, torch.int32)
             meta[:, 0], meta[:, 1:] = cache_seqlens, block_table
-            self.launches(stream, dict(self.pointers, q=q.data_ptr(), k_cache=k_cache.data_ptr(),
+            self.launches(stream, dict(q=q.data_ptr(), k_cache=k_cache.data_ptr(),
                                        v_cache=v_cache.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr(),
                                        meta=meta.data_ptr()), dev)
         else:
-            o_part, lse_part = new(self.part_shapes[0]), new(self.part_shapes[1])
             bt, sl = (x.to(torch.int32).contiguous() for x in (block_table, cache_seqlens))
-            m_part = new(self.part_shapes[1])
-            self.kernels[0].launch(stream, ptr(q, k_cache, v_cache, bt, sl, m_part, lse_part, o_part))
-            self.kernels[1].launch(stream, ptr(m_part, lse_part, o_part, o, lse))
+            self.launches(stream, dict(q=q.data_ptr(), k=k_cache.data_ptr(), v=v_cache.data_ptr(), o=o.data_ptr(),
+                                       lse=lse.data_ptr(), block_table=bt.data_ptr(), seqlens=sl.data_ptr()), dev)
         return o, lse

@@ -319,14 +319,13 @@ def spec_view(spec: Spec, arg) -> Spec:
 class PreparedLaunches:
     """A kernel module's launch descriptions (kernels, grids, arguments), prepared once for arrays with the given
     Specs: a call passes the data pointers by name, and torch allocates the temporaries (split-KV's partial
-    outputs) on the inputs' device."""
+    outputs, the backward's D) on the inputs' device."""
 
     def __init__(self, launches, specs: dict, temporaries: dict | None = None, seeded: int = 0):
         """launches: _launch.Launch descriptions, run in order; specs: name -> Spec of every array they name but
         the temporaries; temporaries: name -> (shape, NumPy dtype), contiguous; seeded: the index of the launch
-        that takes the seed (as in _launch.run_all)."""
-        self.seeded = seeded
-        self.temporaries = dict(temporaries or {})
+        that takes the seed."""
+        self.temporaries, self.seeded, self.pointers, self.kept = dict(temporaries or {}), seeded, {}, {}
         specs = dict(specs)
         for name, (shape, dtype) in self.temporaries.items():
             specs[name] = Spec.contiguous(shape, dtype)
@@ -337,8 +336,22 @@ class PreparedLaunches:
             self.kernels.append((PreparedKernel(launch.kernel, launch.grid, launch.block, args, launch.shared),
                                  launch.arrays))
 
+    @classmethod
+    def of(cls, described, specs: dict, device):
+        """Prepare a kernel module's _launch.Launches for the caller's arrays (specs: name -> Spec): its host
+        arrays (ALiBi slopes, varlen's tables) go to `device` once, and stay there with this call."""
+        import torch  # optional: only torch tensors come here
+
+        kept = {name: torch.from_numpy(np.ascontiguousarray(x)).to(device) for name, x in described.host.items()}
+        specs = dict(specs, **{name: Spec.contiguous(x.shape, x.dtype) for name, x in described.host.items()})
+        self = cls(described.launches, specs, described.temporaries, described.seeded)
+        self.kept, self.pointers = kept, {name: t.data_ptr() for name, t in kept.items()}
+        return self
+
     def __call__(self, stream: int, pointers: dict, device, seed=None):
-        """Launch every kernel on the stream; pointers: name -> data pointer of the caller's arrays."""
+        """Launch every kernel on the stream; pointers: name -> data pointer of the caller's arrays (the host
+        arrays' are known)."""
+        pointers = dict(self.pointers, **pointers)
         if self.temporaries:
             import torch  # optional: only torch tensors come here
 

@@ -33,7 +33,7 @@ from numba import float32, uint64
 
 from ..device import get_cuda
 from ..dropout import device_functions as dropout_functions
-from ._launch import Arg, Launch
+from ._launch import Arg, Launch, Launches
 from .common import I
 from .options import Features, OptionArgs, argument_types, device_functions
 
@@ -487,7 +487,8 @@ def launches(kernels, B: int, H: int, Nq: int, d: int, grid, threads: int, scale
     """The three launches of one call, described once (_launch.Launch) for the general and the prepared path:
     preprocess, dkdv (grid: the plan's, or (key blocks, H_kv, B)) and, for float16 (half), the cast of dQ's float32
     accumulator. Arrays by name: q, k, v, o, do, lse, slopes (args.slopes on the device), dk, dv, dq (the result)
-    and the temporaries D and (half) dq_acc, which the second value, a dict name -> (shape, dtype), lists.
+    and the temporaries D and (half) dq_acc (name -> (shape, dtype)); the slopes are the description's host array,
+    and the seed goes to dkdv (seeded=1).
     tables: the varlen build (kernels/varlen_backward.py), which also reads blocks and cu, casts "dq_packed" (the
     accumulator as packed, where dq_acc is its heads-major view) and gives its grids and views itself."""
     preprocess, dkdv, cast = kernels
@@ -503,7 +504,7 @@ def launches(kernels, B: int, H: int, Nq: int, d: int, grid, threads: int, scale
     if half:
         out.append(Launch(cast, (-(-n // 256),), 256, (Arg("dq_packed", (n,)) if tables else Arg(acc, (n,)),
                                                        Arg("dq", (n,)))))
-    return out, temporaries
+    return Launches(out, temporaries, {"slopes": args.slopes}, seeded=1)
 
 
 def signature(dtype: str):

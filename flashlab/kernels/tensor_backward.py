@@ -70,7 +70,7 @@ from numba import float32, uint32
 from ..device import get_cuda
 from ..dropout import device_functions as dropout_functions
 from . import mma
-from ._launch import STATIC_SHARED, Arg, Launch, run_all
+from ._launch import STATIC_SHARED, Arg, Launch, Launches
 from .common import FASTMATH, LOG2E, I, U
 from .options import Features, OptionArgs, argument_types, device_functions, plain_arguments
 from .tensor import row_words, stages as async_stages
@@ -774,9 +774,9 @@ def launches(kernels, B: int, H: int, Nq: int, Nk: int, d: int, H_kv: int, scale
              precision: str, args: OptionArgs):
     """The three launches of one call, described once (_launch.Launch) for the general and the prepared path.
     Arrays by name: q, k, v, o, do (uint32 pairs for 16-bit precisions, float32 for tf32 ones), lse, slopes
-    (args.slopes on the device), dk, dv, dq (q's type) and the temporaries D and (16-bit) dq_acc, dQ's float32
-    accumulator (dq itself for float32), which the second value lists (name -> (shape, dtype)). The seed goes to
-    the second launch (run_all / PreparedLaunches with seeded=1)."""
+    (args.slopes: the description's host array), dk, dv, dq (q's type) and the temporaries D and (16-bit) dq_acc,
+    dQ's float32 accumulator (dq itself for float32), name -> (shape, dtype). The seed goes to the second launch
+    (seeded=1)."""
     preprocess, main, cast = kernels
     wide = precision in ("3xtf32", "tf32")
     acc = "dq" if wide else "dq_acc"
@@ -791,7 +791,7 @@ def launches(kernels, B: int, H: int, Nq: int, Nk: int, d: int, H_kv: int, scale
     if not wide:  # dQ, accumulated in float32, to the inputs' 16-bit type
         n = B * H * Nq * d
         out.append(Launch(cast, (-(-(n // 2) // 256),), 256, (Arg(acc, (n,)), Arg("dq", (n // 2,)))))
-    return out, temporaries
+    return Launches(out, temporaries, {"slopes": args.slopes}, seeded=1)
 
 
 def signature(precision: str):
@@ -815,8 +815,7 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, t
     features = extras.features() if extras is not None else Features()
     args = extras.arguments(causal, B, H, True) if extras is not None else plain_arguments(causal)
     kernels = build(d, tile, causal, precision, gqa=k.shape[1] != H, features=features)
-    described, _ = launches(kernels, B, H, Nq, k.shape[2], d, k.shape[1], scale, tile, precision, args)
-    arrays = dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv, D=D, dq_acc=dq_acc,
-                  slopes=cuda.to_device(args.slopes))
-    run_all(described, arrays, seed=np.int64(seed), seeded=1)
+    described = launches(kernels, B, H, Nq, k.shape[2], d, k.shape[1], scale, tile, precision, args)
+    arrays = dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv, D=D, dq_acc=dq_acc)
+    described._replace(temporaries={}).run(arrays, seed=np.int64(seed))  # the caller gives D and dq_acc
     return kernels[1]

@@ -70,21 +70,15 @@ class PreparedVarlen:
     option arrays kept on the GPU."""
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, options):
-        import torch  # optional: only torch tensors come here
-
         _, described = _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
         total_q, H, d = q.shape
         self.shapes, self.dtype, self.launches = ((total_q, H, d), (H, total_q)), q.dtype, None
         if described is None:  # no query rows
             return
-        # kept alive here: the kernel reads them on every call
-        self.host = {name: torch.from_numpy(x).to(q.device) for name, x in described.host.items()}
         specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k", k), ("v", v))}
         specs["o"] = prepared.Spec.contiguous((total_q, H, d), specs["q"].dtype)
         specs["lse"] = prepared.Spec.contiguous((H, total_q), np.float32)
-        specs.update({name: prepared.Spec.contiguous(x.shape, x.dtype) for name, x in described.host.items()})
-        self.pointers = {name: t.data_ptr() for name, t in self.host.items()}
-        self.launches = prepared.PreparedLaunches(described.launches, specs, described.temporaries)
+        self.launches = prepared.PreparedLaunches.of(described, specs, q.device)
 
     def __call__(self, q, k, v, seed=0):
         import torch  # optional: only torch tensors come here
@@ -92,7 +86,7 @@ class PreparedVarlen:
         o = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
         lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
         if self.launches is not None:  # no query rows: nothing to launch
-            self.launches(prepared.current_stream(q), dict(self.pointers, q=q.data_ptr(), k=k.data_ptr(),
+            self.launches(prepared.current_stream(q), dict(q=q.data_ptr(), k=k.data_ptr(),
                                                            v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr()),
                           q.device, seed)
         return o, lse

@@ -13,7 +13,7 @@ import numpy as np
 from ..device import get_cuda, has_gpu
 from ..varlen import check_varlen
 from . import register_backward
-from ._launch import check_kernel_backward_inputs, empty, like_input, run_all, shell, to_device, to_host
+from ._launch import check_kernel_backward_inputs, empty, like_input, shell, to_device, to_host
 from .options import Extras, Features, plain_arguments, query_band, tile_band
 from .register_backward import PREPROCESS_ROWS
 
@@ -102,14 +102,15 @@ def flash_attention_varlen_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlen
     dq = new((Tq, H, d), dtype) if half else dq_packed
     dk, dv = new((Tk, H_kv, d), dtype), new((Tk, H_kv, d), dtype)
     table = key_blocks(cu_q, cu_k, bq, bk, opt)  # covers every key, so dk and dv are written everywhere
-    launches, _ = register_backward.launches(kernels, 1, H, Tq, d, (len(table), H_kv, 1), nt, opt.scale, opt.causal,
-                                             args, half, PREPROCESS_ROWS["gpu" if has_gpu() else "simulator"],
-                                             tables=True)
+    described = register_backward.launches(kernels, 1, H, Tq, d, (len(table), H_kv, 1), nt, opt.scale, opt.causal,
+                                            args, half, PREPROCESS_ROWS["gpu" if has_gpu() else "simulator"],
+                                            tables=True)
     cuda = get_cuda()
     arrays = dict(view, dq=dq, dq_packed=dq_packed, dq_acc=heads_major(dq_packed), dk=heads_major(dk),
                   dv=heads_major(dv), D=new((1, H, Tq), np.float32), blocks=cuda.to_device(table),
-                  cu=cuda.to_device(np.stack([cu_q, cu_k]).astype(np.int32)), slopes=cuda.to_device(args.slopes))
+                  cu=cuda.to_device(np.stack([cu_q, cu_k]).astype(np.int32)))
     if not half:
         arrays["dq"] = arrays["dq_acc"]  # float32: the accumulator is the result (heads-major for the kernels)
-    run_all(launches, arrays, seed=np.int64(opt.seed), seeded=1)  # total_q, total_k >= 1
+    # D and the accumulator are views made here (packed / heads-major), not the description's temporaries
+    described._replace(temporaries={}).run(arrays, seed=np.int64(opt.seed))  # total_q, total_k >= 1
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
