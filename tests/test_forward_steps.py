@@ -89,3 +89,16 @@ def test_bfloat16_on_an_old_gpu_names_what_works():
     with pytest.raises(ValueError, match="float16 inputs") as e:
         tensor.resolve_precision("bfloat16", None, (7, 5))
     assert "variant" not in str(e.value)
+
+
+@pytest.mark.parametrize("which", ["register dkdv", "register dkdv options", "tensor main", "tensor main options"])
+def test_backward_bodies_are_short_lists_of_steps(which):
+    """The backward kernels read the same way: at most 60 lines, no branch on a build's flags."""
+    from flashlab.kernels import register_backward, tensor_backward
+
+    features = Features(True, True, True, True, 0.1) if "options" in which else Features()
+    if which.startswith("register"):
+        kernel = register_backward.make_kernels(16, 8, 16, 32, features=features)[1]
+    else:
+        kernel = tensor_backward.build(16, tensor_backward.choose_tile(16, "f16"), True, "f16", features=features)[1]
+    test_kernel_bodies_are_short_lists_of_steps(kernel)

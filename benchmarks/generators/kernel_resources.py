@@ -32,7 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # after PYTHONPATH: an old checkout there wins
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
 
 CCS = ((7, 5), (8, 0), (9, 0))
