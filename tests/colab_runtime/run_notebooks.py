@@ -8,7 +8,7 @@ notebook runs in a fresh kernel from the folder it lies in, with two cells added
 - every file the notebook's Python opens is recorded (an audit hook), so that data read from outside the
   installed package shows up.
 
-    python run_notebooks.py OUT.json [--workers N] NOTEBOOK ...
+    python run_notebooks.py OUT.json NOTEBOOK ...
 
 OUT.json: {notebook: {"seconds", "crash", "opened": [data files], "kernel_prefix": the kernel's sys.prefix,
 "cells": [{"index", "seconds", "source", "errors": [[ename, evalue]], "images", "widgets": [images drawn inside
@@ -19,7 +19,6 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -121,12 +120,8 @@ def run(path):
 
 def main(argv):
     out, rest = Path(argv[0]), argv[1:]
-    workers = 1
-    if rest and rest[0] == "--workers":
-        workers, rest = int(rest[1]), rest[2:]
     os.environ["FLASHLAB_FAST"] = "1"
-    with ThreadPoolExecutor(workers) as pool:
-        results = dict(zip(rest, pool.map(run, rest)))
+    results = {path: run(path) for path in rest}  # one at a time: emulate.py runs several of these at once
     out.write_text(json.dumps(results, indent=1))
     return 0
 
