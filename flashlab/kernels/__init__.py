@@ -15,8 +15,8 @@ memory), "register" (lesson 09: FA2 with register tiling) and "tensor" (lesson 1
 forward in tensor.py, backward in tensor_backward.py).
 
 The modules, in layers; each imports only from its own layer or those below (tests/test_kernel_layers.py):
-- entry points: forward.py, backward.py, varlen.py, varlen_backward.py, paged.py, info.py (checks, the plan,
-  and a prepared call per entry point for torch tensors);
+- entry points: forward.py, backward.py, varlen.py, varlen_backward.py, paged.py, info.py, demo.py (checks, the
+  plan, and a prepared call per entry point for torch tensors; demo.py: lessons 07 and 09's small kernels);
 - prepared.py: the generic prepared launch (argument lists built once, pointers filled in per call);
 - planning: devices.py (what a GPU has, occupancy) and plan.py (tile, split-KV, block order, explain());
 - kernels that build and launch: shared.py, register.py, register_backward.py, tensor.py, tensor_backward.py,
@@ -24,7 +24,20 @@ The modules, in layers; each imports only from its own layer or those below (tes
 - device functions shared by the kernels: options.py (the library's options), split_kv.py (key chunks, the
   grid, the merge kernel);
 - at the bottom: common.py (constants), mma.py (PTX intrinsics, emulated in the simulator), _launch.py (host
-  arrays and input checks).
+  arrays, input checks, launch descriptions).
+
+How a kernel module reads (register.py, tensor.py, register_backward.py, tensor_backward.py): a frozen Traits holds
+a build's tile constants; the build binds each step once (a device function inlined into the kernel, with its
+fastmath flags), picking a precision's or an option's variant there, so the kernel body is a short list of step
+calls with no branch on a build flag (tests/test_forward_steps.py). shared.py's textbook kernel is written out;
+decoding.py's split kernel too, with where a key lives and which query a row is bound as steps. Each module
+describes a call's launches once: `launches(...)` returns a _launch.Launches (kernels, grids, arguments by name,
+temporaries, host arrays, the launch that takes the seed), run by Launches.run on the general path and prepared by
+prepared.PreparedLaunches.of for torch tensors.
+
+The library's options live in options.py: their presence is compiled in (Features, part of a build's key), their
+values are kernel arguments (OptionArgs: window bounds, softcap, ALiBi slopes), so a new window or slope set
+compiles nothing; the dropout probability is compiled in, its seed an argument.
 """
 from ._launch import SUPPORTED_D
 from .backward import flash_attention_backward
