@@ -203,9 +203,9 @@ def _prepared_key(q, k_cache, v_cache, block_table, cache_seqlens, *parts):
 
 
 class PreparedPaged:
-    """paged_decoding for torch CUDA tensors of one key: both kernels' argument lists built once (the tensor
-    variant's from tensor.paged_launches through prepared.PreparedLaunches, the register variant's as
-    prepared.PreparedKernel); a call allocates the outputs with torch and launches. The block table and the
+    """paged_decoding for torch CUDA tensors of one key: the variant's launch description (tensor.paged_launches or
+    decoding.launches) prepared once (prepared.PreparedLaunches.of); a call allocates the outputs with torch and
+    launches. The block table and the
     lengths are read where they are, on the GPU: the tensor variant gets them as one int32 array (lengths, then
     the table: two small copies on the GPU), the register variant as int32 arrays."""
 
