@@ -107,10 +107,13 @@ def main(argv=None):
     ap.add_argument("--cc", default="9.0")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", default="", help="comma-separated option sets (default: all)")
+    ap.add_argument("--configs", default="", help="comma-separated 'variant direction d' such as 'tensor forward 64' "
+                    "(default: all)")
     args = ap.parse_args(argv)
     cc = tuple(int(x) for x in args.cc.split("."))
     sets = args.only.split(",") if args.only else list(OPTION_SETS)
-    keys = [(c, s, cc) for c in CONFIGS for s in sets]
+    configs = [c for c in CONFIGS if not args.configs or " ".join(map(str, c[:3])) in args.configs.split(",")]
+    keys = [(c, s, cc) for c in configs for s in sets]
     with ProcessPoolExecutor(args.jobs, initializer=R._compile_only, max_tasks_per_child=1) as pool:
         rows = list(pool.map(compile_one, keys))
     with open(args.out, "w", newline="") as f:

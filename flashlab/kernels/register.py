@@ -63,6 +63,7 @@ from .options import EMPTY_LSE, EMPTY_PARTIAL, PLAIN, Extras, Features, argument
 from .split_kv import forward_functions, forward_launches, grid, split_chunk
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
+I32 = np.int32  # a tile's own columns
 
 
 @dataclass(frozen=True)
@@ -444,7 +445,8 @@ def _mask(T: Traits, causal: bool, f: Features, row_of, key_of):
     every tile is transformed (softcap, ALiBi) and masked (the aligned causal/window band)."""
     URM, URN, UBC = U(T.RM), U(T.RN), U(T.BC)
     CAUSAL = causal
-    capped, outside = device_functions(f).capped, device_functions(f).outside
+    capped, key_band = device_functions(f).capped, device_functions(f).key_band
+    BC = T.BC
 
     @_step
     def mask_edges(s, k0, q0, ty, tx, nk, off, cap, slope, left, right):
@@ -460,12 +462,18 @@ def _mask(T: Traits, causal: bool, f: Features, row_of, key_of):
 
     @_step
     def mask_band(s, k0, q0, ty, tx, nk, off, cap, slope, left, right):
+        # options.outside, as the band of keys each row sees (key_band), once per row, compared in the tile's own
+        # 32-bit columns (64-bit positions and run-time bounds per entry cost registers: ptxas sm_90)
         for i in range(URM):
             pos = I(q0 + row_of(i, ty)) + off
+            lo, hi = key_band(pos, pos, I(nk), left, right)
+            lo_t = I32(min(max(lo - I(k0), I(-1)), I(BC)))  # the row's band in this tile's columns
+            hi_t = I32(min(max(hi - I(k0), I(-1)), I(BC)))
+            pos_t = I32(pos - I(k0))  # ALiBi's distance |pos - key| in the same columns
             for j in range(URN):
-                col = I(k0 + key_of(j, tx))
-                val, _ = capped(s[i, j], pos, col, cap, slope)
-                s[i, j] = NEG if outside(pos, col, I(nk), left, right) else val
+                cc = I32(key_of(j, tx))
+                val, _ = capped(s[i, j], pos_t, cc, cap, slope)
+                s[i, j] = NEG if cc < lo_t or cc >= hi_t else val
 
     return mask_band if f.per_score else mask_edges
 

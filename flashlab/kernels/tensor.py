@@ -66,6 +66,7 @@ from .options import EMPTY_LSE, EMPTY_PARTIAL, PLAIN, Extras, Features, argument
 from .split_kv import build_merge, forward_functions, forward_launches, grid, split_chunk
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
+I32 = np.int32  # a tile's own columns
 
 PRECISIONS = {"float16": ("f16", "k8"), "bfloat16": ("bf16",), "float32": ("3xtf32", "tf32")}
 
@@ -543,7 +544,8 @@ def _mask(T: Traits, causal: bool, f: Features):
     every tile is transformed (softcap, ALiBi) and masked (the aligned causal/window band), after 3xTF32's sum."""
     MT, NTK, UBK = T.MT, T.NTK, U(T.BK)
     CAUSAL = causal
-    capped, outside = device_functions(f).capped, device_functions(f).outside
+    capped, key_band = device_functions(f).capped, device_functions(f).key_band
+    BK = T.BK
 
     @_step
     def mask_edges(s, k0, w0, g, t, nk):
@@ -560,13 +562,22 @@ def _mask(T: Traits, causal: bool, f: Features):
 
     @_step
     def mask_band(s, k0, w0, g, t, nk, off, cap, slope, left, right):
+        # options.outside, as the band of keys each row sees (key_band), computed once per row and compared in the
+        # tile's own 32-bit columns: per entry that is two compares (64-bit positions and run-time bounds per
+        # entry spilled at d = 64: ptxas sm_90)
         for mt in range(MT):
-            for n in range(NTK):
-                for j in range(4):
-                    pos = I(w0 + g + U(16 * mt + 8 * (j // 2))) + off
-                    col = I(k0 + U(n * 8) + U(2) * t + U(j % 2))
-                    val, _ = capped(s[mt * NTK + n, j], pos, col, cap, slope)
-                    s[mt * NTK + n, j] = NEG if outside(pos, col, I(nk), left, right) else val
+            for r in range(2):
+                pos = I(w0 + g + U(16 * mt + 8 * r)) + off
+                lo, hi = key_band(pos, pos, I(nk), left, right)
+                lo_t = I32(min(max(lo - I(k0), I(-1)), I(BK)))  # the row's band in this tile's columns
+                hi_t = I32(min(max(hi - I(k0), I(-1)), I(BK)))
+                pos_t = I32(pos - I(k0))  # ALiBi's distance |pos - key| in the same columns
+                for n in range(NTK):
+                    for c in range(2):
+                        j = 2 * r + c
+                        cc = I32(n * 8 + c) + I32(2) * I32(t)
+                        val, _ = capped(s[mt * NTK + n, j], pos_t, cc, cap, slope)
+                        s[mt * NTK + n, j] = NEG if cc < lo_t or cc >= hi_t else val
 
     @_step
     def add_small(s, s2):  # 3xTF32: S = big * big + the correction terms

@@ -76,6 +76,7 @@ from .options import Features, OptionArgs, argument_types, device_functions, pla
 from .tensor import row_words, stages as async_stages
 
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
+I32 = np.int32  # rows and keys per entry
 
 SHARED_LIMIT = STATIC_SHARED  # the default limit: what a block has without the opt-in
 
@@ -290,8 +291,9 @@ def build(d: int, tile: BackwardTile, causal: bool, precision: str, gqa: bool = 
         lse log2(e)) with a select (never a product) for masked entries, since exp2 may be inf there (lse = +inf
         rows: every entry is masked). Dropout: dV takes P Z and dS = P (dP Z - D); softcap: dS times its
         derivative 1 - tanh^2."""
-        x, th = opt.capped(x, I(i) + off, I(key), capr, slope)
-        dead = I(i) < lo or I(i) >= hi
+        # 32-bit rows and keys per entry (64-bit ones spilled with ALiBi at d = 128: ptxas sm_90)
+        x, th = opt.capped(x, I32(i) + I32(off), I32(key), capr, slope)
+        dead = I32(i) < I32(lo) or I32(i) >= I32(hi)
         p = float32(0.0) if dead else math.exp2(x * scale_log2 - lse2)
         z = z_keep(zq, key) if DROP else float32(1.0)
         ds = p * (dpx * z - Di)
