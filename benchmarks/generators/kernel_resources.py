@@ -158,6 +158,7 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true", help="list the configurations that have no row; compile nothing")
     ap.add_argument("--missing", action="store_true", help="compile only the configurations without a row")
     ap.add_argument("--variant", help="recompile only this variant's configurations; keep the other rows")
+    ap.add_argument("--cc", nargs="*", default=None, help="only these compute capabilities, such as 9.0 (with --out)")
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two tables: exit 1 if a configuration "
                     "uses more registers or spills more in NEW")
     args = ap.parse_args(argv)
@@ -168,6 +169,8 @@ def main(argv=None):
     from flashlab.kernels import plan
 
     keys = all_keys()
+    if args.cc:
+        keys = [k for k in keys if f"{k[-1][0]}.{k[-1][1]}" in args.cc]
     table = plan.resource_table()
     missing = [k for k in keys if plan.resource_key(*k[:5], plan.config_text(k[0], k[1], k[5]), *k[6:]) not in table]
     if args.check:
