@@ -16,15 +16,18 @@ each explorer (interact) widget], "verdicts": [text of flashlab.check's verdicts
 """
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import nbformat
+from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 LIMIT_S = 300  # per cell: a hang fails; a slow cell on a busy machine does not
+STARTUP_S = 180  # for a kernel to start, on a busy machine
 DATA_SUFFIXES = (".csv", ".json", ".md", ".txt", ".npz", ".npy", ".png")
 
 PROBE = """\
@@ -67,13 +70,31 @@ def _widget_images(state, model_id, seen=None):
     return count
 
 
+def _seconds(cell):
+    """How long a cell ran (nbclient's timestamps), or None."""
+    from datetime import datetime
+
+    timing = cell.metadata.get("execution", {})
+    try:
+        began, ended = (datetime.fromisoformat(timing[k].replace("Z", "+00:00"))
+                        for k in ("iopub.execute_input", "shell.execute_reply"))
+    except (KeyError, ValueError):
+        return None
+    return (ended - began).total_seconds()
+
+
 def run(path):
     nb = nbformat.read(path, as_version=4)
     nb.cells.insert(2, nbformat.v4.new_code_cell(PROBE))
     fd, log = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     nb.cells.append(nbformat.v4.new_code_cell(REPORT % log))
-    client = NotebookClient(nb, timeout=LIMIT_S, kernel_name="python3", allow_errors=True,
+    # The kernel talks over Unix sockets, not TCP: ports picked at random collide now and then when several
+    # kernels start at once (here and in the other tests), and a kernel then never answers, or a cell waits out
+    # its whole timeout.
+    sockets = tempfile.mkdtemp(prefix="kernel-")
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "k"))
+    client = NotebookClient(nb, km=km, timeout=LIMIT_S, startup_timeout=STARTUP_S, allow_errors=True,
                             resources={"metadata": {"path": str(Path(path).parent)}})
     start, crash = time.monotonic(), None
     try:
@@ -82,26 +103,21 @@ def run(path):
         crash = f"{type(exc).__name__}: {str(exc)[:500]}"
     seconds = time.monotonic() - start
     state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
-    cells = []
+    cells, extra_seconds = [], {}
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or i == 2 or i == len(nb.cells) - 1:
+        if cell.cell_type != "code":
+            continue
+        if i == 2 or i == len(nb.cells) - 1:  # the added cells: their time only, to see where a run waited
+            extra_seconds[("probe" if i == 2 else "report")] = _seconds(cell)
             continue
         index = i if i < 2 else i - 1  # the index in the notebook as stored
         views = [o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"] for o in cell.outputs
                  if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
         # explorers: ipywidgets' interact (a box of class widget-interact), not tqdm's progress bars
         views = [m for m in views if "widget-interact" in state.get(m, {}).get("state", {}).get("_dom_classes", [])]
-        timing = cell.metadata.get("execution", {})
-        try:
-            from datetime import datetime
-            began, ended = (datetime.fromisoformat(timing[k].replace("Z", "+00:00"))
-                            for k in ("iopub.execute_input", "shell.execute_reply"))
-            cell_seconds = (ended - began).total_seconds()
-        except (KeyError, ValueError):
-            cell_seconds = None
         cells.append({
             "index": index,
-            "seconds": cell_seconds,
+            "seconds": _seconds(cell),
             "source": cell.source,
             "errors": [[o.ename, o.evalue] for o in cell.outputs if o.output_type == "error"],
             "images": sum("image/png" in o.get("data", {}) for o in cell.outputs),
@@ -114,8 +130,9 @@ def run(path):
     except ValueError:
         report = {}
     os.unlink(log)
+    shutil.rmtree(sockets, ignore_errors=True)
     return {"seconds": seconds, "crash": crash, "cells": cells, "opened": report.get("opened", []),
-            "kernel_prefix": report.get("prefix")}
+            "kernel_prefix": report.get("prefix"), "added_cells_seconds": extra_seconds}
 
 
 def main(argv):
