@@ -105,3 +105,16 @@ def test_the_bfloat16_message_names_what_works_on_a_t4(t4):
         tensor.resolve_precision("bfloat16", None, device_limits()["cc"])
     text = str(info.value)
     assert "7.5" in text and "float16" in text and "variant='register'" not in text
+
+
+def test_the_simulator_refuses_an_instruction_the_simulated_gpu_lacks(monkeypatch):
+    """Without any patching: as a T4, an sm_80 instruction raises, naming itself and both compute capabilities;
+    the sm_75 ones and the plain simulator run it."""
+    from flashlab.kernels import mma
+
+    monkeypatch.setenv(SIMULATE_GPU, "T4")
+    with pytest.raises(RuntimeError, match=r"round_tf32 needs compute capability 8\.0.*7\.5"):
+        mma.round_tf32(np.float32(1.0))
+    assert mma.unpack_f16x2(np.uint32(0x3C003C00)) == (1.0, 1.0)  # sm_75 has it
+    monkeypatch.delenv(SIMULATE_GPU)
+    assert mma.round_tf32(np.float32(1.0)) == np.float32(1.0)

@@ -31,6 +31,7 @@ its own registers of the result. So the same kernel source runs, and is tested, 
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -38,7 +39,7 @@ import numpy as np
 from numba import config
 
 from .. import fragments as F
-from ..device import get_cuda
+from ..device import SIMULATE_GPU, device_limits, get_cuda
 
 get_cuda()  # choose the GPU or the simulator first: that choice decides which functions this module holds
 SIMULATOR = bool(config.ENABLE_CUDASIM)
@@ -469,7 +470,24 @@ def _sim_functions():
                ldmatrix_x4=ldmatrix(False), ldmatrix_x4_trans=ldmatrix(True),
                cp_async16=cp_async16, cp_async16_flat=cp_async16_flat, cp_async_commit=cp_async_commit,
                cp_async_wait=cp_async_wait)
-    return fns
+    return {name: _needs_cc(name, fn) if name in MIN_CC else fn for name, fn in fns.items()}
+
+
+def _needs_cc(name, fn):
+    """fn, refusing to run where the simulator stands in for a GPU that lacks the instruction
+    (FLASHLAB_SIMULATE_GPU=T4: cc 7.5 has no m16n8k16, bf16, tf32 or cp.async), as compiling it for that GPU would."""
+    need = MIN_CC[name]
+
+    def checked(*args):
+        if os.environ.get(SIMULATE_GPU):
+            cc = device_limits()["cc"]
+            if cc is not None and cc < need:
+                raise RuntimeError(f"{name} needs compute capability {need[0]}.{need[1]}; the simulated GPU "
+                                   f"({device_limits()['name']}) has {cc[0]}.{cc[1]}")
+        return fn(*args)
+
+    checked.__name__ = fn.__name__
+    return checked
 
 
 _FNS = _sim_functions() if SIMULATOR else _gpu_functions()
