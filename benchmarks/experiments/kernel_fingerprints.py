@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))  # after PYTHONPATH: an old checkout there wins
+sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks" / "generators"))
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
 
 
@@ -39,26 +40,10 @@ CCS = ((7, 5), (8, 0), (9, 0))
 
 
 def compile_only():
-    """Let flashlab build GPU kernels (not simulator ones) on a machine without a driver."""
-    import flashlab.device as dev
+    """Let flashlab build GPU kernels (not simulator ones) on a machine without a driver (kernel_resources.py's)."""
+    import kernel_resources
 
-    dev._state["backend"] = "gpu"  # compile only: nothing is launched
-    # Typing a call to a device function asks the current device for its compute capability; without a driver,
-    # answer for the newest target (the inlined device functions' code is compiled for the kernel's own target).
-    import numba.cuda.dispatcher as nd
-
-    if not getattr(nd.get_current_device, "_compile_only", False):
-        class _Target:
-            compute_capability = (9, 0)
-
-        def current_device():
-            try:
-                return current_device.real()
-            except Exception:
-                return _Target()
-
-        current_device.real, current_device._compile_only = nd.get_current_device, True
-        nd.get_current_device = current_device
+    kernel_resources._compile_only()
 
 
 def all_keys():

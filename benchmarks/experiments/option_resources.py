@@ -74,31 +74,14 @@ def kernel_and_signature(variant, direction, d, dtype, precision, causal, option
 
 
 def compile_one(key):
-    import re
-    import subprocess
-    import tempfile
-
-    from numba.cuda import compile_ptx
-
     from flashlab.kernels import plan
 
     (variant, direction, d, dtype, precision, causal), option_set, cc = key
     kernel, sig, config = kernel_and_signature(variant, direction, d, dtype, precision, causal, option_set)
-    ptx, _ = compile_ptx(kernel.py_func, sig, cc=cc, fastmath=kernel.targetoptions.get("fastmath", False))
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    try:
-        out = subprocess.run(["ptxas", f"-arch=sm_{cc[0]}{cc[1]}", "-v", f.name, "-o", os.devnull],
-                             capture_output=True, text=True, check=True).stderr
-    finally:
-        os.unlink(f.name)
-    spill = re.search(r"(\d+) bytes spill stores", out)
-    stack = re.search(r"(\d+) bytes stack frame", out)
+    registers, spill_bytes, _ = R.ptxas_resources(kernel, sig, cc)
     return {"variant": variant, "direction": direction, "d": d, "dtype": dtype, "precision": precision or "",
             "tile": f"{plan.config_text(variant, direction, config)} {option_set}", "causal": int(causal), "split": 0,
-            "heavy_first": 0, "cc": f"{cc[0]}.{cc[1]}",
-            "registers": int(re.search(r"Used (\d+) registers", out).group(1)),
-            "spill_bytes": max(int(spill.group(1)) if spill else 0, int(stack.group(1)) if stack else 0)}
+            "heavy_first": 0, "cc": f"{cc[0]}.{cc[1]}", "registers": registers, "spill_bytes": spill_bytes}
 
 
 def main(argv=None):

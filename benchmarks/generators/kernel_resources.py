@@ -69,14 +69,12 @@ def ptxas_version() -> str:
     return m.group(1) if m else "?"
 
 
-def compile_one(key):
-    """One row: compile `key` (a planner_configs() tuple, with the target cc last) for its cc."""
+def ptxas_resources(kernel, sig, cc) -> tuple:
+    """(registers, spill bytes, static shared bytes) of a numba kernel compiled for compute capability cc: numba
+    makes the PTX, `ptxas -v` reports. Spill bytes: the larger of spill stores and the stack frame (local memory
+    per thread: spills and local arrays)."""
     from numba.cuda import compile_ptx
 
-    from flashlab.kernels import plan
-
-    variant, direction, d, dtype, precision, config, causal, split, heavy, cc = key
-    kernel, sig = plan.kernel_and_signature(variant, direction, d, dtype, precision, config, causal, split, heavy)
     ptx, _ = compile_ptx(kernel.py_func, sig, cc=cc, fastmath=kernel.targetoptions.get("fastmath", False))
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
@@ -85,19 +83,28 @@ def compile_one(key):
                              capture_output=True, text=True, check=True).stderr
     finally:
         os.unlink(f.name)
-    regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spill = re.search(r"(\d+) bytes spill stores", out)
-    stack = re.search(r"(\d+) bytes stack frame", out)  # local memory per thread: spills and local arrays
+    stack = re.search(r"(\d+) bytes stack frame", out)
     smem = re.search(r"(\d+) bytes smem", out)
+    return (int(re.search(r"Used (\d+) registers", out).group(1)),
+            max(int(spill.group(1)) if spill else 0, int(stack.group(1)) if stack else 0),
+            int(smem.group(1)) if smem else 0)
+
+
+def compile_one(key):
+    """One row: compile `key` (a planner_configs() tuple, with the target cc last) for its cc."""
+    from flashlab.kernels import plan
+
+    variant, direction, d, dtype, precision, config, causal, split, heavy, cc = key
+    kernel, sig = plan.kernel_and_signature(variant, direction, d, dtype, precision, config, causal, split, heavy)
+    regs, spill_bytes, static = ptxas_resources(kernel, sig, cc)
     threads = getattr(config, "threads", None) or (config[2] if direction == "backward" else config[0])
-    static = int(smem.group(1)) if smem else 0
     if variant == "tensor" and direction == "backward":  # its shared memory is dynamic, sized at launch
         static += 4 * config.shared_words(d, precision)
     return {"variant": variant, "direction": direction, "d": d, "dtype": dtype, "precision": precision or "",
             "tile": plan.config_text(variant, direction, config), "causal": int(causal), "split": int(split),
             "heavy_first": int(heavy), "cc": f"{cc[0]}.{cc[1]}", "registers": regs,
-            "spill_bytes": max(int(spill.group(1)) if spill else 0, int(stack.group(1)) if stack else 0),
-            "shared_bytes": static, "threads": threads}
+            "spill_bytes": spill_bytes, "shared_bytes": static, "threads": threads}
 
 
 def _init():
