@@ -7,41 +7,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from flashlab import viz  # noqa: E402
 from flashlab.ring import causal_work, model  # noqa: E402
 from flashlab.viz import ring as rviz  # noqa: E402
+from test_explorers import drive  # noqa: E402,F401  (the fixture that runs an explorer's widget callback)
 
 
 @pytest.fixture(autouse=True)
 def _close_figures():
     yield
     plt.close("all")
-
-
-@pytest.fixture
-def drive(monkeypatch):
-    """The explorer with ipywidgets.interact replaced by a recorder: returns (sliders, callback(**params))."""
-    widgets = pytest.importorskip("ipywidgets")
-    seen = {}
-
-    def fake_interact(fn, **sliders):
-        seen.update(fn=fn, sliders=sliders)
-        fn(**{name: s.value for name, s in sliders.items()})
-        return "interact"
-
-    monkeypatch.setattr(viz._base, "use_widgets", lambda interactive=None: True)
-    monkeypatch.setattr(widgets, "interact", fake_interact)
-    monkeypatch.setattr(plt, "show", lambda: None)
-    assert rviz.ring_explorer() == "interact"
-
-    def callback(**params):
-        plt.close("all")
-        for name, value in params.items():
-            seen["sliders"][name].value = value  # a value the slider does not offer raises
-        seen["fn"](**{name: s.value for name, s in seen["sliders"].items()})
-        return plt.gcf()
-
-    return seen["sliders"], callback
 
 
 def _compute_bars(ax):
@@ -53,7 +27,7 @@ def _compute_bars(ax):
     (4, 32768, "InfiniBand NDR (50 GB/s)", "contiguous", True), (2, 8192, "NVLink 4 (450 GB/s)", "zigzag", False),
 ])
 def test_explorer_draws_the_model_timeline(drive, world_size, N, link, layout, causal):
-    sliders, callback = drive
+    sliders, callback = drive(rviz.ring_explorer)
     assert {"world_size", "N", "d", "link", "layout", "causal"} <= set(sliders)
     fig = callback(world_size=world_size, N=N, link=link, layout=layout, causal=causal, d=128)
     ax = fig.axes[0]

@@ -36,7 +36,6 @@ def normalised(ptx: str) -> str:
     return "\n".join(lines)
 
 
-CCS = ((7, 5), (8, 0), (9, 0))
 
 
 def compile_only():
@@ -47,17 +46,10 @@ def compile_only():
 
 
 def all_keys():
-    """The planner's configurations, each once per compute capability it can be built for (as
-    benchmarks/generators/kernel_resources.py lists them)."""
-    from flashlab.kernels import plan
+    """The planner's configurations, each once per compute capability it can be built for (kernel_resources.py's)."""
+    import kernel_resources
 
-    keys = {}
-    for variant, direction, d, dtype, precision, config, causal, split, heavy, _ in plan.planner_configs():
-        for cc in CCS:
-            if variant == "tensor" and precision != "k8" and cc < (8, 0):
-                continue  # mma.m16n8k16 and tf32 mma need compute capability 8.0
-            keys[(variant, direction, d, dtype, precision, config, causal, split, heavy, cc)] = None
-    return list(keys)
+    return kernel_resources.all_keys()
 
 
 def fingerprint(key):
