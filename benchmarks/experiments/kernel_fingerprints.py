@@ -36,8 +36,6 @@ def normalised(ptx: str) -> str:
     return "\n".join(lines)
 
 
-
-
 def compile_only():
     """Let flashlab build GPU kernels (not simulator ones) on a machine without a driver (kernel_resources.py's)."""
     import kernel_resources
