@@ -35,7 +35,7 @@ def relative_error(out, ref) -> float:
 
 
 # Heavier parts load on first use, so `import flashlab` stays fast and works without numba, a GPU or torch.
-_LAZY = {"doctor": ("device", "doctor"), "check": ("grading", "check")}
+_LAZY = {"doctor": ("checkup", "doctor"), "check": ("grading", "check")}
 _SUBMODULES = {"kernels", "torch", "viz", "device", "grading", "bench", "decoding", "gpt", "ring"}
 
 

@@ -24,7 +24,7 @@ def main(argv=None) -> int:
 
         return grade_main(rest)
     if cmd == "doctor":
-        from .device import doctor
+        from .checkup import doctor
 
         doctor()
         return 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import flashlab
-from flashlab import bench, device
+from flashlab import bench, checkup, device
 
 
 def test_backend_is_chosen_and_consistent():
@@ -40,7 +40,7 @@ def test_doctor_never_raises_and_names_the_fix(monkeypatch):
 
     monkeypatch.setattr(device, "get_cuda", broken)
     out = io.StringIO()
-    facts = device.doctor(file=out)
+    facts = checkup.doctor(file=out)
     assert not facts["ok"]
     assert "pip install numba-cuda" in out.getvalue()
 
@@ -52,8 +52,8 @@ def test_doctor_never_raises_and_names_the_fix(monkeypatch):
     ("libNVVM cannot be found. Do `conda install cudatoolkit`", "numba-cuda[cu12]"),
 ])
 def test_known_breakages_have_fixes(message, fix):
-    assert fix in device._fix_for(RuntimeError(message))
-    assert device._fix_for(RuntimeError("something new")) == ""
+    assert fix in checkup._fix_for(RuntimeError(message))
+    assert checkup._fix_for(RuntimeError("something new")) == ""
 
 
 def _run(code, **env):
@@ -220,14 +220,14 @@ def test_simulated_barriers_keep_their_meaning():
 @sim_only
 def test_doctor_reports_the_simulator_arrangement():
     out = io.StringIO()
-    facts = device.doctor(file=out)
+    facts = checkup.doctor(file=out)
     assert "switch interval" in facts["simulator"] and "while a kernel runs" in facts["simulator"]
     assert f"{device.SIM_SWITCH_INTERVAL * 1e3:g} ms" in out.getvalue()
 
 
 @sim_only
 def test_numba_simulator_threads_can_be_kept():
-    code = ("import sys, io, flashlab.device as d; b = sys.getswitchinterval(); f = d.doctor(file=io.StringIO()); "
+    code = ("import sys, io, flashlab.checkup as d; b = sys.getswitchinterval(); f = d.doctor(file=io.StringIO()); "
             "print(f['simulator'].split(' (')[0], f['smoke kernel'][:2], sys.getswitchinterval() == b)")
     res = _run(code, NUMBA_ENABLE_CUDASIM="1", FLASHLAB_SIM_THREADS="numba")
     assert res.returncode == 0, res.stderr

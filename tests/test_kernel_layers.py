@@ -67,8 +67,8 @@ def test_lazy_torch_imports_say_why(module):
     assert not bare, f"kernels/{module}.py: lazy torch imports without a comment saying why, lines {bare}"
 
 
-def test_no_circle():
-    graph = {m: {t for t, _, _ in sibling_imports(m)} for m in MODULES}
+def first_circle(graph):
+    """One import circle of graph {node: {imported nodes}} as a list that ends where it starts, or None."""
     done, active = set(), []
 
     def walk(m):
@@ -77,13 +77,66 @@ def test_no_circle():
         if m in done:
             return
         active.append(m)
-        for t in sorted(graph[m]):
+        for t in sorted(graph.get(m, ())):
             walk(t)
         active.pop()
         done.add(m)
 
-    for m in MODULES:
-        walk(m)
+    try:
+        for m in sorted(graph):
+            walk(m)
+    except AssertionError as circle:
+        return str(circle)
+    return None
+
+
+def test_no_circle():
+    circle = first_circle({m: {t for t, _, _ in sibling_imports(m)} for m in MODULES})
+    assert circle is None, circle
+
+
+PACKAGE = KERNELS.parent
+
+
+def package_imports():
+    """{part: {parts it imports}} over flashlab's modules and subpackages (a subpackage is one part), counting imports
+    inside functions too: a lazy import still runs, and still makes a circle. flashlab/__init__.py and __main__.py
+    are the package's face and entry point, above every part."""
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).with_suffix("").parts
+        if rel in (("__init__",), ("__main__",)):
+            continue
+        part, package = rel[0], ["flashlab", *rel[:-1]]
+        targets = graph.setdefault(part, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package[:len(package) - node.level + 1]
+                names = [*base, *node.module.split(".")] if node.module else None
+                if names is None:  # from . import a, b
+                    targets.update(alias.name if len(base) == 1 else base[1] for alias in node.names)
+                elif len(names) > 1:
+                    targets.add(names[1])
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("flashlab."):
+                targets.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                targets.update(a.name.split(".")[1] for a in node.names if a.name.startswith("flashlab."))
+        targets.discard(part)
+    return graph
+
+
+def test_no_circle_in_the_package():
+    """Across flashlab (flashlab.device, flashlab.kernels, flashlab.viz, ...), function-local imports included."""
+    graph = package_imports()
+    assert {"device", "kernels", "checkup", "viz"} <= set(graph)
+    assert "kernels" in graph["checkup"] and "device" in graph["kernels"]
+    circle = first_circle(graph)
+    assert circle is None, circle
+
+
+def test_a_circle_is_found():
+    assert first_circle({"device": {"gpu_limits"}, "gpu_limits": set()}) is None
+    assert first_circle({"device": {"kernels"}, "kernels": {"device"}}) == "import circle: device -> kernels -> device"
 
 
 def test_the_checks_can_fail(tmp_path, monkeypatch):
