@@ -3,6 +3,8 @@
     python benchmarks/experiments/kernel_bits.py new.json                      # this checkout
     PYTHONPATH=/path/to/old/checkout python benchmarks/experiments/kernel_bits.py old.json
     python benchmarks/experiments/kernel_bits.py --compare old.json new.json [old_again.json]
+    python benchmarks/experiments/kernel_bits.py new_0.json --shard 0/2   # half the cases (with --shard 1/2)
+    python benchmarks/experiments/kernel_bits.py --compare old_0.json,old_1.json new_0.json,new_1.json
 
 48 cases: every variant and precision, forward and backward, the library's options, GQA, split-KV, varlen,
 decoding and the paged cache, on tiny shapes (they run in the simulator too: NUMBA_ENABLE_CUDASIM=1). Each
@@ -119,17 +121,39 @@ def compare(before, after, again=None):
     return differ
 
 
+def load(paths: str) -> dict:
+    """One run's hashes from its JSON files (comma-separated: the shards of one run)."""
+    got = {}
+    for p in paths.split(","):
+        got.update(json.loads(Path(p).read_text()))
+    return got
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--compare":
-        runs = [json.loads(Path(p).read_text()) for p in sys.argv[2:]]
+        runs = [load(p) for p in sys.argv[2:]]
+        errors = {case: v for run in runs for case, v in run.items() if isinstance(v, str)}
+        runs = [{c: v for c, v in run.items() if c not in errors} for run in runs]
         differ = compare(runs[0], runs[1], runs[2] if len(runs) > 2 else None)
         n = sum(len(v) for v in runs[0].values())
         print(f"{len(runs[0])} cases, {n} outputs: " + ("identical" if not differ else f"DIFFERENT: {differ}"))
+        for case, message in sorted(errors.items()):
+            print(f"not compared, {case}: {message}")
         sys.exit(1 if differ else 0)
+    # out.json [--shard i/n]: the cases i, i + n, i + 2n, ... (0-based), so that n processes share the work. The
+    # file is rewritten after every case, so a run stopped at a time limit keeps what it finished; a case that
+    # raises (one an old checkout lacks) is recorded as its error and left out of the comparison.
+    shard, shards = (int(x) for x in sys.argv[3].split("/")) if sys.argv[2:3] == ["--shard"] else (0, 1)
     got = {}
-    for name, run in cases():
+    for i, (name, run) in enumerate(cases()):
+        if i % shards != shard:
+            continue
         t = time.time()
-        res = run()
-        got[name] = [h(x) for x in (res if isinstance(res, tuple) else (res,))]
-        print(f"{time.time() - t:6.1f} s  {' '.join(got[name])}  {name}", flush=True)
-    Path(sys.argv[1]).write_text(json.dumps(got, indent=1))
+        try:
+            res = run()
+            got[name] = [h(x) for x in (res if isinstance(res, tuple) else (res,))]
+        except Exception as exc:  # noqa: BLE001 - recorded, not hidden: --compare lists it
+            got[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+        print(f"{time.time() - t:6.1f} s  {' '.join(got[name]) if isinstance(got[name], list) else got[name]}  {name}",
+              flush=True)
+        Path(sys.argv[1]).write_text(json.dumps(got, indent=1))

@@ -307,7 +307,10 @@ def _opt_in(handle, device_id: int, nbytes: int):
     from numba.cuda.cudadrv.driver import binding, driver
 
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    driver.cuKernelSetAttribute(attr, nbytes, handle, device_id)
+    if isinstance(handle, binding.CUfunction):  # older numba-cuda (Colab's 0.22) loads modules' functions
+        driver.cuFuncSetAttribute(handle, attr, nbytes)
+    else:  # a CUkernel, from a library: one attribute per device
+        driver.cuKernelSetAttribute(attr, nbytes, handle, device_id)
 
 
 def launch_with_shared(kernel, grid, block, nbytes: int, *args):

@@ -18,7 +18,9 @@ The argument list is the one numba-cuda builds (`_Kernel._prepare_args`): per ar
 size, itemsize, pointer, shape..., strides in bytes...), int64 as ctypes.c_int64, float32 as ctypes.c_float;
 tests/test_plan.py checks the two agree. Launches go to torch's current stream. This path needs numba-cuda's
 `_Kernel` internals (checked once: `available()`), and launches with cuLaunchKernel on a kernelParams array
-built once (`_DirectLaunch`; FLASHLAB_DIRECT_LAUNCH=0 goes through cuda.core's launch instead). It is on by
+built once (`_DirectLaunch`; FLASHLAB_DIRECT_LAUNCH=0 goes through cuda.core's launch instead, where numba-cuda
+has one). The direct launch needs only cuda.bindings, so it also runs on numba-cuda releases without cuda.core's
+launch, such as Colab's 0.22. It is on by
 default since it was measured on a GPU (benchmarks/results/host.csv); FLASHLAB_FAST_LAUNCH=0 sends every call
 the general way.
 """
@@ -49,14 +51,32 @@ def available() -> bool:
 
 @lru_cache(maxsize=1)
 def _supported() -> bool:
+    """numba-cuda's `_Kernel` (its argument layout), and a way to launch: cuLaunchKernel through cuda.bindings
+    (_DirectLaunch), or cuda.core's launch (Colab's numba-cuda 0.22 has no cuda.core launch)."""
     if not has_gpu():
         return False
     try:
         from numba.cuda import dispatcher as nd
 
-        return all(hasattr(nd, name) for name in ("launch", "LaunchConfig", "CUDA_CORE_GE_1_0", "_Kernel"))
+        if not hasattr(nd, "_Kernel"):
+            return False
+        return _direct_launch_on() or _core_launch(nd)
     except Exception:
         return False
+
+
+def _core_launch(nd) -> bool:
+    return all(hasattr(nd, name) for name in ("launch", "LaunchConfig", "CUDA_CORE_GE_1_0"))
+
+
+def _direct_launch_on() -> bool:
+    if os.environ.get("FLASHLAB_DIRECT_LAUNCH", "1").strip() in ("0", "false", "no"):
+        return False
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -156,13 +176,14 @@ class PreparedKernel:
             if slot is not None:
                 self.slots.append(slot)
         allow_dynamic_shared(kernel, shared)
-        self.function = kernel._codelibrary.get_cufunc().kernel
-        options = {"grid": tuple(grid), "block": int(block), "shmem_size": int(shared)}
-        options["is_cooperative" if nd.CUDA_CORE_GE_1_0 else "cooperative_launch"] = False
-        self.config = nd.LaunchConfig(**options)
-        self._launch = nd.launch
         self.kernel = kernel
         self.direct = _DirectLaunch.make(kernel, grid, block, self.template, self.slots, shared)
+        if self.direct is None:  # through cuda.core (available() made sure one of the two exists)
+            self.function = kernel._codelibrary.get_cufunc().kernel
+            options = {"grid": tuple(grid), "block": int(block), "shmem_size": int(shared)}
+            options["is_cooperative" if nd.CUDA_CORE_GE_1_0 else "cooperative_launch"] = False
+            self.config = nd.LaunchConfig(**options)
+            self._launch = nd.launch
 
     def launch(self, stream: int, pointers, seed=None):
         """Launch on the CUDA stream with this handle (torch's current stream). seed: a new value for the last
@@ -191,20 +212,20 @@ class _DirectLaunch:
         self.params = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
         self.address = ctypes.addressof(self.params)
         self.pointers = [self.values[i] for i in slots]
-        # numba-cuda loads kernels as CUkernel handles; cuLaunchKernel takes one in place of a CUfunction
+        # numba-cuda 0.30 loads kernels as CUkernel handles, older ones (Colab's 0.22) as CUfunction; cuLaunchKernel
+        # takes either
         self.driver, self.handle = driver, driver.CUfunction(int(handle))
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.block, self.shared = int(block), int(shared)
 
     @classmethod
     def make(cls, kernel, grid, block, template, slots, shared=0):
-        """None where cuda.bindings is missing: the caller then launches through cuda.core."""
-        if os.environ.get("FLASHLAB_DIRECT_LAUNCH", "1").strip() in ("0", "false", "no"):
+        """None where cuda.bindings is missing or FLASHLAB_DIRECT_LAUNCH=0: the caller then launches through
+        cuda.core."""
+        if not _direct_launch_on():
             return None
-        try:
-            from cuda.bindings import driver
-        except ImportError:
-            return None
+        from cuda.bindings import driver
+
         return cls(driver, kernel._codelibrary.get_cufunc().handle, grid, block, template, slots, shared)
 
     def __call__(self, stream: int, pointers, seed=None):

@@ -564,9 +564,10 @@ def _finish(T: Traits, guard: bool, split: bool, row_of, dim_of):
 
     @_step
     def row_end_guarded(total, m_row):
+        inv, row_lse = ZERO, EMPTY
         if total > ZERO:
-            return float32(1.0) / total, (m_row + math.log2(total)) * LN2
-        return ZERO, EMPTY
+            inv, row_lse = float32(1.0) / total, (m_row + math.log2(total)) * LN2
+        return inv, row_lse
 
     end = row_end_guarded if guard else row_end
 

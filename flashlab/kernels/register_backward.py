@@ -216,28 +216,31 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
             x += ONE
 
     @cuda.jit(device=True, inline="always")
-    def plain_band(pos, q_in, nk, left, right):
+    def plain_band(row, off, nq, nk, left, right):
         return I(0), I(0)  # unused: plain_p masks by itself
 
     @cuda.jit(device=True, inline="always")
-    def options_band(pos, q_in, nk, left, right):
-        """[lo, hi): the keys the row at aligned position pos sees (options.key_band of one row); none past Nq."""
-        lo, hi = opt.key_band(pos, pos, nk, left, right)
-        return lo, hi if q_in else lo
+    def options_band(row, off, nq, nk, left, right):
+        """[lo, hi): the keys query row `row` (at aligned position row + off) sees (options.key_band of one row);
+        none past Nq."""
+        pos = I(row) + off
+        lo, hi = opt.key_band(pos, pos, I(nk), left, right)
+        return lo, hi if row < nq else lo
 
     @cuda.jit(device=True, inline="always")
-    def plain_p(s, scale, lse, pos, col, q_in, nk, causal, lo, hi, cap, slope):
-        """(P, 0): P = exp(scale S - lse), zero past Nq, past Nk and (causal) right of the diagonal."""
-        if q_in and col < nk and (not causal or col <= pos):
+    def plain_p(s, scale, lse, row, col, off, nq, nk, causal, lo, hi, cap, slope):
+        """(P, 0): P = exp(scale S - lse), zero past Nq, past Nk and (causal) right of the diagonal. Unsigned
+        comparisons: the signed ones of options_p cost the plain build registers."""
+        if row < nq and col < nk and (not causal or col <= row):
             return math.exp(s * scale - lse), float32(0)
         return float32(0), float32(0)
 
     @cuda.jit(device=True, inline="always")
-    def options_p(s, scale, lse, pos, col, q_in, nk, causal, lo, hi, cap, slope):
+    def options_p(s, scale, lse, row, col, off, nq, nk, causal, lo, hi, cap, slope):
         """(P, tanh): P from the score as the forward transformed it (softcap, ALiBi), zero outside the row's
         keys [lo, hi); the softcap's tanh(s / cap), for dS."""
-        sc, th = opt.capped(s * scale, pos, col, cap, slope)
-        if lo <= col and col < hi:
+        sc, th = opt.capped(s * scale, I(row) + off, I(col), cap, slope)
+        if lo <= I(col) and I(col) < hi:
             return math.exp(sc - lse), th
         return float32(0), th
 
@@ -253,11 +256,10 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
             r = sy + S_NR * a
             if DROP:
                 zrow[a] = d_mix(zh, q0 + r)
-            lo, hi = band_of(I(q0 + r) + off, q0 + r < nq, I(nk), left, right)
+            lo, hi = band_of(q0 + r, off, nq, nk, left, right)
             for b in range(S_TC):
                 c = sx + S_NC * b
-                p, th = p_of(S[a * S_TC + b], scale, Ls[r], I(q0 + r) + off, I(k0 + c), q0 + r < nq, I(nk), causal,
-                             lo, hi, cap, slope)
+                p, th = p_of(S[a * S_TC + b], scale, Ls[r], q0 + r, k0 + c, off, nq, nk, causal, lo, hi, cap, slope)
                 if SOFTCAP:
                     Th[a * S_TC + b] = th
                 S[a * S_TC + b] = p
@@ -331,6 +333,20 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
         return I(0) if causal else I(-1)
 
     @cuda.jit(device=True, inline="always")
+    def diagonal_tiles(k0, nq, nk, causal, off, left, right):
+        """[first, end) of the query tiles whose rows can see this block's keys: from the diagonal's tile on under
+        causal, else all. Unsigned, as the loop counts: the signed band below costs registers it does not need."""
+        return (k0 // Br * Br if causal else ZERO), nq
+
+    @cuda.jit(device=True, inline="always")
+    def band_tiles(k0, nq, nk, causal, off, left, right):
+        """The same with a window or bottom-right alignment: the tiles that overlap options.query_band."""
+        lo, hi = opt.query_band(I(k0), I(min(k0 + Bc, nk)) - I(1), off, I(nq), left, right)
+        return uint64(lo) // Br * Br, uint64(hi) if lo < hi else ZERO
+
+    query_tiles = band_tiles if features.window or features.bottom_right else diagonal_tiles
+
+    @cuda.jit(device=True, inline="always")
     def offset(nq, nk):
         """The alignment's shift of query positions: row i sits at i + Nk - Nq bottom-right, else at i."""
         return I(nk) - I(nq) if BOTTOM_RIGHT else I(0)
@@ -363,9 +379,6 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
                                                                     blocks, cu)
         scale = float32(scale)
         tid = uint64(cuda.threadIdx.x)
-        sy, sx = tid // S_NC, tid % S_NC  # this thread's place in S_ij
-        ky, kx = tid // KV_ND, tid % KV_ND  # in dK_j / dV_j
-        qy, qx = tid // Q_ND, tid % Q_ND  # in dQ_i
         Ks = cuda.shared.array(SK, float32)
         Vs = cuda.shared.array(SK, float32)
         Qs = cuda.shared.array(SQ, float32)
@@ -389,10 +402,13 @@ def make_kernels(d: int, block_q: int, block_k: int, threads: int, heavy_first: 
         for n in range(n_kv):
             dK[n] = 0
             dV[n] = 0
-        # The query tiles whose rows can see this block's keys (causal: from the diagonal on).
+        # After the K/V tile's load, as their first use: placed before it, ptxas keeps them live across the load
+        # loop and the d = 128 build takes 14 more registers (153 -> 167, sm_90).
+        sy, sx = tid // S_NC, tid % S_NC  # this thread's place in S_ij
+        ky, kx = tid // KV_ND, tid % KV_ND  # in dK_j / dV_j
+        qy, qx = tid // Q_ND, tid % Q_ND  # in dQ_i
         off, right = offset(nq, nk), band_right(causal, right)
-        lo, hi = opt.query_band(I(k0), I(min(k0 + Bc, nk)) - I(1), off, I(nq), left, right)
-        q_first, q_end = uint64(lo) // Br * Br, uint64(hi) if lo < hi else ZERO
+        q_first, q_end = query_tiles(k0, nq, nk, causal, off, left, right)
         for gi in range(n_group):
             head = head_of(hk, n_group, gi)
             zh, slope = row_hash(seed, seq, head), slope_of(slopes, seq, head, q.shape[1])
