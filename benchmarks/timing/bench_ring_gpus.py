@@ -58,6 +58,22 @@ SIZES = {  # per device: the defaults of the command-line options
                 dtypes=["float32", "float16"], budget_s=600.0),
 }
 WORLDS = (1, 2, 4, 8)
+DEFINITIONS = {
+    "forward_ms": "median over rounds of the slowest rank's forward (CUDA events on each rank's stream)",
+    "step_ms": "forward_ms / W",
+    "efficiency_forward": "one GPU's flashlab forward on the full N / (W x forward_ms); likewise forward_backward",
+    "compute_ms_per_step": "per rank, per forward step of the median round: GPU time from the step's start to "
+                           "the end of its local compute and merge (CUDA events; host perf_counter on CPU)",
+    "wait_ms_per_step": "per rank and step: how long the stream then waited for the next K/V shard",
+    "wait_fraction": "all ranks' waiting / (their compute + waiting), forward",
+    "balance_compute": "(max - min) / mean over ranks of each rank's summed compute (forward)",
+    "balance_forward": "(max - min) / mean over ranks of each rank's forward time",
+    "model_step_ms": "flashlab.ring.model.timeline(...).total / W with this run's rates: one GPU's forward FLOP/s at "
+                     "N / W tokens and the ring exchange's GB/s per rank at that shard size",
+    "model_step_ms_datasheet": "the same model with lesson 17's numbers: H100 attention FLOP/s "
+                               "(model.H100_ATTENTION_FLOPS) and NVLink 4 (hardware.LINKS)",
+    "pass": "every one of o, dq, dk, dv within 2 x the single-GPU error against float64, + 1e-4",
+}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -674,7 +690,7 @@ def worker(rank, world_size, cfg):
     R = Rank(rank, world_size, cfg)
     data = {"date": cfg["date"], "command": cfg["command"], "setup": {k: cfg[k] for k in (
         "B", "heads", "d", "check_n", "per_gpu", "total", "rounds", "warmup", "link_mib", "dtypes", "budget_s")},
-            "worlds": R.worlds, "phases": {}}
+            "worlds": R.worlds, "phases": {}, "definitions": DEFINITIONS}
     if rank == 0:
         data.update(_machine(R))
     timing_dtype, other = cfg["dtypes"][0], cfg["dtypes"][1:]
