@@ -53,7 +53,7 @@ from flashlab.ring import RankFailed, run_ranks  # noqa: E402
 
 SIZES = {  # per device: the defaults of the command-line options
     "cuda": dict(B=1, heads=16, d=64, check_n=4096, per_gpu=8192, total=32768, rounds=7, warmup=2,
-                 link_mib=64.0, dtypes=["bfloat16", "float16"], budget_s=420.0),
+                 link_mib=64.0, dtypes=["bfloat16", "float16"], budget_s=390.0),
     "cpu": dict(B=1, heads=2, d=16, check_n=64, per_gpu=64, total=128, rounds=2, warmup=1, link_mib=0.0625,
                 dtypes=["float32", "float16"], budget_s=600.0),
 }
@@ -848,7 +848,7 @@ def main(argv=None):
     p.add_argument("--link-mib", type=float, default=None, help="MiB per rank in the all-gather and pair tests")
     p.add_argument("--dtypes", nargs="+", default=None, help="the first is timed; the others are only checked")
     p.add_argument("--budget-s", type=float, default=None, help="seconds for the whole run; phases that would "
-                   "not fit are skipped (default 420 on a GPU)")
+                   "not fit are skipped (default 390 on a GPU)")
     a = p.parse_args(argv)
     cfg = dict(SIZES[a.device])
     for k, v in vars(a).items():
