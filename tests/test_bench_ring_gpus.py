@@ -33,3 +33,11 @@ def test_cpu_mode_end_to_end(tmp_path):
     assert {x["W"] for x in data["links"]["p2p_ring"]} == {2}
     assert data["context_parallel"]["errors"]  # no SDPA sharding rule on CPU: recorded, not raised
     assert "| series |" in run.stdout and "correctness: 8 of 8 cases pass" in run.stdout
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from flashlab.viz import ring as rviz
+
+    fig = rviz.plot_gpu_measurement(rviz.load_gpu_measurement(out))  # lesson 17's figure reads this layout
+    assert len(fig.axes) == 3 and data["date"] in fig._suptitle.get_text()
+    matplotlib.pyplot.close(fig)
