@@ -116,7 +116,9 @@ print(f"ring over 4 simulated ranks vs float64 attention: o {flashlab.relative_e
 # `flashlab.ring.ring_attention(q, k, v, causal=..., layout=...)` is the same algorithm on real processes.
 # Every rank calls it with its own shards (`flashlab.ring.shard`); at each step it posts the transfer of the
 # next shard (`torch.distributed.isend` to rank r + 1, `irecv` from rank r − 1) *before* computing on the
-# current one, so the two overlap, then waits for the transfer. Its local blocks run on flashlab's FA2: the
+# current one, so the two overlap, then waits for the transfer. The send and the receive start together, as
+# one batch (`batch_isend_irecv`): NCCL may hold a lone send until its receive is posted, and a ring in which
+# every rank sends first would then wait forever. Its local blocks run on flashlab's FA2: the
 # NumPy code for CPU tensors, the Numba kernels for CUDA tensors, both returning (o, lse).
 #
 # The backward runs the same ring. Each rank keeps its q, o, lse and dO; K and V travel as before, and with
