@@ -1,5 +1,7 @@
 """Lesson 17's figures and explorer (flashlab.viz.ring): what they draw is checked against flashlab.ring's
 layouts and model; the explorer is driven as a live kernel would, and its static fallback is drawn too."""
+import json
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -75,3 +77,47 @@ def test_cpu_measurement_and_scale_figures():
     assert len(dots) == len(rviz.LINKS)
     fig = rviz.plot_score_owners(16, 4, "zigzag")
     assert fig.axes[0].images
+
+
+# -- a multi-GPU run (benchmarks/timing/bench_ring_gpus.py): drawn from a made-up file in a temporary folder ---
+@pytest.fixture
+def gpu_run(tmp_path):
+    """A small result file in bench_ring_gpus.py's layout, with invented numbers (not a measurement)."""
+    rows = []
+    for series in ("total", "per_gpu"):
+        for layout in ("zigzag", "contiguous"):
+            for w in (1, 2, 4):
+                n = 4096 if series == "total" else 1024 * w
+                compute = [1.0 + (r if layout == "contiguous" else 0.1 * r) for r in range(w)]
+                rows.append(dict(series=series, layout=layout, causal=True, W=w, N=n, tokens_per_rank=n // w,
+                                 step_ms=2.0 / w + 0.1, model_step_ms=2.0 / w, model_step_ms_datasheet=1.0 / w,
+                                 efficiency_forward=1.0 - 0.1 * (w - 1), efficiency_forward_backward=0.9 - 0.1 * w,
+                                 compute_ms_per_rank=compute, wait_ms_per_rank=[0.1] * w, wait_fraction=0.05,
+                                 balance_compute=(max(compute) - min(compute)) / np.mean(compute)))
+    data = dict(date="2000-01-01 00:00 UTC", gpu="Made-up GPU", world_size=4, worlds=[1, 2, 4],
+                setup=dict(B=1, heads=8, d=64, dtypes=["bfloat16"]), scaling=rows)
+    path = tmp_path / "ring_gpus.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_gpu_measurement_absent_is_none(tmp_path):
+    assert rviz.load_gpu_measurement(tmp_path / "missing.json") is None
+
+
+def test_gpu_measurement_figure(gpu_run):
+    data = rviz.load_gpu_measurement(gpu_run)
+    fig = rviz.plot_gpu_measurement(data)
+    assert "Made-up GPU" in fig._suptitle.get_text() and "2000-01-01" in fig._suptitle.get_text()
+    steps, eff, ranks = fig.axes
+    measured = {line.get_label(): line for line in steps.get_lines() if line.get_label().startswith("measured")}
+    total = measured["measured, N = 4,096"]
+    assert list(total.get_xdata()) == [1, 2, 4] and np.allclose(total.get_ydata(), [2.1, 1.1, 0.6])
+    model_lines = [line for line in steps.get_lines() if line.get_label() == "model, this run's rates"]
+    assert len(model_lines) == 2 and np.allclose(model_lines[0].get_ydata(), [2.0, 1.0, 0.5])
+    forward = [line for line in eff.get_lines() if line.get_label() == "fixed total N: forward"][0]
+    assert np.allclose(forward.get_ydata(), [1.0, 0.9, 0.7])
+    heights = [p.get_height() for p in ranks.patches]
+    assert len(heights) == 2 * 2 * 4  # zigzag and contiguous, compute and wait, 4 ranks
+    assert np.allclose(heights[0:8:2], [1.0, 1.1, 1.2, 1.3]) and np.allclose(heights[8::2], [1, 2, 3, 4])
+    assert any("spread" in t.get_text() for t in ranks.get_legend().get_texts())

@@ -116,7 +116,9 @@ print(f"ring over 4 simulated ranks vs float64 attention: o {flashlab.relative_e
 # `flashlab.ring.ring_attention(q, k, v, causal=..., layout=...)` is the same algorithm on real processes.
 # Every rank calls it with its own shards (`flashlab.ring.shard`); at each step it posts the transfer of the
 # next shard (`torch.distributed.isend` to rank r + 1, `irecv` from rank r − 1) *before* computing on the
-# current one, so the two overlap, then waits for the transfer. Its local blocks run on flashlab's FA2: the
+# current one, so the two overlap, then waits for the transfer. The send and the receive start together, as
+# one batch (`batch_isend_irecv`): NCCL may hold a lone send until its receive is posted, and a ring in which
+# every rank sends first would then wait forever. Its local blocks run on flashlab's FA2: the
 # NumPy code for CPU tensors, the Numba kernels for CUDA tensors, both returning (o, lse).
 #
 # The backward runs the same ring. Each rank keeps its q, o, lse and dO; K and V travel as before, and with
@@ -242,8 +244,47 @@ for row in data["rows"]:
 # the W ranks and, that day, by other jobs (the load average is in the title), so a rank waits for a core
 # (light blue), and a rank whose neighbour ran late waits for its shard (orange). The transfers themselves are
 # copies between processes through the operating system, not an NVLink. With a device per rank, the compute
-# is what would remain. On several GPUs the same code runs with NCCL; that measurement needs a machine with
-# more than one GPU and is not part of this lesson.
+# is what would remain. On several GPUs the same code runs with NCCL, next.
+#
+# ### On several GPUs
+#
+# `benchmarks/timing/bench_ring_gpus.py` runs the same `ring_attention` on the GPUs of one machine, one process
+# per GPU joined by NCCL, for W = 1, 2, 4; each rank's blocks run flashlab's GPU kernels. It first checks the
+# gathered output and gradients against float64 attention and against flashlab on one GPU, and measures the
+# links (an all-gather, and the ring's own exchange of K/V shards). Then it times the ring at a fixed number of
+# tokens per GPU and at a fixed total length, with CUDA events around every step, so that each step splits
+# into compute and waiting for the next shard. The left panel puts the step times on section 3's model twice:
+# with the rates the same run measured (one GPU's FLOP/s at the rank's length, the exchange's GB/s) and with
+# the datasheet numbers of the explorer. The numbers, with the GPUs' name and the date, are in
+# `ring_gpus.json` beside `ring_cpu.json` in the package's data folder, once such a run is recorded.
+
+# %%
+gpus = ring_viz.load_gpu_measurement()
+if gpus is None:
+    print(f"No multi-GPU run is recorded yet ({ring_viz.GPU_DATA.name} is absent).")
+else:
+    ring_viz.plot_gpu_measurement(gpus)
+    plt.show()
+    print("measured on", ring_viz.gpu_label(gpus))
+    checks = [r for key, rows in gpus.items() if key.startswith("correctness_") for r in rows]
+    print(f"correctness: {sum(r['pass'] for r in checks)} of {len(checks)} cases within twice the one-GPU error")
+    for series in ("per_gpu", "total"):
+        for row in ring_viz.gpu_rows(gpus, series):
+            print(f"{row['tokens_per_rank']:6d} tokens per GPU, N = {row['N']:6d}, W = {row['W']}: step "
+                  f"{row['step_ms']:.3f} ms (model {row.get('model_step_ms', float('nan')):.3f} ms), efficiency "
+                  f"{row.get('efficiency_forward', float('nan')):.2f} forward, "
+                  f"{row.get('efficiency_forward_backward', float('nan')):.2f} with the backward, waiting "
+                  f"{100 * row['wait_fraction']:.0f}% of the forward")
+
+# %% [markdown]
+# What to look for. Where the measured points sit on the solid line, the model accounts for the ring: the
+# compute of each step, and whatever of the transfer does not hide under it. Where they sit above it, the
+# difference is what the model leaves out, such as the host's time to launch a step's kernels and merges,
+# which does not shrink as the blocks do. At a fixed total N, each rank's block shrinks as W grows, and with
+# it the share of the GPU a block can keep busy: the efficiency tells how much of W times one GPU's speed the
+# ring keeps. At a fixed N per GPU the blocks keep their size and the efficiency should hold. On the right,
+# the causal mask at work: with the contiguous layout the ranks' compute differs (the first rank skips most
+# blocks), with zigzag it should be about even; the spread in the legend is (max − min) / mean over ranks.
 #
 # ## 6. At the scale of a cluster (a model)
 #
@@ -263,8 +304,8 @@ for n_total in (2**20, 2**23):
               f"(memory allows {row['max_tokens']:7,.0f}), step {row['step_s'] * 1e3:8.3f} ms, {row['bound']}-bound")
 
 # %% [markdown]
-# Three things the model says, as a model (no measurement behind it; the next step is to measure it on real
-# GPUs):
+# Three things the model says, as a model (no cluster-scale measurement behind it; the GPU run of section 5
+# covers one machine):
 #
 # - **The largest N per GPU** is set by memory, not by the ring: with activations recomputed, between about
 #   170 and 200 thousand tokens fit on an 80 GB GPU for this model shape (the black line: more as more GPUs

@@ -40,6 +40,13 @@ from .layout import check_layout, check_length, rank_chunks, visible_chunks
 #: work itself, the wall-clock seconds also the turns the process waited for a core.
 TRACE = None
 
+#: Set to a list to record, for CUDA tensors, every step of this process as (direction, step, start, computed,
+#: received): torch.cuda.Event's recorded on the current stream when the step starts, when its local compute has
+#: been queued and after the wait for the transfers (benchmarks/timing/bench_ring_gpus.py reads
+#: start.elapsed_time(computed) as compute and computed.elapsed_time(received) as the stream's wait). direction
+#: is "forward" or "backward".
+EVENTS = None
+
 _LAYOUT_CODE = {"contiguous": 0, "zigzag": 1}
 _DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
@@ -127,17 +134,34 @@ class _Ring:
         the tensors being sent alive until then."""
         received = [torch.empty_like(t) for t in tensors]
         sent = [t.contiguous() for t in tensors]
-        works = []
+        ops = []
         for i, (out, into) in enumerate(zip(sent, received)):
-            works.append(dist.isend(out, self.next, group=self.group, tag=tag + i))
-            works.append(dist.irecv(into, self.prev, group=self.group, tag=tag + i))
-        return received, (works, sent)
+            ops.append(dist.P2POp(dist.isend, out, self.next, self.group, tag + i))
+            ops.append(dist.P2POp(dist.irecv, into, self.prev, self.group, tag + i))
+        # One batch: NCCL may hold a lone send until its receive is posted, so W ranks that each send first
+        # would wait on each other; batched sends and receives start together (gloo takes them one by one).
+        return received, (dist.batch_isend_irecv(ops), sent)
 
 
 def _wait(requests):
     works, _sent = requests
     for work in works:
         work.wait()
+
+
+def _mark(x, marks=None, done=None):
+    """EVENTS' bookkeeping (nothing unless EVENTS is a list and x is on a GPU): _mark(x) starts a step's events,
+    _mark(x, marks) records the next one, _mark(x, marks, (direction, step)) the last and stores the step."""
+    if EVENTS is None or not x.is_cuda:
+        return None
+    if marks is None:
+        marks = []
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    marks.append(event)
+    if done is not None:
+        EVENTS.append((*done, *marks))
+    return marks
 
 
 def _acc_dtype(dtype):
@@ -153,6 +177,7 @@ def _ring_forward(q, k, v, causal, scale, ring, layout):
     kv = (k, v)
     for t in range(w):
         t0, c0 = time.perf_counter(), time.process_time()
+        marks = _mark(q)
         pending = ring.rotate(kv, tag=0) if t < w - 1 else None  # the next shard travels while we compute
         for q_chunks, k_chunks, masked in block_plan(r, (r - t) % w, w, layout, causal):
             q_b = _rows(q, q_chunks, size)
@@ -163,9 +188,11 @@ def _ring_forward(q, k, v, causal, scale, ring, layout):
             _put(o, q_chunks, size, o_new)
             _put(lse.unsqueeze(-1), q_chunks, size, lse_new.unsqueeze(-1))
         t1, c1 = time.perf_counter(), time.process_time()
+        _mark(q, marks)
         if pending is not None:
             kv, requests = pending
             _wait(requests)
+        _mark(q, marks, ("forward", t))
         if TRACE is not None:
             TRACE.append((t, t1 - t0, time.perf_counter() - t1, c1 - c0))
     return o.to(q.dtype), lse
@@ -181,6 +208,7 @@ def _ring_backward(q, k, v, o, lse, do, causal, scale, ring, layout):
     dkv = None  # the dK, dV buffer of the shard we hold, as it arrives
     dkv_pending = None
     for t in range(w):
+        marks = _mark(q)
         kv_pending = ring.rotate(kv, tag=0) if t < w - 1 else None
         dk = torch.zeros(k.shape, dtype=acc, device=k.device)
         dv = torch.zeros(v.shape, dtype=acc, device=v.device)
@@ -192,18 +220,23 @@ def _ring_backward(q, k, v, o, lse, do, causal, scale, ring, layout):
             _put(dq, q_chunks, size, dq_b.to(acc), add=True)
             _put(dk, k_chunks, size, dk_b.to(acc), add=True)
             _put(dv, k_chunks, size, dv_b.to(acc), add=True)
+        _mark(q, marks)
         if dkv_pending is not None:  # what the ranks before us added to this shard's gradient
             dkv, requests = dkv_pending
             _wait(requests)
             dk, dv = dk + dkv[0], dv + dkv[1]
         if w == 1:  # one rank: the gradient of its own shard is complete
+            _mark(q, marks, ("backward", t))
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
         dkv_pending = ring.rotate((dk, dv), tag=2)  # on to the next rank; after the last step: home
         if kv_pending is not None:
             kv, requests = kv_pending
             _wait(requests)
+        if t < w - 1:
+            _mark(q, marks, ("backward", t))
     dkv, requests = dkv_pending
     _wait(requests)
+    _mark(q, marks, ("backward", w - 1))
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 

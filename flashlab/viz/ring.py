@@ -1,6 +1,6 @@
 """Lesson 17's figures: the ring step by step, the causal work per rank, compute against transfer, the
-timeline explorer, the CPU measurement and the model at scale. The numbers come from flashlab.ring (layout,
-model) and flashlab/data/ring_cpu.json; this module only draws."""
+timeline explorer, the CPU and GPU measurements and the model at scale. The numbers come from flashlab.ring
+(layout, model), flashlab/data/ring_cpu.json and flashlab/data/ring_gpus.json; this module only draws."""
 from __future__ import annotations
 
 import json
@@ -17,6 +17,7 @@ from ..ring.layout import causal_work, num_chunks, shard_indices
 from ._base import explore, own_axes, subplots, text_color_on
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "ring_cpu.json"
+GPU_DATA = Path(__file__).resolve().parent.parent / "data" / "ring_gpus.json"  # bench_ring_gpus.py writes it
 
 
 def _rank_colors(world_size):
@@ -236,6 +237,109 @@ def plot_cpu_measurement(data=None, axes=None):
     fig.suptitle(f"{data['machine']}; {data['date']}", fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def load_gpu_measurement(path=None):
+    """The result of benchmarks/timing/bench_ring_gpus.py (a dict), or None where no run is recorded."""
+    path = Path(path or GPU_DATA)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def gpu_rows(data, series, layout="zigzag", causal=True):
+    """The scaling rows of a multi-GPU run for one series ("total": a fixed total N; "per_gpu": a fixed N per
+    GPU), layout and mask, by W."""
+    return sorted((r for r in data.get("scaling") or [] if r["series"] == series and r["layout"] == layout
+                   and r["causal"] == causal), key=lambda r: r["W"])
+
+
+def gpu_label(data) -> str:
+    """"4 x NVIDIA H200, 2026-11-28 19:30 UTC: B 1, H 16, d 64, bfloat16": the run a figure shows."""
+    setup, dtypes = data.get("setup", {}), data.get("setup", {}).get("dtypes") or ["?"]
+    return (f"{data.get('world_size')} x {data.get('gpu')}, {data.get('date')}: B {setup.get('B')}, "
+            f"H {setup.get('heads')}, d {setup.get('d')}, {dtypes[0]}")
+
+
+def plot_gpu_measurement(data=None, axes=None):
+    """Three panels of a multi-GPU run (causal; a fixed number of tokens per GPU and a fixed total N).
+    Left: the ring's time per step against W, measured (markers) and as lesson 17's model predicts it from the
+    run's own rates (one GPU's FLOP/s, the ring exchange's GB/s: solid) and from the datasheet numbers
+    (H100 attention rate, NVLink 4: dotted). Middle: efficiency, one GPU's time on the whole sequence over W
+    times the ring's, forward and forward+backward. Right: at the largest W and the fixed total N, each rank's
+    compute and its wait for shards over the forward's steps, zigzag beside contiguous."""
+    data = data or load_gpu_measurement()
+    if data is None:
+        raise FileNotFoundError(f"no multi-GPU run is recorded: {GPU_DATA} is absent (write it with "
+                                "benchmarks/timing/bench_ring_gpus.py on a machine with several GPUs)")
+    if axes is None:
+        fig, axes = subplots(1, 3, width=13, height=3.8)
+    fig = axes[0].figure
+    series = (("total", "fixed total N", "#1f77b4"), ("per_gpu", "fixed N per GPU", "#d62728"))
+    ax = axes[0]
+    for name, label, color in series:
+        rows = gpu_rows(data, name)
+        if not rows:
+            continue
+        ws = [r["W"] for r in rows]
+        n = rows[-1]["N"] if name == "total" else rows[0]["tokens_per_rank"]
+        what = f"N = {n:,}" if name == "total" else f"{n:,} per GPU"
+        ax.plot(ws, [r["step_ms"] for r in rows], "o", color=color, ms=7, label=f"measured, {what}")
+        model_ws = [r["W"] for r in rows if r.get("model_step_ms")]
+        ax.plot(model_ws, [r["model_step_ms"] for r in rows if r.get("model_step_ms")], "-", color=color,
+                label="model, this run's rates")
+        ax.plot(ws, [r["model_step_ms_datasheet"] for r in rows], ":", color=color,
+                label="model, datasheet rates")
+    timed = bool(data.get("scaling"))  # a run stopped before its timings draws empty panels
+    if timed:
+        ax.set(xscale="log", yscale="log")
+    ax.set(xlabel="GPUs (W)", ylabel="ms per ring step (forward)", title="time per ring step, causal zigzag")
+    _gpu_ticks(ax, data)
+    ax.legend(fontsize=6)
+    ax.grid(True, alpha=0.3)
+    ax = axes[1]
+    for name, label, color in series:
+        rows = [r for r in gpu_rows(data, name) if "efficiency_forward" in r]
+        ws = [r["W"] for r in rows]
+        ax.plot(ws, [r["efficiency_forward"] for r in rows], "o-", color=color, label=f"{label}: forward")
+        ax.plot(ws, [r["efficiency_forward_backward"] for r in rows], "s--", color=color, mfc="none",
+                label=f"{label}: forward + backward")
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    if timed:
+        ax.set(xscale="log")
+    ax.set(xlabel="GPUs (W)", ylabel="one GPU's time / (W x ring's time)", ylim=(0, 1.2),
+           title="efficiency, causal zigzag")
+    _gpu_ticks(ax, data)
+    ax.legend(fontsize=6, loc="lower left")
+    ax.grid(True, alpha=0.3)
+    ax = axes[2]
+    x, ticks, labels = 0.0, [], []
+    for layout, color in (("zigzag", "#1f77b4"), ("contiguous", "#9467bd")):
+        rows = gpu_rows(data, "total", layout)
+        if not rows:
+            continue
+        r = rows[-1]
+        spread = f"compute (spread {r['balance_compute']:.2f})"
+        for rank, (c, w) in enumerate(zip(r["compute_ms_per_rank"], r["wait_ms_per_rank"])):
+            ax.bar(x, c, color=color, label=f"{layout}: {spread}" if rank == 0 else None)
+            ax.bar(x, w, bottom=c, color=color, alpha=0.35,
+                   label=f"{layout}: waiting for shards" if rank == 0 else None)
+            ticks.append(x)
+            labels.append(f"r{rank}")
+            x += 1
+        x += 0.7
+    ax.set_xticks(ticks, labels, fontsize=7)
+    last = gpu_rows(data, "total")
+    title = f"W = {last[-1]['W']}, N = {last[-1]['N']:,}: each rank's forward" if last else "each rank's forward"
+    ax.set(ylabel="ms", title=title)
+    ax.legend(fontsize=6)
+    fig.suptitle(gpu_label(data), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _gpu_ticks(ax, data):
+    worlds = data.get("worlds") or [1]
+    ax.set_xticks(worlds, [str(w) for w in worlds])
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def plot_at_scale(lengths=(2**20, 2**23), gpus=(8, 16, 32, 64, 128, 256, 512, 1024), causal=True, axes=None):
