@@ -513,7 +513,7 @@ def test_gpu_direct_launch_matches_cuda_core_launch(monkeypatch, variant, dtype)
         prepared._CALLS.clear()
         call = [flash_attention(q, k, v, causal=True, variant=variant, splits=2) for _ in range(2)][1]
         assert all((kern.direct is not None) == (direct == "1")
-                   for kern in next(iter(prepared._CALLS.values())).kernels)
+                   for kern, _ in next(iter(prepared._CALLS.values())).launches.kernels)
         runs.append(call)
     for a, b in zip(*runs):
         assert torch.equal(a, b)

@@ -18,9 +18,7 @@ The argument list is the one numba-cuda builds (`_Kernel._prepare_args`): per ar
 size, itemsize, pointer, shape..., strides in bytes...), int64 as ctypes.c_int64, float32 as ctypes.c_float;
 tests/test_plan.py checks the two agree. Launches go to torch's current stream. This path needs numba-cuda's
 `_Kernel` internals (checked once: `available()`), and launches with cuLaunchKernel on a kernelParams array
-built once (`_DirectLaunch`; FLASHLAB_DIRECT_LAUNCH=0 goes through cuda.core's launch instead, where numba-cuda
-has one). The direct launch needs only cuda.bindings, so it also runs on numba-cuda releases without cuda.core's
-launch, such as Colab's 0.22. It is on by
+built once (`_DirectLaunch`; FLASHLAB_DIRECT_LAUNCH=0 goes through cuda.core's launch instead). It is on by
 default since it was measured on a GPU (benchmarks/results/host.csv); FLASHLAB_FAST_LAUNCH=0 sends every call
 the general way.
 """
@@ -51,16 +49,15 @@ def available() -> bool:
 
 @lru_cache(maxsize=1)
 def _supported() -> bool:
-    """numba-cuda's `_Kernel` (its argument layout), and a way to launch: cuLaunchKernel through cuda.bindings
-    (_DirectLaunch), or cuda.core's launch (Colab's numba-cuda 0.22 has no cuda.core launch)."""
+    """numba-cuda's `_Kernel` (its argument layout) and cuda.core's launch, the fallback of _DirectLaunch. Colab's
+    numba-cuda 0.22 has `_Kernel` but no cuda.core launch: the direct launch alone would serve there (PreparedKernel
+    needs nothing else), but it has not run on a GPU with that release, so it stays off until it has."""
     if not has_gpu():
         return False
     try:
         from numba.cuda import dispatcher as nd
 
-        if not hasattr(nd, "_Kernel"):
-            return False
-        return _direct_launch_on() or _core_launch(nd)
+        return hasattr(nd, "_Kernel") and _core_launch(nd)
     except Exception:
         return False
 
@@ -355,7 +352,8 @@ class PreparedLaunches:
             args = [spec_view(specs[a if isinstance(a, str) else a.name], a) if isinstance(a, (str, Arg)) else a
                     for a in launch.args]
             self.kernels.append((PreparedKernel(launch.kernel, launch.grid, launch.block, args, launch.shared),
-                                 launch.arrays))
+                                 tuple(launch.arrays)))
+        self.torch_temporaries = None  # (name, shape, torch dtype), on the first call (torch is imported by then)
 
     @classmethod
     def of(cls, described, specs: dict, device):
@@ -372,13 +370,16 @@ class PreparedLaunches:
     def __call__(self, stream: int, pointers: dict, device, seed=None):
         """Launch every kernel on the stream; pointers: name -> data pointer of the caller's arrays (the host
         arrays' are known)."""
-        pointers = dict(self.pointers, **pointers)
+        pointers.update(self.pointers)  # the caller's dict, made for this call
         if self.temporaries:
             import torch  # optional: only torch tensors come here
 
-            kept = {name: torch.empty(shape, dtype=_TORCH[np.dtype(dtype)], device=device)
-                    for name, (shape, dtype) in self.temporaries.items()}
-            pointers = dict(pointers, **{name: t.data_ptr() for name, t in kept.items()})
+            if self.torch_temporaries is None:
+                self.torch_temporaries = [(name, shape, _TORCH[np.dtype(dtype)])
+                                          for name, (shape, dtype) in self.temporaries.items()]
+            # torch's caching allocator keeps a freed block from reuse until this stream's work before it is done
+            for name, shape, dtype in self.torch_temporaries:
+                pointers[name] = torch.empty(shape, dtype=dtype, device=device).data_ptr()
         for i, (kernel, names) in enumerate(self.kernels):
             kernel.launch(stream, [pointers[n] for n in names], seed if i == self.seeded else None)
 
