@@ -377,7 +377,8 @@ class PreparedLaunches:
             if self.torch_temporaries is None:
                 self.torch_temporaries = [(name, shape, _TORCH[np.dtype(dtype)])
                                           for name, (shape, dtype) in self.temporaries.items()]
-            # torch's caching allocator keeps a freed block from reuse until this stream's work before it is done
+            # freed at return, a block goes back to torch's cache for later work on this stream, which runs after
+            # these kernels
             for name, shape, dtype in self.torch_temporaries:
                 pointers[name] = torch.empty(shape, dtype=dtype, device=device).data_ptr()
         for i, (kernel, names) in enumerate(self.kernels):
