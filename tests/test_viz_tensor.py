@@ -321,6 +321,49 @@ def test_the_ceiling_script_measures_random_and_constant_operands():
     assert script.DEFAULT_OUT == T.MMA_CSV and set(script.INSTRUCTIONS) | {script.THREE_TF32} >= set(T.CEILING_OF.values())
 
 
+def test_the_ceiling_script_writes_a_file_the_lessons_read(tmp_path, monkeypatch):
+    """mma_ceiling.py with the GPU replaced by fakes: one row per (instruction, operands), the medians of the
+    rounds, the GPU and the date; load_mma_ceiling reads it back for either kind of operands."""
+    import importlib.util
+    import types
+
+    import flashlab.device
+
+    spec = importlib.util.spec_from_file_location("mma_ceiling_run", ROOT / "benchmarks" / "timing" / "mma_ceiling.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args: None
+
+    fake_cuda = types.SimpleNamespace(device_array=lambda *a, **k: None, to_device=lambda x: x,
+                                      synchronize=lambda: None,
+                                      get_current_device=lambda: types.SimpleNamespace(id=0, uuid="GPU-fake"))
+    monkeypatch.setattr(flashlab.device, "has_gpu", lambda: True)
+    monkeypatch.setattr(flashlab.device, "get_cuda", lambda: fake_cuda)
+    monkeypatch.setattr(flashlab.device, "device_limits", lambda: {"sms": 2, "name": "Fake GPU"})
+    monkeypatch.setattr(script, "kernels", lambda: {name: Kernel() for name in script.INSTRUCTIONS})
+    monkeypatch.setattr(script, "Sampler", lambda uuid: types.SimpleNamespace(window=lambda t0, t1: ("", ""),
+                                                                              stop=lambda: None))
+    rates = {"random": 400.0, "constant": 500.0}
+    calls = []
+
+    def fake_measure(kern, ops, out, blocks, threads, k, seconds, sync):
+        kind = "constant" if np.unique(ops).size <= 2 else "random"
+        calls.append(kind)
+        return rates[kind] + len(calls) % 2, (0.0, 1.0)
+
+    monkeypatch.setattr(script, "measure", fake_measure)
+    out = tmp_path / "ceiling.csv"
+    assert script.main(["--out", str(out), "--rounds", "2"]) == 0
+    assert len(calls) == 2 * 2 * len(script.INSTRUCTIONS)  # both kinds, every instruction, every round
+    random, constant = T.load_mma_ceiling(out), T.load_mma_ceiling(out, operands=T.CONSTANT_OPERANDS)
+    assert random["operands"] == "random" and random["gpu"] == "Fake GPU" and random["date"]
+    assert 400 <= random["fp16 m16n8k16"] <= 401 and 500 <= constant["fp16 m16n8k16"] <= 501
+    assert random[script.THREE_TF32] == pytest.approx(random["tf32 m16n8k8"] / 3, abs=0.1)
+
+
 def test_instruction_mix_groups_every_opcode_and_draws_the_committed_counts(tmp_path):
     import json
 

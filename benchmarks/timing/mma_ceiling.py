@@ -113,15 +113,15 @@ def kernels():
 
 
 class Sampler:
-    """nvidia-smi's SM clock (MHz) and board power (W), sampled every 50 ms in a background thread;
-    window(t0, t1) gives the medians of the samples taken between two time.time() values."""
+    """nvidia-smi's SM clock (MHz) and board power (W) of one GPU, sampled every 50 ms in a background thread;
+    window(t0, t1) gives the medians of the samples taken between two time.time() values. uuid: the GPU's
+    ("GPU-..."); None keeps every GPU's samples, right where only one is visible."""
 
-    def __init__(self, index):
-        self.samples, self.proc = [], None
+    def __init__(self, uuid=None):
+        self.samples, self.proc, self.uuid = [], None, (uuid or "").lower() or None
         if shutil.which("nvidia-smi") is None:
             return
-        cmd = ["nvidia-smi", "-i", str(index), "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-               "-lms", "50"]
+        cmd = ["nvidia-smi", "--query-gpu=uuid,clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"]
         try:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:
@@ -131,10 +131,11 @@ class Sampler:
     def _read(self):
         for line in self.proc.stdout:
             try:
-                clock, power = (float(x) for x in line.split(","))
+                uuid, clock, power = (x.strip() for x in line.split(","))
+                if self.uuid is None or uuid.lower() == self.uuid:
+                    self.samples.append((time.time(), float(clock), float(power)))
             except ValueError:
                 continue
-            self.samples.append((time.time(), clock, power))
 
     def window(self, t0, t1):
         inside = [(c, p) for t, c, p in self.samples if t0 <= t <= t1]
@@ -187,7 +188,7 @@ def main(argv=None):
     data = {(name, kind): cuda.to_device(operands(fmt, kind, rng))
             for name, (_, _, fmt) in INSTRUCTIONS.items() for kind in kinds}
     dev = cuda.get_current_device()
-    sampler = Sampler(getattr(dev, "uuid", None) or dev.id)  # nvidia-smi -i takes the UUID ("GPU-...")
+    sampler = Sampler(getattr(dev, "uuid", None))
     results, kerns = {}, kernels()
     try:
         for name, kern in kerns.items():  # compile (and warm up) every kernel first
