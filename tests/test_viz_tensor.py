@@ -214,6 +214,23 @@ def test_format_errors_show_what_the_lesson_says():
     assert all(np.isfinite(scale[f]).all() for f in ("tf32", "bf16", "3xtf32"))
     axes = T.plot_format_errors(e).axes
     assert len(axes[0].get_lines()) == len(T.FORMATS)
+    # a truncating tensor-core sum over all of K falls behind fp32 as K grows; restarting it every 64 columns and
+    # adding the pieces in fp32 keeps fp32's level
+    e = T.format_errors(sizes=(64, 2048), scales=(1.0,), trials=1)["size"]
+    assert e["3xtf32 tc"][1] > 3 * e["3xtf32 tc"][0] and e["3xtf32 tc"][1] > 3 * e["fp32"][1]
+    assert e["3xtf32 tc, fp32 adds"][1] < 2 * e["fp32"][1]
+
+
+def test_the_tensor_core_sum_truncates_without_guard_bits():
+    """_tc_add (Fasi et al. 2021): terms aligned to the largest and cut toward zero at fp32's 24 bits."""
+    big, small = 1.0, 2.0 ** -24 * 1.5  # small falls below the last bit of big's 24-bit significand, partly
+    got = T._tc_add(np.zeros((1, 1)), np.array([big, small]).reshape(1, 2, 1))
+    assert got[0, 0] == 1.0  # round to nearest would give 1 + 2**-23
+    assert np.float32(big + small) == np.float32(1.0 + 2.0 ** -23)
+    neg = T._tc_add(np.zeros((1, 1)), np.array([-big, -small]).reshape(1, 2, 1))
+    assert neg[0, 0] == -1.0  # toward zero on both sides
+    exact = T._tc_add(np.zeros((1, 1)), np.array([0.75, 0.125]).reshape(1, 2, 1))
+    assert exact[0, 0] == 0.875
 
 
 def test_the_lesson_prints_the_float16_path_step_by_step():

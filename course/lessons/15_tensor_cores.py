@@ -330,7 +330,8 @@ plt.show()
 #
 # The figure measures all of this in NumPy, with `flashlab.fragments`' rounding: C = A B computed the way a
 # chain of `mma` does (exact products, each k-step added to an fp32 accumulator) from inputs rounded to each
-# format, against float64. Left, growing inner dimension; right, entries scaled from tiny to huge.
+# format, against float64, and for 3xTF32 also with the tensor core's own way of adding, explained below.
+# Left, growing inner dimension; right, entries scaled from tiny to huge.
 
 # %%
 errors = tviz.format_errors(sizes=flashlab.size((16, 64, 256, 1024, 4096), (16, 256, 1024)),
@@ -338,21 +339,23 @@ errors = tviz.format_errors(sizes=flashlab.size((16, 64, 256, 1024, 4096), (16, 
 tviz.plot_format_errors(errors)
 plt.show()
 for fmt in tviz.FORMATS:
-    print(f"{fmt:7s} error at K = {errors['sizes'][-1]}: {errors['size'][fmt][-1]:.1e}")
+    print(f"{fmt:20s} error at K = {errors['sizes'][-1]}: {errors['size'][fmt][-1]:.1e}")
 
 # %% [markdown]
 # Read it: tf32 and float16 lie on top of each other (same 11 significand bits); bfloat16, with 3 bits fewer,
 # is about 2³ = 8 times worse. On the right, float16 loses tiny entries (they fall below its smallest normal
 # number) and overflows on huge ones, while tf32 and bfloat16 have float32's range.
 #
-# In this model 3xTF32 lands next to fp32 arithmetic, because the model adds every k-step to its accumulator
+# The green 3xTF32 line lands next to fp32 arithmetic, because that model adds every k-step to its accumulator
 # the way an fp32 add does, rounding to nearest. A tensor core does not. Fasi, Higham, Mikaitis and Pranesh
 # ("Numerical behavior of NVIDIA tensor cores", PeerJ Computer Science, 2021) probed the GPUs they had: the
 # products are exact, but the sum of the products and C is formed by aligning every term to the largest one
 # and **truncating** the bits that fall off, with no guard bits, and the result is truncated again to fp32.
 # A truncation always errs the same way, so over a long chain of `mma` its errors add up instead of
 # cancelling, and what it cuts first is the low bits of 3xTF32's correction terms, the very part that buys
-# back fp32 accuracy. Hence the rule: **keep long sums out of the tensor core's accumulator.** Ootomo and Yokota (2022)
+# back fp32 accuracy. The two other 3xTF32 lines follow that model (`tviz.tensor_product`): summed over all of
+# K inside the tensor core, the error grows with K and leaves fp32 behind; summed 64 columns at a time and
+# added in fp32, it stays at fp32's level. Hence the rule: **keep long sums out of the tensor core's accumulator.** Ootomo and Yokota (2022)
 # run each `mma` block from zero and add its result to an fp32 accumulator with ordinary, round-to-nearest fp32
 # adds. This course's 3xTF32 kernel follows the same rule where the sums are long: S = QKᵀ accumulates its d/8
 # k-steps inside the tensor core (a short chain), but O = PV, a sum over all N keys, is summed from zero on the

@@ -344,11 +344,52 @@ def _kstep_product(A, B, k_step):
     return acc
 
 
+def _truncate(x, exponent, bits=24):
+    """x (float64) cut toward zero to a multiple of 2**(exponent - bits + 1): the bits below a `bits`-bit
+    significand whose leading bit has weight 2**exponent."""
+    q = np.ldexp(1.0, exponent - bits + 1)
+    return np.trunc(x / q) * q
+
+
+def _tc_add(acc, terms):
+    """acc + sum(terms) as a tensor core forms it (Fasi et al. 2021): the products are exact, every term is aligned
+    to the largest one and truncated to fp32's 24 bits there (no guard bits), the aligned terms are added, and
+    the sum is truncated to fp32. acc: (m, n); terms: (m, k, n), float64."""
+    allterms = np.concatenate([acc[:, None, :], terms], axis=1)
+    big = np.abs(allterms).max(axis=1)
+    with np.errstate(divide="ignore"):
+        emax = np.where(big > 0, np.floor(np.log2(np.where(big > 0, big, 1.0))), 0).astype(int)
+    total = _truncate(allterms, emax[:, None, :]).sum(axis=1)
+    with np.errstate(divide="ignore"):
+        e = np.where(total != 0, np.floor(np.log2(np.where(total != 0, np.abs(total), 1.0))), 0).astype(int)
+    return _truncate(total, e)
+
+
+def _tc_chain(A, Bs, k_step, restart=None):
+    """sum_i A_i @ B_i (pairs of float64 tf32 parts, k-steps of k_step) on a truncating tensor-core accumulator.
+    restart: every `restart` columns of k the chain starts from zero and its sum is added to an fp32 accumulator
+    with a round-to-nearest fp32 add (the kernel's way for long sums); None: one chain over all of k."""
+    n_k = A[0].shape[1]
+    out = np.zeros((A[0].shape[0], Bs[0].shape[1]), np.float32)
+    block = restart or n_k
+    for b0 in range(0, n_k, block):
+        acc = np.zeros(out.shape)
+        for k0 in range(b0, min(b0 + block, n_k), k_step):
+            s = slice(k0, min(k0 + k_step, b0 + block))
+            for a, b in zip(A, Bs):  # one mma per pair, in order, into the same accumulator
+                acc = _tc_add(acc, a[:, s, None] * b[None, s, :])
+        out = (out.astype(np.float64) + acc).astype(np.float32)
+    return out
+
+
 def tensor_product(A, B, fmt):
     """A @ B for float32 inputs as a tensor-core kernel computes it in format `fmt`:
     "fp16" / "bf16" (inputs rounded, mma.m16n8k16), "tf32" (rounded by cvt.rna, m16n8k8), "3xtf32" (big*big
     in one chain, big*small + small*big in another, added in fp32, as kernels/tensor.py), or "fp32" (plain
-    float32 arithmetic, NumPy)."""
+    float32 arithmetic, NumPy). These add each k-step to the accumulator as an fp32 add does (round to nearest).
+    Two more follow a tensor core's own truncating accumulation (Fasi et al. 2021; the small products issued
+    before the big one, in one accumulator): "3xtf32 tc" sums all of k in the tensor core; "3xtf32 tc, fp32
+    adds" sums 64 columns of k at a time in it, from zero, and adds each sum to an fp32 accumulator."""
     A, B = np.asarray(A, np.float32), np.asarray(B, np.float32)
     f64 = np.float64
     if fmt == "fp32":
@@ -358,8 +399,10 @@ def tensor_product(A, B, fmt):
         return _kstep_product(r(A).astype(f64), r(B).astype(f64), 16)
     if fmt == "tf32":
         return _kstep_product(F.round_tf32(A).astype(f64), F.round_tf32(B).astype(f64), 8)
-    if fmt == "3xtf32":
+    if fmt in ("3xtf32", "3xtf32 tc", "3xtf32 tc, fp32 adds"):
         (Ab, As), (Bb, Bs) = (tuple(x.astype(f64) for x in F.split_tf32(M)) for M in (A, B))
+        if fmt != "3xtf32":
+            return _tc_chain((As, Ab, Ab), (Bb, Bs, Bb), 8, restart=64 if fmt.endswith("adds") else None)
         big = _kstep_product(Ab, Bb, 8)
         acc = np.zeros_like(big)
         for k0 in range(0, A.shape[1], 8):  # the correction chain: two mma per k-step into one accumulator
@@ -367,11 +410,12 @@ def tensor_product(A, B, fmt):
             acc = (acc.astype(f64) + As[:, s] @ Bb[s]).astype(np.float32)
             acc = (acc.astype(f64) + Ab[:, s] @ Bs[s]).astype(np.float32)
         return big + acc
-    raise ValueError(f"fmt must be one of 'fp16', 'bf16', 'tf32', '3xtf32', 'fp32'; got {fmt!r}")
+    raise ValueError(f"fmt must be one of {FORMATS}; got {fmt!r}")
 
 
-FORMATS = ("bf16", "fp16", "tf32", "3xtf32", "fp32")
-FORMAT_COLORS = {"bf16": "#9467bd", "fp16": "#d62728", "tf32": "#ff7f0e", "3xtf32": "#2ca02c", "fp32": "#1f77b4"}
+FORMATS = ("bf16", "fp16", "tf32", "3xtf32", "3xtf32 tc", "3xtf32 tc, fp32 adds", "fp32")
+FORMAT_COLORS = {"bf16": "#9467bd", "fp16": "#d62728", "tf32": "#ff7f0e", "3xtf32": "#2ca02c", "3xtf32 tc": "#8c564b",
+                 "3xtf32 tc, fp32 adds": "#17becf", "fp32": "#1f77b4"}
 
 
 def format_errors(sizes=(16, 64, 256, 1024, 4096), scales=(1e-6, 1e-3, 1, 1e3, 1e6), m=64, k_scale=256,
@@ -410,7 +454,10 @@ def plot_format_errors(errors, axes=None):
         fig, axes = subplots(1, 2, width=11, height=3.8)
     fig = axes[0].figure
     label = {"bf16": "bf16 (8 significand bits)", "fp16": "fp16 (11 bits)", "tf32": "1xTF32 (11 bits, fp32's range)",
-             "3xtf32": "3xTF32 (big + small: about 21)", "fp32": "fp32 FMA units (24; NumPy float32)"}
+             "3xtf32": "3xTF32 (big + small: about 21), fp32-style sums",
+             "3xtf32 tc": "3xTF32, all of K in a truncating tensor-core sum",
+             "3xtf32 tc, fp32 adds": "3xTF32, tensor-core sums of 64, added in fp32",
+             "fp32": "fp32 FMA units (24; NumPy float32)"}
     for key, ax, xs, xlabel in (("size", axes[0], errors["sizes"], "inner dimension K (m = 64)"),
                                 ("scale", axes[1], errors["scales"], "entries scaled by (K = 256)")):
         top = max(e for f in FORMATS for e in errors[key][f] if np.isfinite(e)) * 30
