@@ -214,6 +214,23 @@ def test_format_errors_show_what_the_lesson_says():
     assert all(np.isfinite(scale[f]).all() for f in ("tf32", "bf16", "3xtf32"))
     axes = T.plot_format_errors(e).axes
     assert len(axes[0].get_lines()) == len(T.FORMATS)
+    # a truncating tensor-core sum over all of K falls behind fp32 as K grows; restarting it every 64 columns and
+    # adding the pieces in fp32 keeps fp32's level
+    e = T.format_errors(sizes=(64, 2048), scales=(1.0,), trials=1)["size"]
+    assert e["3xtf32 tc"][1] > 3 * e["3xtf32 tc"][0] and e["3xtf32 tc"][1] > 3 * e["fp32"][1]
+    assert e["3xtf32 tc, fp32 adds"][1] < 2 * e["fp32"][1]
+
+
+def test_the_tensor_core_sum_truncates_without_guard_bits():
+    """_tc_add (Fasi et al. 2021): terms aligned to the largest and cut toward zero at fp32's 24 bits."""
+    big, small = 1.0, 2.0 ** -24 * 1.5  # small falls below the last bit of big's 24-bit significand, partly
+    got = T._tc_add(np.zeros((1, 1)), np.array([big, small]).reshape(1, 2, 1))
+    assert got[0, 0] == 1.0  # round to nearest would give 1 + 2**-23
+    assert np.float32(big + small) == np.float32(1.0 + 2.0 ** -23)
+    neg = T._tc_add(np.zeros((1, 1)), np.array([-big, -small]).reshape(1, 2, 1))
+    assert neg[0, 0] == -1.0  # toward zero on both sides
+    exact = T._tc_add(np.zeros((1, 1)), np.array([0.75, 0.125]).reshape(1, 2, 1))
+    assert exact[0, 0] == 0.875
 
 
 def test_the_lesson_prints_the_float16_path_step_by_step():
@@ -271,11 +288,97 @@ def test_roofline_gets_the_tensor_points_and_the_mma_roofs():
 
 def test_missing_benchmark_files_give_empty_data_and_a_note(tmp_path):
     assert T.load_tensor_results(tmp_path / "none.csv") == [] and T.load_mma_ceiling(tmp_path / "none.csv") == {}
+    assert T.mma_ceiling_file() in (T.MMA_CSV, T.H100_MMA_CSV) and T.mma_ceiling_file().exists()
     ax = T.plot_tensor_speed([], d=64).axes[0]
     assert any("no tensor benchmark" in t.get_text() for t in ax.texts)
     ax = T.plot_mma_ceiling({}).axes[0]
     assert any("no mma ceiling data" in t.get_text() for t in ax.texts)
     assert T.ceiling_shares([], {}) == {}
+
+
+def test_ceiling_files_old_and_new_load_by_operands(tmp_path):
+    """The older file (no operands column: constant operands) and the one mma_ceiling.py writes now (random and
+    constant rows, the date and the clocks) load alike; random operands are preferred, the metadata says which."""
+    old = tmp_path / "old.csv"
+    old.write_text("instruction,tflops,gpu\nfp16 m16n8k16,500.0,Some GPU\nbf16 m16n8k16,450.0,Some GPU\n")
+    c = T.load_mma_ceiling(old)
+    assert c["fp16 m16n8k16"] == 500.0 and c["operands"] == T.CONSTANT_OPERANDS and c["gpu"] == "Some GPU"
+    new = tmp_path / "new.csv"
+    new.write_text("instruction,operands,tflops,tflops_min,tflops_max,sm_clock_mhz,power_w,gpu,date\n"
+                   "fp16 m16n8k16,random,400.0,399.0,401.0,1755,690.5,Other GPU,2026-11-28\n"
+                   f"fp16 m16n8k16,{T.CONSTANT_OPERANDS},520.0,519.0,521.0,1980,600.0,Other GPU,2026-11-28\n")
+    c = T.load_mma_ceiling(new)
+    assert c["fp16 m16n8k16"] == 400.0 and c["operands"] == "random" and c["date"] == "2026-11-28"
+    assert c["sm_clock_mhz"] == 1755 and c["power_w"] == 690.5
+    assert T.load_mma_ceiling(new, operands=T.CONSTANT_OPERANDS)["fp16 m16n8k16"] == 520.0
+    ax = T.plot_mma_ceiling(c).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["fp16 m16n8k16"]  # metadata is not a bar
+
+
+def test_the_ceiling_script_measures_random_and_constant_operands():
+    """benchmarks/timing/mma_ceiling.py's operands: random values of each format (different for every chain),
+    or the 0/1-bit words of a kernel without data."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mma_ceiling", ROOT / "benchmarks" / "timing" / "mma_ceiling.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rng = np.random.default_rng(0)
+    f16 = script.operands("float16", "random", rng)
+    assert f16.dtype == np.uint32 and f16.shape == (32, script.CHAINS, script.WORDS)
+    low = (f16 & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)
+    assert 0.8 < low.std() < 1.2 and len(np.unique(f16)) > 0.9 * f16.size  # normal values, all different
+    bf16 = script.operands("bfloat16", "random", rng)
+    high = (bf16 & 0xFFFF0000).view(np.float32)
+    assert 0.8 < high.std() < 1.2
+    assert script.operands("tf32", "random", rng).dtype == np.float32
+    const = script.operands("float16", "constant", rng)
+    assert set(np.unique(const)) == {0, 1} and (const[0::2] == 1).all() and (const[1::2] == 0).all()
+    assert (script.operands("tf32", "constant", rng) == np.float32(1e-3)).all()
+    assert script.DEFAULT_OUT == T.MMA_CSV and set(script.INSTRUCTIONS) | {script.THREE_TF32} >= set(T.CEILING_OF.values())
+
+
+def test_the_ceiling_script_writes_a_file_the_lessons_read(tmp_path, monkeypatch):
+    """mma_ceiling.py with the GPU replaced by fakes: one row per (instruction, operands), the medians of the
+    rounds, the GPU and the date; load_mma_ceiling reads it back for either kind of operands."""
+    import importlib.util
+    import types
+
+    import flashlab.device
+
+    spec = importlib.util.spec_from_file_location("mma_ceiling_run", ROOT / "benchmarks" / "timing" / "mma_ceiling.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args: None
+
+    fake_cuda = types.SimpleNamespace(device_array=lambda *a, **k: None, to_device=lambda x: x,
+                                      synchronize=lambda: None,
+                                      get_current_device=lambda: types.SimpleNamespace(id=0, uuid="GPU-fake"))
+    monkeypatch.setattr(flashlab.device, "has_gpu", lambda: True)
+    monkeypatch.setattr(flashlab.device, "get_cuda", lambda: fake_cuda)
+    monkeypatch.setattr(flashlab.device, "device_limits", lambda: {"sms": 2, "name": "Fake GPU"})
+    monkeypatch.setattr(script, "kernels", lambda: {name: Kernel() for name in script.INSTRUCTIONS})
+    monkeypatch.setattr(script, "Sampler", lambda uuid: types.SimpleNamespace(window=lambda t0, t1: ("", ""),
+                                                                              stop=lambda: None))
+    rates = {"random": 400.0, "constant": 500.0}
+    calls = []
+
+    def fake_measure(kern, ops, out, blocks, threads, k, seconds, sync):
+        kind = "constant" if np.unique(ops).size <= 2 else "random"
+        calls.append(kind)
+        return rates[kind] + len(calls) % 2, (0.0, 1.0)
+
+    monkeypatch.setattr(script, "measure", fake_measure)
+    out = tmp_path / "ceiling.csv"
+    assert script.main(["--out", str(out), "--rounds", "2"]) == 0
+    assert len(calls) == 2 * 2 * len(script.INSTRUCTIONS)  # both kinds, every instruction, every round
+    random, constant = T.load_mma_ceiling(out), T.load_mma_ceiling(out, operands=T.CONSTANT_OPERANDS)
+    assert random["operands"] == "random" and random["gpu"] == "Fake GPU" and random["date"]
+    assert 400 <= random["fp16 m16n8k16"] <= 401 and 500 <= constant["fp16 m16n8k16"] <= 501
+    assert random[script.THREE_TF32] == pytest.approx(random["tf32 m16n8k8"] / 3, abs=0.1)
 
 
 def test_instruction_mix_groups_every_opcode_and_draws_the_committed_counts(tmp_path):
@@ -297,6 +400,9 @@ def test_instruction_mix_groups_every_opcode_and_draws_the_committed_counts(tmp_
     # ... and then: fewer integer instructions again, and the rescale's 64 multiplies in only part of the tiles
     assert now[integer] < after[integer] and after[softmax] - 64 < now[softmax] < after[softmax]
     ax = T.plot_instruction_mix(data)
+    assert [t.get_text() for t in ax.get_yticklabels()] == [data["labels"][x] for x in labels]
+    shown = " ".join(data["labels"].values())
+    assert not re.search(r"\b[0-9a-f]{7,40}\b|old default|before|after", shown)  # what the bars say, not history
     totals = [t.get_text() for t in ax.texts if t.get_text().endswith("in all")]
     assert totals == [f"{sum(data['loop_body'][x].values())} in all" for x in labels]
     assert T.instruction_groups({"XYZ": 3})["other"] == 3
@@ -323,6 +429,39 @@ def test_max_growth_marks_the_tiles_where_an_m_tiles_running_max_grows(rng):
     assert not T.max_growth(sink, rows=4, block_k=5)[:, 1:].any()
     with pytest.raises(ValueError, match="multiple of rows=5"):
         T.max_growth(S, rows=5)
+
+
+def test_max_growth_with_a_threshold_keeps_the_stale_max_and_the_output_exact(rng):
+    """FlashAttention-4's rule: rescale only when a tile's max beats the max in use by more than the threshold;
+    against a loop over rows and tiles, and the output of the online softmax with the stale max is exact."""
+    S = 3 * rng.standard_normal((12, 23))
+    for threshold in (0.0, 1.0, 2.5):
+        want = np.zeros((3, 5), bool)
+        for i in range(12):
+            kept = S[i, :5].max()
+            want[i // 4, 0] = True
+            for j in range(1, 5):
+                tile = S[i, 5 * j:5 * j + 5].max()
+                if tile - kept > threshold:
+                    want[i // 4, j] = True
+                    kept = tile
+        np.testing.assert_array_equal(T.max_growth(S, rows=4, block_k=5, threshold=threshold), want)
+    assert T.max_growth(S, rows=4, block_k=5, threshold=0.0).sum() > T.max_growth(S, rows=4, block_k=5,
+                                                                                  threshold=2.5).sum()
+    ramp = np.tile(np.arange(25.0), (4, 1))  # every tile's max is 5 above the last one's
+    assert T.max_growth(ramp, rows=4, block_k=5, threshold=4.9).all()
+    # at 5.0 a tile's growth of 5 is not enough, but the max in use lags, so the next tile's 10 is
+    assert T.max_growth(ramp, rows=4, block_k=5, threshold=5.0)[0].tolist() == [True, False, True, False, True]
+    with pytest.raises(ValueError, match="threshold"):
+        T.max_growth(S, rows=4, threshold=-1)
+    V = rng.standard_normal((23, 3))
+    P = np.exp(S - S.max(axis=1, keepdims=True))
+    exact = P @ V / P.sum(axis=1, keepdims=True)
+    for threshold in (0.0, 2.5):
+        o, p_max = T.stale_max_output(S, V, block_k=5, threshold=threshold)
+        np.testing.assert_allclose(o, exact, rtol=1e-12, atol=1e-12)
+        assert p_max <= np.exp(threshold) + 1e-12
+    assert T.stale_max_output(S, V, block_k=5, threshold=2.5)[1] > 1  # a stale max lets P pass 1
 
 
 def test_the_measured_rescale_share_matches_random_scores_and_the_plot_draws_it(rng):

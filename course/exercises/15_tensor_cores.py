@@ -340,7 +340,7 @@ flashlab.check("backward_tile_bytes", backward_tile_bytes)
 # - starts at row `tid // (W/4)` and column word `4 * (tid % (W/4))`: consecutive threads take consecutive
 #   chunks of one row, so a warp reads whole rows (coalesced);
 # - then moves down `threads // (W/4)` rows per copy while the row is below `block_k`, keeping its column;
-# - writes shared word `row * (W + 4) + column` (rows padded by 4 words, lesson 07's banks);
+# - writes shared word `row * (W + 4) + column` (rows padded by 4 words, lesson 08's banks);
 # - reads source word `(k0 + row) * row_stride + column`, counted from the first row of this head's K. In a
 #   packed varlen batch (lesson 16) the rows of one head are `H_kv * W` words apart, not W;
 # - past the keys (`k0 + row >= n_k`) copies 0 bytes: `cp.async` then writes 16 zero bytes, and its source

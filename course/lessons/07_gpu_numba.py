@@ -9,7 +9,7 @@
 # - share data between the threads of a block through shared memory, with `cuda.syncthreads()` in the
 #   right places, and recognise the races you get without it;
 # - say what the CUDA simulator is good for (running and debugging the same code without a GPU) and what it
-#   cannot do (warp shuffles, speed, registers);
+#   cannot do (Numba's warp functions, speed, registers);
 # - measure what a kernel launch costs from Numba, tell Numba's Python dispatch apart from the CUDA launch
 #   itself, and say why FlashAttention is one kernel.
 #
@@ -88,8 +88,8 @@ smviz.plot_sm(("H100", "T4"));
 # %% [markdown]
 # An SM is four **partitions** (NVIDIA's profiler calls them SM sub-partitions, SMSPs). Each has its own
 # **warp scheduler**, a quarter of the SM's registers and a quarter of its arithmetic units: FP32 units
-# ("CUDA cores") for ordinary float arithmetic and tensor cores for small matrix products (flashlab's
-# kernels use the FP32 units; lesson 11 is about the tensor cores of FlashAttention-3). **Registers** are
+# ("CUDA cores") for ordinary float arithmetic and tensor cores for small matrix products (lessons 08 to 10
+# use the FP32 units; lesson 15 programs the tensor cores). **Registers** are
 # the fastest storage there is: a thread's local variables live in them, and the 65,536 32-bit registers
 # of an SM are shared out among all the threads resident on it, so the more registers a thread needs, the
 # fewer threads fit (lessons 08 and 09 count them). What does not fit in a thread's registers is *spilled*
@@ -291,8 +291,9 @@ for barrier in (True, False):
 #
 # - it is slow: from a tenth of a millisecond to a millisecond per thread per launch, depending on the
 #   kernel, so keep simulated launches to a few blocks of at most a few dozen threads;
-# - warp-level functions (`cuda.shfl_down_sync` and the votes) do not exist there, which is why flashlab's
-#   kernels reduce through shared memory instead;
+# - Numba's warp-level functions (`cuda.shfl_down_sync` and the votes) do not exist there, which is why the
+#   kernels of lessons 08 to 10 reduce through shared memory instead; lesson 15 reaches warp shuffles, votes
+#   and tensor cores through PTX, with flashlab's own emulation of each for the simulator;
 # - registers, spills, occupancy and timing are properties of the compiled code on a real GPU: the
 #   simulator has none of them (lesson 09 shows them from a GPU run).
 

@@ -104,8 +104,9 @@ gviz.plot_reads_per_fma();
 #   each S tile and `RD = d / tc` columns of O;
 # - O, m and l are local arrays of constant size, indexed only by unrolled loops: registers, no spills;
 # - S is computed from `RM + RN` shared reads per step, the row maximum and row sum are combined across
-#   the `tc` threads of a row through a small shared buffer (no warp shuffles, so the simulator runs the
-#   same code), and P goes back to shared memory (over the K tile) for the `P V` product;
+#   the `tc` threads of a row through a small shared buffer (no warp shuffles: Numba's simulator has none,
+#   and this kernel runs there unchanged), and P goes back to shared memory (over the K tile) for the `P V`
+#   product;
 # - K and V tiles are copied from global memory one element per thread: 8 consecutive threads read 8
 #   adjacent elements of one row (one 32-byte sector in float32), so one load instruction of a warp reads
 #   pieces of 4 rows; O is divided by l once, at the end (FA2, arXiv 2307.08691, Section 3.1).
@@ -115,8 +116,10 @@ gviz.plot_reads_per_fma();
 # computes them with tensor-core instructions. Their results stay in the warp's registers, which the CUDA
 # code rearranges into the operand of the next tensor-core product, `P V`: P never goes through shared
 # memory, and a row's maximum and sum are combined inside the warp with shuffles. numba-cuda has no
-# tensor-core API and the simulator no shuffles, so flashlab splits each row over `tc` threads and passes P
-# through shared memory instead, one of the costs lesson 10 measures.
+# tensor-core API and its simulator no shuffles, so this kernel, written in plain Numba, splits each row over
+# `tc` threads and passes P through shared memory instead, one of the costs lesson 10 measures. Lesson 15
+# writes the real layout, reaching `mma`, shuffles and votes through PTX (with flashlab's own emulation of
+# each for the simulator).
 #
 # It gives the same answers as the textbook kernel:
 

@@ -102,7 +102,9 @@ gviz.tile_explorer(rows);
 # decided inside the SM (lessons 08 and 09). PyTorch's SDPA in float32 uses tensor cores (3xTF32),
 # a different and higher roof; in float16 it is higher still. Lesson 15's tensor-core kernel is on the
 # plot too (float16 and 3xTF32, `flashlab/data/h100_tensor.csv`), under the `mma.sync` ceilings a
-# Numba kernel reaches (measured by `benchmarks/timing/mma_ceiling.py`): the roofs that bound it.
+# Numba kernel reaches (measured by `benchmarks/timing/mma_ceiling.py`): the roofs that bound it. Its
+# float16 point sits left of its roof's ridge by this traffic model; lesson 15 shows why memory still does
+# not bound it.
 
 # %%
 results, source = gviz.load_forward_results()
@@ -116,7 +118,7 @@ if "torch SDPA fp16" in at:
 from flashlab.viz import tensor as tviz
 
 points.update(tviz.tensor_roofline_points(tviz.load_tensor_results(), N=N, d=d))
-print("from", source, "and flashlab/data/h100_tensor.csv, h100_mma_ceiling.csv (tensor kernel, mma ceilings)")
+print("from", source, "and flashlab/data/h100_tensor.csv,", tviz.mma_ceiling_file().name, "(tensor kernel, mma ceilings)")
 gviz.plot_kernel_roofline(points, roofs=tviz.mma_roofs(tviz.load_mma_ceiling()));
 
 # %% [markdown]
@@ -195,7 +197,8 @@ gviz.plot_vs_torch(results, N=N, d=d, source=f"from {source}");
 # %% [markdown]
 # How to read it:
 #
-# - flashlab's kernels run on the FP32 units; SDPA in float32 uses tensor cores in 3xTF32 (on the H100).
+# - The kernels of lessons 08 and 09 run on the FP32 units; SDPA in float32 uses tensor cores in 3xTF32 (on
+#   the H100).
 #   Even so, in the committed runs (`benchmarks/results/README.md`) the register kernel reaches 82–84% of
 #   SDPA fp32 at d = 64 from N = 4096 on (42% at N = 1024, where 16 heads of 8 query blocks make 128 thread
 #   blocks for 132 SMs), but only 30–35% at d = 128, where the 48 KB of static shared memory it uses keeps its

@@ -11,7 +11,8 @@
 #   weights), and why two correct attentions give bf16 loss curves that drift apart slightly;
 # - judge whether two such curves match with a tolerance that a broken backward fails, and read the tokens/s
 #   of both from one run on a GPU;
-# - name what the drop-in does not support (masks, dropout, grouped-query attention) and why it says so.
+# - name what the drop-in does not support (an explicit `attn_mask`) and why it refuses it loudly instead of
+#   computing something else.
 #
 # Lessons 05 and 06 built the FlashAttention-2 forward and backward (Dao 2023, arXiv 2307.08691,
 # Algorithms 1 and 2) in NumPy, and lessons 08–09 as GPU kernels. Until now they ran alone. A model

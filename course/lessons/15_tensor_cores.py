@@ -18,9 +18,12 @@
 #   float16 and bfloat16;
 # - follow the tensor kernel step by step, run it in the CUDA simulator, and read its measured speed
 #   against PyTorch, the FP32 kernels and the tensor cores' own ceiling;
-# - read a kernel's instruction mix from Nsight Compute's counters, and see how address arithmetic can take
-#   more instructions than the tensor-core products themselves;
-# - skip O's rescale with a warp vote when no row's max grew, and estimate how often that happens;
+# - read a kernel's instruction mix from Nsight Compute's counters, say why a kernel can be bound by issue
+#   slots while its tensor cores wait, and keep address arithmetic out of the loop;
+# - place a kernel on the roofline and say when a traffic model's bytes are not HBM's;
+# - skip O's rescale when no row's max grew, or (as FlashAttention-4 does) until it grew past a threshold, say
+#   why the result stays exact, and estimate how often each rescales;
+# - measure a hardware ceiling without fooling yourself: random operands, an A/B in one run, clocks recorded;
 # - say which fragment layouts the five products of the backward use, why dS must be transposed on its
 #   way to dQ, and why dQ is accumulated with atomics.
 #
@@ -28,7 +31,9 @@
 # `ldmatrix`), "cp.async" and "cvt"; FlashAttention-2 (Dao 2023, arXiv 2307.08691) for the algorithm and
 # its split of the work between warps; 3xTF32 from NVIDIA's CUTLASS 2.8 and Ootomo and Yokota,
 # "Recovering single precision accuracy from Tensor Cores while surpassing the FP32 theoretical peak
-# performance" (2022, arXiv 2203.03341); PTX ISA "vote.sync" for the warp vote.
+# performance" (2022, arXiv 2203.03341); Fasi, Higham, Mikaitis and Pranesh, "Numerical behavior of NVIDIA
+# tensor cores" (PeerJ Computer Science, 2021) for how tensor cores add; PTX ISA "vote.sync" for the warp
+# vote; FlashAttention-4 (Zadouri et al. 2026, arXiv 2603.05451) for the rescale threshold.
 
 # %%
 import matplotlib.pyplot as plt
@@ -74,16 +79,18 @@ print(f"an H100 SM has {h100.tensor_cores_per_sm} tensor cores, one per schedule
 # what a pure-Python Numba kernel gets out of each `mma` flashlab wraps: every warp runs 8 independent chains
 # of mma on registers, no memory traffic at all, so this is the ceiling for any kernel built from them. Next
 # to it, two datasheet numbers of the H100 SXM: the FP32 units' peak (lessons 08 to 10 worked under it) and
-# the dense FP16 tensor-core peak.
+# the dense FP16 tensor-core peak. The title names the GPU the ceiling was measured on and what its operands held.
 
 # %%
 ceiling = tviz.load_mma_ceiling()
 tviz.plot_mma_ceiling(ceiling, PUBLISHED_FP32["H100"], PUBLISHED["H100"].peak_flops)
 plt.show()
 if "fp16 m16n8k16" in ceiling and "3xTF32 (3 tf32 mma per product)" in ceiling:
+    print(f"from {tviz.mma_ceiling_file().name}: {ceiling['gpu']}, {ceiling['operands']} operands"
+          + (f", {ceiling['date']}" if ceiling["date"] else ""))
     fp16 = ceiling["fp16 m16n8k16"] * 1e12
-    print(f"measured fp16 mma.sync: {fp16 / PUBLISHED_FP32['H100']:.1f} times the FP32 units' peak, "
-          f"{fp16 / PUBLISHED['H100'].peak_flops:.0%} of the datasheet's dense FP16 number")
+    print(f"measured fp16 mma.sync: {fp16 / PUBLISHED_FP32['H100']:.1f} times an H100's FP32 units' peak, "
+          f"{fp16 / PUBLISHED['H100'].peak_flops:.0%} of its datasheet's dense FP16 number")
     three = ceiling["3xTF32 (3 tf32 mma per product)"] * 1e12
     print(f"3xTF32 (three tf32 mma per product, section 5): {three / PUBLISHED_FP32['H100']:.1f} times the FP32 "
           "units' peak")
@@ -94,7 +101,46 @@ if "fp16 m16n8k16" in ceiling and "3xTF32 (3 tf32 mma per product)" in ceiling:
 # H100: Hopper's full tensor-core rate needs `wgmma`, an asynchronous instruction of a *warpgroup* (4 warps)
 # that reads B (and optionally A) straight from shared memory. Without it, `mma.sync` reaches about two
 # thirds of the peak (FlashAttention-3 blog post, July 2024, note 1, citing Luo et al., arXiv 2402.13499).
-# FlashAttention-3 is built on `wgmma`. A Numba `@intrinsic` could emit it too, but it finds its shared-memory operands through
+# That figure comes from other code on other inputs, so it is no check of ours; the next paragraph is about
+# why two ceilings measured in two ways need not agree. FlashAttention-3 is built on `wgmma`.
+#
+# **Measuring a ceiling honestly.** A tensor core's power draw depends on the data: multiplying zeros, or the
+# same few bits again and again, toggles few transistors, and a GPU held at its power limit lowers its clock
+# when the bits toggle more (Horace He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given
+# 'Predictable' Data!", 2024). A kernel that feeds its `mma` constants, as a benchmark without input data is
+# tempted to, measures a ceiling no real product reaches. Three habits:
+# - feed random operands, different for each independent chain, loaded from memory so that the compiler
+#   cannot fold them;
+# - compare two variants in one run, alternating them, with the same compiled kernels where possible (here
+#   only the data differ), so that a difference between runs, a warmer GPU or another clock, is not read as
+#   a difference between the variants;
+# - record the SM clock and the power beside each number, which says whether the power limit was in play.
+#
+# The script does all three: by default it measures random operands and, in the same run, the constant
+# 0/1-bit words a kernel without data would use. The cell prints whatever A/B the committed file holds.
+
+# %%
+rows_ceiling = tviz.mma_ceiling_rows()
+kinds = sorted({r["operands"] for r in rows_ceiling})
+for r in rows_ceiling:
+    measured = isinstance(r.get("sm_clock_mhz"), float) and isinstance(r.get("power_w"), float)
+    clock = f", SM clock {r['sm_clock_mhz']:.0f} MHz, {r['power_w']:.0f} W" if measured else ""
+    print(f"{r['instruction']:32s} {r['operands']:18s} {r['tflops']:6.1f} TFLOP/s{clock}")
+if len(kinds) == 1:
+    print(f"\nthis file holds {kinds[0]} operands only and no clocks: it cannot say how much of each number is "
+          "the data. Rerun the script on a GPU for the A/B.")
+f16_bf16 = {r["instruction"]: r["tflops"] for r in rows_ceiling if r["operands"] == ceiling.get("operands")}
+if {"fp16 m16n8k16", "bf16 m16n8k16"} <= set(f16_bf16):
+    print(f"fp16 / bf16, same instruction shape, {ceiling['operands']} operands: "
+          f"{f16_bf16['fp16 m16n8k16'] / f16_bf16['bf16 m16n8k16']:.2f}")
+
+# %% [markdown]
+# How to read an fp16 / bf16 gap. The two instructions do the same work per cycle on paper, so a gap means
+# the hardware did not run both at the same rate, not that one format is cheaper. The same bits mean different
+# numbers in the two formats, so even "constant" operands toggle different circuits; and two numbers from one
+# run, one after the other, can differ by clock. Where the file records the clock and the power, compare them:
+# the same clock with a lower rate points at the instruction itself, a lower clock at the power limit. Where it
+# records neither, the honest statement is that the gap is unexplained. A Numba `@intrinsic` could emit it too, but it finds its shared-memory operands through
 # *matrix descriptors* that encode a swizzled layout, and runs asynchronously between fences and
 # commit/wait groups: more machinery than this course builds. We stay with `mma.sync`, which every GPU since
 # Ampere has (and, in its m16n8k8 form, Colab's T4).
@@ -225,7 +271,9 @@ for name, regs in (("ldmatrix", plain), ("ldmatrix.trans", trans)):
 # ## 4. Why P can stay in registers
 #
 # FlashAttention-2's inner loop computes S = QKᵀ for a tile, turns S into P with the online softmax, and
-# multiplies P V. On tensor cores S comes out of the first `mma` as **C fragments**, and P goes into the
+# multiplies P V. On tensor cores each product is cut into pieces of the instruction's shape: **m-tiles** of
+# 16 rows, **n-tiles** of 8 columns of the result, and **k-steps** of 16 (8 for tf32) along the inner
+# dimension, one `mma` per (m-tile, n-tile, k-step). S comes out of the first `mma` as **C fragments**, and P goes into the
 # second as **A fragments**. If those were different layouts, P would have to travel through shared memory
 # to be reshuffled between lanes. Look at the two side by side: for a 16-key step, the C fragments of two
 # 8-key n-tiles of S (left) and the A fragment of P (right).
@@ -257,7 +305,8 @@ plt.show()
 # %% [markdown]
 # ## 5. Number formats: tf32 and 3xTF32
 #
-# Tensor cores multiply 16-bit or 19-bit numbers, never full fp32:
+# In the formats this lesson uses, tensor cores multiply 16-bit or 19-bit numbers, never full fp32 (they also
+# take FP64, FP8 and 8- and 4-bit integers, on the GPUs that have those formats):
 #
 # | format | exponent bits | significand bits (with the implicit 1) | largest value |
 # | --- | --- | --- | --- |
@@ -281,7 +330,8 @@ plt.show()
 #
 # The figure measures all of this in NumPy, with `flashlab.fragments`' rounding: C = A B computed the way a
 # chain of `mma` does (exact products, each k-step added to an fp32 accumulator) from inputs rounded to each
-# format, against float64. Left, growing inner dimension; right, entries scaled from tiny to huge.
+# format, against float64, and for 3xTF32 also with the tensor core's own way of adding, explained below.
+# Left, growing inner dimension; right, entries scaled from tiny to huge.
 
 # %%
 errors = tviz.format_errors(sizes=flashlab.size((16, 64, 256, 1024, 4096), (16, 256, 1024)),
@@ -289,16 +339,38 @@ errors = tviz.format_errors(sizes=flashlab.size((16, 64, 256, 1024, 4096), (16, 
 tviz.plot_format_errors(errors)
 plt.show()
 for fmt in tviz.FORMATS:
-    print(f"{fmt:7s} error at K = {errors['sizes'][-1]}: {errors['size'][fmt][-1]:.1e}")
+    print(f"{fmt:20s} error at K = {errors['sizes'][-1]}: {errors['size'][fmt][-1]:.1e}")
 
 # %% [markdown]
 # Read it: tf32 and float16 lie on top of each other (same 11 significand bits); bfloat16, with 3 bits fewer,
-# is about 2³ = 8 times worse;
-# 3xTF32 sits with plain fp32 arithmetic. On the right, float16 loses tiny entries (they fall below its
-# smallest normal number) and overflows on huge ones, while tf32 and bfloat16 have float32's range. That is
-# why FlashAttention in float16 subtracts the row max before the exponential and keeps its accumulators in
-# fp32: S, m, l and the running O stay in fp32 registers; only P, which lies in [0, 1], and the final O are
-# rounded to 16 bits.
+# is about 2³ = 8 times worse. On the right, float16 loses tiny entries (they fall below its smallest normal
+# number) and overflows on huge ones, while tf32 and bfloat16 have float32's range.
+#
+# The green 3xTF32 line lands next to fp32 arithmetic, because that model adds every k-step to its accumulator
+# the way an fp32 add does, rounding to nearest. A tensor core does not. Fasi, Higham, Mikaitis and Pranesh
+# ("Numerical behavior of NVIDIA tensor cores", PeerJ Computer Science, 2021) probed the GPUs they had: the
+# products are exact, but the sum of the products and C is formed by aligning every term to the largest one
+# and **truncating** the bits that fall off, with no guard bits, and the result is truncated again to fp32.
+# A truncation always errs the same way, so over a long chain of `mma` its errors add up instead of
+# cancelling, and what it cuts first is the low bits of 3xTF32's correction terms, the very part that buys
+# back fp32 accuracy. The two other 3xTF32 lines follow that model (`tviz.tensor_product`): summed over all of
+# K inside the tensor core, the error grows with K and leaves fp32 behind; summed 64 columns at a time and
+# added in fp32, it stays at fp32's level. Hence the rule: **keep long sums out of the tensor core's accumulator.** Ootomo and Yokota (2022)
+# run each `mma` block from zero and add its result to an fp32 accumulator with ordinary, round-to-nearest fp32
+# adds. This course's 3xTF32 kernel follows the same rule where the sums are long: S = QKᵀ accumulates its d/8
+# k-steps inside the tensor core (a short chain), but O = PV, a sum over all N keys, is summed from zero on the
+# tensor cores for one key tile at a time and added to O with an fp32 multiply-add (step 5 below). CUTLASS's
+# 3xTF32 GEMM (its `OpMultiplyAddFastF32` warp operator) keeps the accumulator in the tensor core and issues
+# the two small products before the big one, so that they are added while the accumulator is still small.
+#
+# The exponential is the other place where range matters, in every format: exp overflows float32 above
+# ln(3.4e38), about 88.7, so a softmax subtracts the row max before exponentiating even in fp32 (lesson 03).
+# What is specific to 16 bits is what gets *stored* in them: S, m, l and the running O stay in fp32
+# registers; only P, which lies in [0, 1], and the final O are rounded to 16 bits.
+
+# %%
+print(f"largest x with exp(x) finite in float32: {np.log(np.finfo(np.float32).max):.2f}; "
+      f"in float16: {np.log(np.finfo(np.float16).max):.2f}")
 
 # %% [markdown]
 # ## 6. The kernel, step by step
@@ -330,36 +402,45 @@ print(tensor.float16_source("load_q"))
 # shared memory with `cp.async` (sm_80 and later): the copy goes from global to shared memory without
 # passing through registers, and the threads go on working meanwhile. Tile j+1 is copied into the other
 # half of a two-stage buffer while the warps compute on tile j; `cp_async_wait(1)` waits for all but the
-# newest copy, a barrier for everyone's. Rows are padded by 16 bytes so that the 8 rows an `ldmatrix`
-# reads fall in different banks (lesson 07's rule).
+# newest copy, a barrier for everyone's.
+#
+# Rows are padded by 16 bytes, for the banks of lesson 08. A warp's shared-memory access of 16 bytes per
+# lane (`ldmatrix`'s row addresses, a 128-bit load) asks for 512 bytes, four times what 32 banks of 4 bytes
+# deliver in one pass. The hardware serves it in four **phases of 8 lanes**: 8 × 16 bytes = 128 bytes, one
+# word from each bank if the 8 addresses fall on different banks. So conflicts only count among the 8 lanes
+# of a phase, and the 8 lanes of an `ldmatrix` phase point at 8 consecutive rows of a tile. At d = 64 in
+# float16 a row is 128 bytes, exactly the 32 banks, so all 8 rows would start in bank 0: an 8-way conflict.
+# With 16 bytes of padding, row r starts 4r banks further on, and the 8 rows cover all 32 banks once:
 
 # %%
+from flashlab import memory_access as ma
+
+row_words = 64 * 2 // 4  # one row of K at d = 64 in float16: 32 words
+for pad in (0, 4):
+    phase = [(r * (row_words + pad)) + w for r in range(8) for w in range(4)]  # 8 lanes, 4 words (16 bytes) each
+    print(f"rows padded by {4 * pad:2d} bytes: one phase of ldmatrix needs {ma.bank_conflict_degree(phase)} pass(es)")
 tviz.plot_double_buffer()
 plt.show()
 print(tensor.float16_source("copy_tile"))
 
 # %% [markdown]
 # **What the copies and loads cost in instructions.** Bytes are not the only price: every address a thread
-# computes is an instruction too. Nsight Compute counts how often each machine (SASS) instruction ran, and
-# `benchmarks/profiling/sass_mix.py` turns that into the mix of the loop body, one warp and one key tile, of the
-# float16 forward at d = 64. It was measured before and after one change to the code above:
-# - **Before,** `cp_async16(shared, i, K, row, col, n)` multiplied row by K's row stride in 64-bit integers
-#   for every copy, and `ldmatrix` turned its generic address into a shared one inside its inline assembly,
-#   where ptxas could not see the constant offsets.
-# - **After,** a thread copies the same column chunk in every tile, so its source offset grows by a constant
-#   (`cp_async16_flat`), and the intrinsics compute 32-bit shared addresses before the assembly, so ptxas
-#   folds each constant into the instruction (`LDSM [R+0x20]`).
-# - **Now,** each copy's source is the tile's first element (64-bit, once per tile) plus the chunk's offset
-#   in the tile, a 32-bit number that is the same in every tile, so the source address is one multiply-add.
-#   And O is rescaled only in tiles where some row's max grew (step 4), so the bar counts the rescale's
-#   multiplies at the share of tiles that ran them.
+# computes is an instruction too, and instructions are a budget of their own. Some words first. **SASS** is
+# the GPU's machine code; **ptxas**, NVIDIA's assembler, compiles the PTX that Numba emits into it. In SASS an
+# `mma` on 16-bit inputs is an **HMMA**, an `ldmatrix` an **LDSM**, a `cp.async` an **LDGSTS**, and **IMAD**
+# is an integer multiply-add, the workhorse of address arithmetic (and of plain moves).
 #
-# From before to after, the tensor-core and softmax instructions did not change, the integer ones fell by more
-# than half, and the forward at d = 64 ran 1.085× faster on an H100 (`docs/runs/options-varlen-paged.md`,
-# "Fewer integer instructions per tile in the tensor kernels"); the third bar gained less (same file, "copy
-# addresses and the rescale skip"). FA2's CUDA C++ does the same through
-# CuTe's layouts: each thread's pointers into K and V are computed once and moved by one tile of rows per
-# iteration (`flash_fwd_kernel.h`).
+# Why the count matters: each of an SM's four partitions has one scheduler, which issues at most one
+# instruction per cycle, for one of its warps. An HMMA keeps the partition's tensor core busy for several
+# cycles, and during those cycles the scheduler can issue the softmax, the loads and the address arithmetic
+# of the warps beside it. The tensor core stays busy only if everything else fits in those gaps: when a tile's
+# other instructions outnumber what its HMMAs leave room for, the kernel is bound by issue slots, not by the
+# tensor cores. This is why FlashAttention-2 (Section 3.1) cuts the non-matmul work, and why FlashAttention-4
+# goes further (it computes part of its exponentials with polynomials on the FP32 units and skips rescales).
+#
+# Nsight Compute counts how often each SASS instruction ran; `benchmarks/profiling/sass_mix.py` turns that
+# into the mix of the loop body, per warp and key tile, of the float16 forward at d = 64, for three builds of
+# the same code that differ only in their address arithmetic and in the rescale of step 4:
 
 # %%
 mix = tviz.load_sass_mix()
@@ -368,10 +449,39 @@ plt.show()
 if mix:
     for label, counts in mix["loop_body"].items():
         groups = tviz.instruction_groups(counts)
-        print(f"{label:6s}: {sum(counts.values())} instructions per warp and tile, {counts.get('HMMA', 0)} of them "
-              f"mma, {groups['integer: addresses, indices, compares']} integer ({mix['labels'][label]})")
+        total = sum(counts.values())
+        print(f"{mix['labels'][label]}:\n    {total} instructions per warp and tile, {counts.get('HMMA', 0)} HMMA "
+              f"({total / counts['HMMA']:.1f} instructions to issue per HMMA), "
+              f"{groups['integer: addresses, indices, compares']} integer, {groups['softmax arithmetic']} softmax")
 
 # %% [markdown]
+# The biggest bar beside the HMMAs is the softmax: hundreds of instructions (max, exponentials, sums, the
+# rescale) against 128 HMMA per tile. Address arithmetic was the second biggest in the first build, and it
+# teaches a rule that carries over to any kernel:
+#
+# - **Hoist 64-bit address arithmetic out of the loop.** A global address is 64 bits, and multiplying a row
+#   index by a stride in 64 bits costs several 32-bit instructions. A thread copies the same chunk of every K
+#   and V tile, so compute the tile's first address once per tile and the chunk's offset inside the tile once
+#   per kernel.
+# - **Use 32-bit offsets.** Shared memory is addressed with 32 bits, and an offset inside a tile fits in 32 bits.
+# - **Let ptxas fold constants.** When an address is visibly "base register + constant", ptxas writes the
+#   constant into the instruction, `LDSM [R16+0x20]`, and the add disappears. It can only do so if it sees the
+#   arithmetic: an address converted inside inline assembly is opaque to it, so flashlab's intrinsics compute
+#   the 32-bit shared address before the assembly. Six LDSMs of the loop, with a computed address each, and
+#   with one base register and folded constants:
+
+# %%
+if mix and "ldsm_sass" in mix:
+    for label, lines in (("an address register each", mix["ldsm_sass"]["before"]),
+                         ("one base, constants folded", mix["ldsm_sass"]["after"])):
+        print(f"{label}:\n    " + "\n    ".join(lines))
+
+# %% [markdown]
+# The HMMA and softmax bars are the same in the first two builds; the integer bar fell by more than half. The
+# third build also skips O's rescale in tiles where no row's max grew (step 4), which lowers the softmax bar
+# (its count is an average over tiles). FA2's CUDA C++ gets the same effect from CuTe's layouts: each thread's
+# pointers into K and V are computed once and advanced by one tile of rows per iteration (`flash_fwd_kernel.h`).
+
 # **Step 3. S = QKᵀ on tensor cores.** For each k-step of d and each 8-key n-tile: the lane's A registers
 # (Q), two B registers (K, from one `ldmatrix_x4` for two n-tiles, used by each of the warp's m-tiles), and
 # the n-tile's four C registers, which accumulate over the k-steps. (The float32 builds bind another version of
@@ -422,28 +532,46 @@ print(tensor.float16_source("softmax"))
 # tile, every alpha is exp2(0) = 1, and the lane's 32 multiplies of O (at d = 64) would leave it as it is.
 # `vote_any(grew)` (PTX `vote.sync.any`) tells every lane whether the flag is true in *any* lane of the warp,
 # so the whole warp takes the same branch (no divergence). On random scores the chance that a row's max
-# grows at tile j is about 1/(j + 1); on real attention maps, where a few keys dominate a row, it stops
-# growing sooner. FlashAttention-4 (Zadouri et al. 2026, arXiv 2603.05451) lists conditional softmax
-# rescaling among the ways it cuts the work that is not matrix products.
+# grows at tile j is about 1/(j + 1), and an m-tile has 16 rows, so the vote says "rescale" often.
 #
-# How often does an m-tile of 16 rows rescale? Below, for the scores of random Q and K at d = 64 with
-# block_k = 64, and for the same scores with key 0 raised by 6 in every row: one early key that dominates,
-# as the "attention sink" keys that trained language models have (Xiao et al. 2023, arXiv 2309.17453).
+# FlashAttention-4 (Zadouri et al. 2026, arXiv 2603.05451; `flash_attn/cute/softmax.py`) asks less: it keeps
+# the max it last rescaled with, m_used, and rescales only when a tile's max exceeds m_used by more than a
+# **threshold**, 8 in log2 units for 16-bit inputs. Below the threshold it goes on with the stale m_used, and
+# the result is still exact, because nothing requires m_used to be the true max. O, l and the final division
+# all use the same m_used:
+#
+# $$O = \frac{\sum_j e^{s_j - m_{used}}\, v_j}{\sum_j e^{s_j - m_{used}}} = \frac{\sum_j e^{s_j}\, v_j}{\sum_j e^{s_j}}\quad\text{for any } m_{used}.$$
+#
+# The max is subtracted only to keep the exponentials in range. A stale max lets P exceed 1, up to
+# 2⁸ = 256, which float16 and bfloat16 hold easily, and l and O are fp32. How often does an m-tile of 16 rows
+# rescale, with the threshold at 0 (this kernel's vote) and at 8 log2 units (FA4's)? Below, for the scores
+# of random Q and K at d = 64 with block_k = 64, and for the same scores with key 0 raised by 6 in every row:
+# one early key that dominates, as the "attention sink" keys that trained language models have (Xiao et al.
+# 2023, arXiv 2309.17453).
 
 # %%
-q_r, k_r = rng.standard_normal((2, 4096, 64)).astype(np.float32)
+q_r, k_r = rng.standard_normal((2, flashlab.size(4096, 512), 64)).astype(np.float32)
 S_random = q_r @ k_r.T / 8  # scale 1/sqrt(64)
 S_sink = S_random.copy()
 S_sink[:, 0] += 6
-curves = {"random scores": tviz.max_growth(S_random), "key 0 raised by 6": tviz.max_growth(S_sink)}
+fa4 = 8 * np.log(2)  # 8 in log2 units, in the natural-log units of these scores
+curves = {"random scores": tviz.max_growth(S_random), "key 0 raised by 6": tviz.max_growth(S_sink),
+          "random scores, threshold 8 (log2)": tviz.max_growth(S_random, threshold=fa4)}
 tviz.plot_max_growth(curves)
 plt.show()
+for name, grew in curves.items():
+    print(f"{name:34s}: O rescaled in {grew.mean():6.1%} of (m-tile, key tile) pairs")
 mix = tviz.load_sass_mix()
 if mix:
-    print(f"the kernel's counters, float16 random inputs at N = 4096 (B1 H16): O rescaled in "
-          f"{mix['rescale_share']['now']:.1%} of (m-tile, tile) pairs; NumPy above: {curves['random scores'].mean():.1%}")
+    print(f"the kernel's counters, float16 random inputs at N = 4096 (B1 H16), threshold 0: "
+          f"{mix['rescale_share']['now']:.1%}")
+S_few, V_few = S_random[:64], rng.standard_normal((S_random.shape[1], 8))
+o_stale, p_max = tviz.stale_max_output(S_few, V_few, threshold=fa4)
+P_exact = np.exp(S_few - S_few.max(axis=1, keepdims=True))
+o_exact = P_exact @ V_few / P_exact.sum(axis=1, keepdims=True)
+print(f"with a stale max (threshold 8 in log2 units): largest P {p_max:.2f}, largest difference from the exact "
+      f"softmax output {np.abs(o_stale - o_exact).max():.1e}")
 
-# %% [markdown]
 # **Step 5. O += PV, P straight from registers.** Section 4 in code: two n-tiles of P packed into one A
 # fragment (`pack`), V's B fragments through `ldmatrix_x4_trans`. (The 3xTF32 build sums each tile's PV from
 # zero on the tensor cores and adds it to O with an fp32 multiply-add: a tensor-core accumulator summing
@@ -560,9 +688,9 @@ tviz.plot_ceiling_shares(rows, ceiling)
 plt.show()
 
 # %% [markdown]
-# On lesson 10's roofline, with the measured `mma.sync` ceilings as roofs: the tensor kernel moves no more
-# bytes than the FP32 kernels (fewer in 16 bits), so its intensity stays far right of every ridge point:
-# it is compute-bound, and what separates it from its roof happens inside the SM.
+# On lesson 10's roofline, with the measured `mma.sync` ceilings as roofs. The kernel's intensity comes from
+# lesson 10's traffic model: Q read and O written once, K and V read from HBM once per query block. Before you
+# run the cell: left or right of the ridge points?
 
 # %%
 from flashlab.viz import gpu as gviz
@@ -575,8 +703,29 @@ if reg:
     points["flashlab register fp32"] = (gviz.kernel_intensity(N_roof, d_roof, 128), reg[0]["tflops"] * 1e12)
 gviz.plot_kernel_roofline(points, roofs=tviz.mma_roofs(ceiling))
 plt.show()
+if "flashlab tensor f16" in points and "fp16 m16n8k16" in ceiling:
+    intensity, achieved = points["flashlab tensor f16"]
+    bw = PUBLISHED["H100"].bandwidth
+    print(f"float16 kernel: {intensity:.0f} FLOP/byte by the model, {achieved / 1e12:.0f} TFLOP/s measured")
+    print(f"ridge points: measured mma.sync roof {ceiling['fp16 m16n8k16'] * 1e12 / bw:.0f} FLOP/byte, "
+          f"datasheet {PUBLISHED['H100'].peak_flops / bw:.0f}")
+    print(f"what HBM allows at that intensity: {bw / 1e12:.2f} TB/s x {intensity:.0f} = {bw * intensity / 1e12:.0f} TFLOP/s")
+    kv_bytes = 16 * 2 * N_roof * d_roof * 2  # K and V of all 16 heads, float16
+    print(f"K and V of all 16 heads: {kv_bytes / 2**20:.0f} MiB, against {GPUS['H100'].l2_bytes / 2**20:.0f} MiB of L2; "
+          f"read from HBM once per head, the intensity would be "
+          f"{gviz.kernel_intensity(N_roof, d_roof, N_roof, bytes_per_element=2):.0f} FLOP/byte")
 
 # %% [markdown]
+# By the model's count the float16 kernel sits *left* of both ridge points, on the sloped part of the roofline
+# where a kernel is memory-bound. Yet memory is not what holds it back, for two reasons the cell prints. First,
+# even if every byte of the model came from HBM, the bandwidth would allow more than the kernel reaches.
+# Second, the count is pessimistic: the thread blocks that run at the same time include many query blocks of
+# one head, and they all walk the same K and V tiles in the same order, tile 0 first, at about the same time;
+# the first block to read a tile brings it into L2 and the others find it there. At N = 4096 the K and V of
+# all heads fit in L2 together, so HBM sees each of them about once, and counted that way the intensity is far
+# right of every ridge. What separates the kernel from its roof happens inside the SM: the instruction mix of
+# section 6.
+#
 # What the measurements say, and what they do not:
 #
 # - The speed and the ratios come from one benchmark file on one H100; rerun the script for your GPU, and
@@ -729,9 +878,9 @@ else:
 #
 # **Bigger tiles need more than 48 KB.** The kernel's shared memory is one *dynamic* array (lesson 7), sized
 # at launch, and the kernel opts in to more than 48 KB where the device allows it. That is what lets a block
-# own 128 keys (8 warps) at d = 128: 78 KB, where the 48 KB tile held 64 keys. Each block then streams Q_i and
-# dO_i and adds its dQ atomics once for twice as many keys, and the run that chose these tiles measured 1.37x
-# at d = 128 (`benchmarks/results/logs-tensor-backward/tiles_dynamic_h100.txt`). The registers tell the rest of the story:
+# own 128 keys (8 warps) at d = 128: 78 KB, where a 48 KB tile holds 64 keys. Each block then streams Q_i and
+# dO_i and adds its dQ atomics once for twice as many keys; at d = 128 the bigger tile measured 1.37x faster
+# than the 48 KB one (`benchmarks/results/logs-tensor-backward/tiles_dynamic_h100.txt`). The registers tell the rest of the story:
 # an SM has 64K of them, so a tile that needs close to 255 a thread fits 8 warps per SM, too few to hide all
 # of the latency of the shared-memory loads between the `mma`. The atomics' price is visible too: dQ moves in
 # its last bits between identical calls, while dK and dV come out bit for bit the same.
@@ -742,9 +891,9 @@ else:
 # %%
 from flashlab.kernels import tensor_backward as tb
 
-tiles = [("16-bit d128, 16x64 (the old default)", 128, "f16", tb.BackwardTile(4, 16, 2)),
+tiles = [("16-bit d128, 16x64", 128, "f16", tb.BackwardTile(4, 16, 2)),
          ("16-bit d128, 32x128 (default)", 128, "f16", tb.BackwardTile(*tb.DEFAULT_TILES["16-bit"][128])),
-         ("16-bit d64, 32x128 (the old default)", 64, "f16", tb.BackwardTile(8, 32, 2)),
+         ("16-bit d64, 32x128", 64, "f16", tb.BackwardTile(8, 32, 2)),
          ("16-bit d64, 64x128 (default)", 64, "f16", tb.BackwardTile(*tb.DEFAULT_TILES["16-bit"][64])),
          ("3xTF32 d64, 32x64 V shared (default)", 64, "3xtf32", tb.BackwardTile(*tb.DEFAULT_TILES["float32"][64])),
          ("3xTF32 d128, 16x64 V shared (default)", 128, "3xtf32", tb.BackwardTile(*tb.DEFAULT_TILES["float32"][128]))]
@@ -768,8 +917,11 @@ for (name, *_), k in zip(tiles, kib):
 #
 # - **Tile sizes.** FA2's d = 64 forward gives a block of 4 warps 128 query rows and 128 keys per tile
 #   (`Flash_fwd_kernel_traits<64, 128, 128, 4>`), so each warp has two m-tiles, as ours has for 16-bit inputs;
-#   ours takes 64 keys per tile at d = 64, because it keeps to 48 KB and its registers run out sooner. In
-#   float32 ours keeps one m-tile per warp: 3xTF32's extra fragments need the registers.
+#   ours takes 64 keys per tile at d = 64, because it keeps to 48 KB and its registers run out sooner. FA2 does
+#   not keep two m-tiles at every head dimension: at d = 192 and 256 its tiles are 128 rows for 8 warps or 64
+#   rows for 4 (`Flash_fwd_kernel_traits<256, 64, 64, 4>`, in `flash_fwd_launch_template.h`), one m-tile of 16
+#   rows per warp, because a warp's O accumulators grow with d and the registers run out. In float32 ours keeps
+#   one m-tile per warp for the same reason: 3xTF32's extra fragments need the registers.
 # - **Shared memory.** The forward here uses static shared memory, which caps a block at 48 KB; an H100
 #   block may use up to 227 KB with the dynamic opt-in (`flashlab.hardware`), which only our backward uses
 #   (up to 104 KB). FA2 and FA3 use that room for bigger tiles and deeper pipelines in both passes.
@@ -788,8 +940,7 @@ for (name, *_), k in zip(tiles, kib):
 #   memory (3xTF32), where FA2 tunes this per head dimension.
 
 # %%
-print(tensor.__doc__.split("Where FlashAttention-2 itself goes further:")[1].strip())
-print(f"\nshared memory per block: H100 {GPUS['H100'].shared_per_block // 1024} KB with the opt-in, "
+print(f"shared memory per block: H100 {GPUS['H100'].shared_per_block // 1024} KB with the opt-in, "
       f"{GPUS['H100'].static_shared_per_block // 1024} KB static (what the forward kernels use)")
 
 # %% [markdown]
@@ -798,7 +949,11 @@ print(f"\nshared memory per block: H100 {GPUS['H100'].shared_per_block // 1024} 
 # - One `mma.sync` is a matrix product of the whole warp; each lane brings its fragment of A, B and C.
 # - The fragment layouts decide the code: a quad of lanes shares rows, so row reductions need two shuffles;
 #   C's layout is A's, so P stays in registers; B runs down columns, so V comes through `ldmatrix.trans`.
-# - tf32 has float16's precision and float32's range; 3xTF32 buys back fp32 accuracy with three products.
+# - tf32 has float16's precision and float32's range; 3xTF32 buys back fp32 accuracy with three products, as
+#   long as long sums are not left to the tensor core's truncating accumulator.
+# - A kernel's instructions are a budget: one issue per cycle per scheduler, shared by the softmax, the address
+#   arithmetic and the HMMAs. Hoist 64-bit address work out of the loop; skip rescales that change nothing.
+# - A roofline point is only as good as its byte count: bytes that L2 serves are not HBM's.
 # - A FlashAttention-2 forward on tensor cores fits in one Python module, runs in the simulator, and its
 #   measured speed shows both how far tensor cores go past FP32 units and how far a first kernel stays from
 #   the hardware's ceiling.

@@ -10,7 +10,10 @@
 # - check each option in flashlab's NumPy FlashAttention-2 against the explicit float64 reference
 #   `flashlab.reference_attention`, which builds every option as a full Nq x Nk mask or bias;
 # - say where flashlab differs from the library;
-# - tell from measured times what packing a batch can buy over a loop of launches, and what it cannot.
+# - predict with a two-line model what packing a batch buys over a loop of launches, and check the prediction
+#   against measured times;
+# - name what else a user of the library meets: `deterministic`, `return_attn_probs`, `max_seqlen_q/k`, the
+#   in-place cache append of `flash_attn_with_kvcache`, and the limits FA2 enforces.
 #
 # Every section shows a figure, then the formula, then code that checks flashlab against the reference.
 # No algorithm is written here: the lesson calls `flashlab.reference`, `flashlab.tiled`, `flashlab.varlen`,
@@ -43,27 +46,48 @@ def qkv(B, H, H_kv, nq, nk, d=16):
 # ## 0. One call, many options
 #
 # The library's forward is one function, `flash_attn_func(q, k, v, dropout_p, softmax_scale, causal,
-# window_size, softcap, alibi_slopes, ...)`, plus `flash_attn_varlen_func` for packed batches and
-# `flash_attn_with_kvcache` for decoding from a (paged) cache. flashlab's NumPy functions take the same
-# options under the same names:
+# window_size, softcap, alibi_slopes, deterministic, return_attn_probs)`, plus `flash_attn_varlen_func` for
+# packed batches and `flash_attn_with_kvcache` for decoding from a (paged) cache. flashlab's NumPy functions
+# take the same options under the same names, and two of their own:
 #
-# | option | flashlab | what it changes |
+# | library option | what it changes | flashlab |
 # | --- | --- | --- |
-# | GQA / MQA | k, v with H_kv heads | which K/V head a query head reads |
-# | `window_size=(left, right)` | `flash_attention_v2(..., window_size=)` | the mask: a band around the diagonal |
-# | `align` | `"top_left"` or `"bottom_right"` | where the band's diagonal sits when Nq ≠ Nk |
-# | `alibi_slopes` | (H,) or (B, H) | a bias added to S |
-# | `softcap` | a float | S squashed into (−softcap, softcap) |
-# | `dropout_p`, `seed` | floats, an int | P multiplied by a random 0 / (1/(1−p)) mask |
-# | varlen | `varlen.flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)` | a batch without padding |
-# | paged KV | `decoding.paged_attention(q, k_cache, v_cache, block_table, cache_seqlens)` | where the keys are stored |
+# | GQA / MQA (k, v with fewer heads) | which K/V head a query head reads | the same |
+# | `causal`, `window_size=(left, right)` | the mask: a band around the diagonal, aligned bottom-right when Nq ≠ Nk | the same, plus `align="top_left"` (PyTorch's causal) |
+# | `alibi_slopes` (H,) or (B, H) | a bias added to S | the same |
+# | `softcap` | S squashed into (−softcap, softcap) | the same |
+# | `dropout_p` | P multiplied by a random 0 / (1/(1−p)) mask, drawn from torch's CUDA generator | the same mask rule, from an explicit `seed` |
+# | `cu_seqlens_q/k`, `max_seqlen_q/k` (varlen) | a batch without padding | `varlen.flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)` |
+# | `block_table`, `cache_seqlens` (paged KV) | where the keys are stored | `decoding.paged_attention(q, k_cache, v_cache, block_table, cache_seqlens)` |
 #
-# What runs where today: flashlab's GPU kernels support GQA (forward, backward, paged decoding). The register
-# kernels, forward and backward, also take the window, the alignment, ALiBi, softcap and dropout (the seed is a
-# kernel argument, so a new seed per training step compiles nothing, and the mask is the NumPy code's, bit for
-# bit); so does the tensor-core forward. `kernels.paged_decoding` reads a paged cache, and
-# `kernels.flash_attention_varlen` (with its backward) runs a packed batch in one launch, its forward on tensor
-# cores for 16-bit inputs. Everything below runs in NumPy, on the CPU.
+# The library has no `align` option: its causal mask and windows are always aligned bottom-right. Nor does
+# it take a seed: its Philox generator gets its state (seed and offset) from torch's CUDA generator, so
+# `torch.manual_seed` decides the mask. flashlab takes both explicitly so that a lesson can show PyTorch's
+# alignment next to the library's, and a dropout mask can be rebuilt from its key alone.
+#
+# What a user of the library also meets (read from `flash_attn/flash_attn_interface.py` and
+# `csrc/flash_attn/flash_api.cpp` of the flash-attention repository):
+#
+# - `deterministic=True` selects a backward that gives the same bits on every run, slower and with more
+#   memory. The default backward adds dQ's shares from all key blocks with atomics, in whatever order the
+#   blocks finish (lesson 15, section 8), so dQ can change in its last bits; the forward is always
+#   deterministic.
+# - `return_attn_probs=True` also returns the lse and P (with the dropout pattern encoded in its signs),
+#   for testing only; FA2's C++ accepts it only together with dropout.
+# - `flash_attn_varlen_func` requires `max_seqlen_q` and `max_seqlen_k` beside the cu_seqlens: they size the
+#   grid, and computing them from cu_seqlens, which live on the GPU, would cost a wait for the device.
+# - `flash_attn_with_kvcache(q, k_cache, v_cache, k, v, ...)` appends the new keys and values to the cache
+#   **in place**, at positions `cache_seqlens`, and attends in the same kernel. Given `rotary_cos` and
+#   `rotary_sin`, it applies rotary embeddings to the new keys (and queries) at those positions;
+#   `cache_batch_idx` says which rows of the cache each sequence uses (not with a paged cache). It has no
+#   backward pass.
+# - FA2's paged cache needs pages of a multiple of 256 keys (`page_block_size % 256 == 0` in `flash_api.cpp`):
+#   the page of 4 keys in section 7's picture would be refused.
+# - FA2 refuses softcap together with dropout ("Softcapping does not support dropout for now"); flashlab
+#   combines them.
+#
+# Every section below runs flashlab's NumPy code on the CPU; flashlab's GPU kernels take the same options,
+# forward and backward ([docs/package.md](../docs/package.md) has the table).
 #
 # ## 1. GQA and MQA: fewer K/V heads than query heads
 
@@ -271,13 +295,15 @@ plt.show()
 # $$O_{[c_b, c_{b+1})} = \mathrm{attention}\!\left(Q_{[c_b, c_{b+1})},\, K_{[c'_b, c'_{b+1})},\, V_{[c'_b, c'_{b+1})}\right).$$
 #
 # A kernel never visits the white area: each thread block finds its sequence from cu_seqlens and loops
-# over that sequence's keys only. (`kernels.flash_attention_varlen` does it with a table, made on the host, of
-# every query block of every sequence as (sequence, first row), heaviest first, and one thread block per entry
-# and head.) One launch pays most when the sequences are short: a loop over them then spends its time on
-# launches of grids too small to fill the GPU. When a few long sequences hold most of the work (it grows as
-# n²), their own launches already fill it, and looping costs little more (docs/runs/options-varlen-paged.md has the
-# H100 measurements). The check: the packed call (with GQA too) against the reference run on
-# each sequence alone.
+# over that sequence's keys only. FA2 launches a grid of (ceil(max_seqlen_q / block_q), batch, heads) thread
+# blocks, as if every sequence were the longest; a block whose query rows start past its sequence's end
+# returns at once (`flash_fwd_kernel.h`), so the padding costs a launch slot, not work. That is why it needs
+# `max_seqlen_q`. flashlab's `kernels.flash_attention_varlen` does it another way, its own design: the host
+# makes a table of every query block of every sequence as (sequence, first row), heaviest first, and launches
+# one thread block per entry and head, so no block is empty and the long ones start first. That is closer to
+# FlashAttention-3's varlen scheduler on Hopper, which hands out the longest remaining tiles first
+# (`hopper/tile_scheduler.hpp`). The check: the packed call (with GQA too) against the reference run on each
+# sequence alone.
 
 # %%
 H, H_kv, d = 4, 2, 8
@@ -295,57 +321,57 @@ padded, packed = len(lengths_q) * lengths_q.max() * lengths_k.max(), (lengths_q 
 print(f"scores of a padded batch: {padded}; of the packed one: {packed} ({packed / padded:.2f} of them)")
 
 # %% [markdown]
-# **Measured.** `benchmarks/timing/bench_varlen.py` times three batches on a GPU, each five ways: one packed launch,
-# a loop of one launch per sequence, padding to the longest (flashlab's kernel, and torch SDPA with a mask),
-# and torch SDPA called once per sequence. The figure reads its last run (`flashlab/data/varlen.json`, a copy of
-# `benchmarks/results/varlen.json` that ships with the package). Compare the two uncausal batches:
-# - **Many short sequences:** each launch of the loop has too few query blocks to fill the GPU, so the loop
-#   is bound by launches, and one packed launch wins by a wide margin.
-# - **Mixed lengths up to 4096:** most of the work is in the long sequences, whose own launches fill the
-#   GPU. The loop then costs the packed launch only its short sequences' launches and the tails of its waves.
+# **Packing against a loop of launches: a model first.** A loop launches one kernel per sequence; one packed
+# launch runs them all. Two lines say what each costs. Let t_i be sequence i's work at the rate of a launch
+# that fills the GPU, f_i ≤ 1 the share of the SMs its own grid fills (its thread blocks over the SM count),
+# and t_launch what one launch costs at least (host work and launch latency):
 #
-# Padding does the most work of all: every sequence pays for the longest.
+# $$T_{loop} \approx \sum_i \max\!\left(t_{launch},\ \frac{t_i}{f_i}\right), \qquad T_{packed} \approx t_{launch} + \sum_i t_i .$$
+#
+# A short sequence's launch is bound by t_launch or by idle SMs; a long one fills the GPU by itself and costs
+# the loop nothing extra. `benchmarks/timing/bench_varlen.py` timed two uncausal batches on one GPU: 256
+# sequences of 32 to 1024 tokens, and 64 sequences of 129 to 4096. **Predict before you run the next cell:**
+# for which batch does one packed launch gain more over the loop, and roughly how much?
+#
+# The cell fills in the model: the rate from the tensor kernel's measured TFLOP/s at N = 4096
+# (`flashlab/data/h100_tensor.csv`), t_launch from the batch of short sequences, whose launches are all shorter
+# than a launch costs (so its loop time per sequence is about t_launch), and the kernel's default block of 128
+# query rows. Then it prints the measurement (`flashlab/data/varlen.json`).
 
 # %%
-runs = fig.load_varlen_results()
-fig.plot_varlen_speed(runs)
-plt.show()
-for run in runs:
-    ms = run["ms"]
-    print(f"{fig.varlen_batch_name(run):24s} loop / packed {ms['flashlab loop'] / ms['flashlab varlen']:5.2f}, "
-          f"padded / packed {ms['flashlab padded'] / ms['flashlab varlen']:5.2f}")
-
-# %% [markdown]
-# **How far can one launch get ahead of the loop?** The loop does the packed launch's work plus an extra:
-# its launches and the tails of its waves. A faster kernel shortens the packed launch, and the loop's long
-# sequences just as much; the extra can at best stay as it is. So one launch is 2× faster than the loop only
-# once it takes no longer than that extra. Below, how much faster the kernel would have to be for that, in
-# useful TFLOP/s (the work of the unpadded batch, half of it under causal, as `bench_varlen.py` counts it),
-# against what `mma.sync` itself reaches on this GPU (lesson 15's ceiling).
-
-# %%
+from flashlab.hardware import GPUS
 from flashlab.viz import tensor as tviz
 
-ceiling = tviz.load_mma_ceiling().get("fp16 m16n8k16")
-for run in runs:
-    bound = fig.packing_bound(run)
-    now, extra, need = bound["tflops"], bound["extra_ms"], bound["speedup"]
-    if need <= 1:
-        verdict = "already 2x the loop"
-    else:
-        verdict = f"needs a kernel {need:.2f}x faster: {need * now:.0f} TFLOP/s"
-        if ceiling:
-            verdict += f", {need * now / ceiling:.0%} of mma.sync's {ceiling:.0f}"
-    print(f"{fig.varlen_batch_name(run):24s} packed {now:4.0f} useful TFLOP/s, extra {extra:.2f} ms: {verdict}")
+runs = fig.load_varlen_results()
+speed = {(r["d"], r["causal"]): r["tflops"] for r in tviz.load_tensor_results()
+         if r["impl"] == "flashlab tensor f16" and r["N"] == 4096}
+short = [r for r in runs if max(r["lens"]) <= 1024 and not r["causal"]]
+if runs and short and speed:
+    t_launch = short[0]["ms"]["flashlab loop"] * 1e-3 / len(short[0]["lens"])
+    print(f"t_launch from the short batch: {t_launch * 1e6:.0f} µs; rate at N = 4096: "
+          f"{speed[(runs[0]['d'], 0)]:.0f} TFLOP/s (causal {speed[(runs[0]['d'], 1)]:.0f})")
+    for run in runs:
+        model = fig.launch_model(run["lens"], run["H"], run["d"], run["causal"], speed[(run["d"], int(run["causal"]))] * 1e12,
+                                 t_launch, GPUS["H100"].sms)
+        ms = run["ms"]
+        print(f"{fig.varlen_batch_name(run):24s} model: loop {model['loop_ms']:5.2f} ms, packed {model['packed_ms']:5.2f} ms, "
+              f"loop / packed {model['loop_ms'] / model['packed_ms']:4.2f}  |  measured: loop {ms['flashlab loop']:5.2f}, "
+              f"packed {ms['flashlab varlen']:5.2f}, loop / packed {ms['flashlab loop'] / ms['flashlab varlen']:4.2f}")
 
 # %% [markdown]
-# On the mixed batch the answer is above the ceiling: no kernel on `mma.sync` can be 2× its own loop there,
-# because the loop's long sequences would get the same speed-up. A bar for packing is therefore better put as:
-# never slower than padding, far ahead of the loop where the loop is bound by launches, and at least as fast
-# as the loop everywhere. FlashAttention's own varlen interface saves the same two things, padding and
-# launches; the work per token stays what it was.
+# The model gets the order and the rough size right. Over many short sequences the loop pays t_launch (or idle
+# SMs) hundreds of times and packing wins by a wide margin. Over mixed lengths up to 4096, most of the work is
+# in long sequences whose own launches fill the GPU: packing saves only the short sequences' launches and idle
+# SMs, a modest gain. No speed-up of the kernel changes that much, because it shortens the loop's long
+# launches as much as the packed one. What the model leaves out (waves that leave SMs idle at the end of a
+# grid, how the packed launch orders its blocks, a rate that is not the same at every length) is what the
+# measurement adds. The figure shows all five ways `bench_varlen.py` ran each batch, padding included: padding
+# does the most work of all, since every sequence pays for the longest.
 
-# %% [markdown]
+# %%
+fig.plot_varlen_speed(runs)
+plt.show()
+
 # ## 7. A paged KV cache: a block table
 
 # %%
@@ -388,16 +414,16 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 # %% [markdown]
 # ## 8. Where flashlab differs from the FlashAttention library
 #
-# - **Kernels.** The library implements every option in its CUDA kernels, forward and backward. flashlab's
-#   GPU kernels support GQA (forward, backward, paged decoding); the register kernels, forward and backward,
-#   also have the window, the alignment, ALiBi, softcap and dropout, and run varlen batches in one launch
-#   each way; the tensor-core forward and backward have all of them too. The
-#   feature table in [docs/package.md](../docs/package.md) is kept up to date.
+# - **Options.** flashlab adds `align` (PyTorch's top-left causal beside the library's bottom-right) and an
+#   explicit dropout `seed`; it lacks the library's rotary embeddings, in-place cache append and
+#   `deterministic` switch. Which flashlab kernel takes which option is in the feature table of
+#   [docs/package.md](../docs/package.md).
 # - **ALiBi's constant.** The library's causal kernels add +m·j instead of −m·|pos_i − j|: under a causal
 #   mask (j ≤ pos_i) the two differ by m·pos_i, a constant per row, which cancels in the softmax. The output
 #   is the same, the lse is not. flashlab uses −m·|pos_i − j| everywhere (`reference.alibi_bias`).
-# - **Dropout's generator.** The library uses Philox with the key as counter; flashlab hashes the same kind
-#   of key, (seed, batch, head, row, col), with a smaller integer hash (`flashlab.dropout`). Same property,
+# - **Dropout's generator.** The library runs Philox, a counter-based generator, with a state (seed and offset)
+#   drawn from torch's CUDA generator and the entry's position as counter; flashlab hashes the same kind of
+#   key, (seed, batch, head, row, col), with a smaller integer hash (`flashlab.dropout`). Same property,
 #   different masks: a mask from one cannot be checked against the other.
 # - **Rows that see no key** get o = 0 and lse = +∞ in both, so the backward's exp(S − lse) is 0, never NaN.
 # - **Checking the block table.** The library never checks the table's values: an out-of-range page index
@@ -407,6 +433,8 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 #   never reads their values on the host (its split count comes from the table's capacity).
 # - **Layouts.** flashlab's dense functions take (B, H, N, d) like PyTorch's SDPA; the library takes
 #   (B, N, H, d). varlen uses the library's packed (total, H, d) and its lse of shape (H, total).
+# - **Packed batches.** The library's varlen grid covers max_seqlen_q for every sequence and lets empty
+#   blocks exit; flashlab's launch lists only the blocks that have work, heaviest first (section 6).
 #
 # ## Summary
 #

@@ -2,8 +2,8 @@
 
 Every picture is computed from flashlab's own semantics (reference.attention_mask, reference.alibi_bias,
 dropout.keep_scale, the cu_seqlens and block_table layouts), never redrawn from a description; the varlen
-timings come from benchmarks/results/varlen.json (benchmarks/timing/bench_varlen.py on a GPU), and packing_bound
-says what they leave possible.
+timings come from benchmarks/results/varlen.json (benchmarks/timing/bench_varlen.py on a GPU), and launch_model
+is the two-line model a learner checks them against.
 """
 from __future__ import annotations
 
@@ -187,19 +187,23 @@ def load_varlen_results(path=None, variant="tensor") -> list:
     return [r for r in json.loads(path.read_text()) if r.get("variant") == variant]
 
 
-def packing_bound(run) -> dict:
-    """What one packed launch of a bench_varlen.py run would need in order to be 2x faster than its loop.
-    tflops: its useful TFLOP/s now (the unpadded batch's work, half of it under causal, as bench_varlen.py
-    counts it); extra_ms: what the loop costs on top of the packed launch (launches, the tails of waves);
-    speedup: how much faster the kernel would have to be for the packed launch to take no more than that extra,
-    the best case for the loop (<= 1: already 2x; inf: the loop is not slower at all)."""
-    from ..bench import attention_flops, tflops
+def launch_model(lens, H, d, causal, rate, t_launch, sms, block_q=128) -> dict:
+    """A two-line model of a batch of sequences run as a loop of launches and as one packed launch, in ms:
 
-    ms = run["ms"]
-    useful = sum(attention_flops(1, run["H"], n, n, run["d"], causal=run["causal"]) for n in run["lens"])
-    extra = ms["flashlab loop"] - ms["flashlab varlen"]
-    return {"tflops": tflops(useful, ms["flashlab varlen"]), "extra_ms": extra,
-            "speedup": ms["flashlab varlen"] / extra if extra > 0 else float("inf")}
+        loop   = sum_i max(t_launch, t_i / f_i)      packed = t_launch + sum_i t_i
+
+    t_i = sequence i's FLOPs (half under causal, as bench_varlen.py counts them) / `rate` (FLOP/s of a launch that
+    fills the GPU); f_i = min(1, its thread blocks, H * ceil(n_i / block_q), / sms): a grid of fewer blocks than
+    SMs leaves the rest idle; t_launch: seconds one launch of the loop costs at least (host work, launch latency)."""
+    from ..bench import attention_flops
+
+    loop, packed = 0.0, t_launch
+    for n in lens:
+        t = attention_flops(1, H, n, n, d, causal=causal) / rate
+        fill = min(1.0, H * -(-n // block_q) / sms)
+        loop += max(t_launch, t / fill)
+        packed += t
+    return {"loop_ms": 1e3 * loop, "packed_ms": 1e3 * packed}
 
 
 def varlen_batch_name(run) -> str:

@@ -6,13 +6,14 @@ formats    format_errors, plot_format_errors (fp16, bf16, 1xTF32, 3xTF32 product
 kernel     plot_double_buffer (the code itself: flashlab.kernels.tensor.float16_source)
 speed      load_mma_ceiling, load_tensor_results, plot_mma_ceiling, plot_tensor_speed, ceiling_shares,
            plot_ceiling_shares, mma_roofs (lesson 10's roofline)
-mix        load_sass_mix, instruction_groups, plot_instruction_mix (the loop body's SASS, before / after)
-rescale    max_growth, plot_max_growth (which key tiles make an m-tile's running max grow)
+mix        load_sass_mix, instruction_groups, plot_instruction_mix (the loop body's SASS, three builds)
+rescale    max_growth, plot_max_growth (which key tiles make an m-tile rescale O, with or without a threshold)
 
 Measured data, package data so that a pip-installed flashlab (Colab) has it too:
-flashlab/data/h100_mma_ceiling.csv (benchmarks/timing/mma_ceiling.py) and flashlab/data/h100_tensor.csv
-(benchmarks/timing/bench_kernels.py --parts tensor), flashlab/data/h100_sass_mix.json (benchmarks/profiling/sass_mix.py). A
-missing file makes the loaders return [] (or None) and the plots say so.
+flashlab/data/mma_ceiling.csv (benchmarks/timing/mma_ceiling.py: random and constant operands, with the GPU, the
+date and the clocks; until it exists, the older flashlab/data/h100_mma_ceiling.csv, constant 0/1-bit operands only),
+flashlab/data/h100_tensor.csv (benchmarks/timing/bench_kernels.py --parts tensor), flashlab/data/h100_sass_mix.json
+(benchmarks/profiling/sass_mix.py). A missing file makes the loaders return [] (or None) and the plots say so.
 """
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ from .. import fragments as F
 from ._base import explore, own_axes, subplots, text_color_on
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-MMA_CSV, TENSOR_CSV = DATA / "h100_mma_ceiling.csv", DATA / "h100_tensor.csv"
+MMA_CSV, TENSOR_CSV = DATA / "mma_ceiling.csv", DATA / "h100_tensor.csv"
+H100_MMA_CSV = DATA / "h100_mma_ceiling.csv"  # an older measurement: constant 0/1-bit operands, no clocks
+CONSTANT_OPERANDS = "constant 0/1 bits"  # what benchmarks/timing/mma_ceiling.py calls its constant operands
+CEILING_META = ("gpu", "operands", "date", "sm_clock_mhz", "power_w")  # load_mma_ceiling's keys that are no mma
 SASS_MIX_JSON = DATA / "h100_sass_mix.json"
 LAYOUTS = {"f16": ("m16n8k16", "float16"), "tf32": ("m16n8k8", "tf32")}  # the kernel's two mma shapes
 
@@ -340,11 +344,52 @@ def _kstep_product(A, B, k_step):
     return acc
 
 
+def _truncate(x, exponent, bits=24):
+    """x (float64) cut toward zero to a multiple of 2**(exponent - bits + 1): the bits below a `bits`-bit
+    significand whose leading bit has weight 2**exponent."""
+    q = np.ldexp(1.0, exponent - bits + 1)
+    return np.trunc(x / q) * q
+
+
+def _tc_add(acc, terms):
+    """acc + sum(terms) as a tensor core forms it (Fasi et al. 2021): the products are exact, every term is aligned
+    to the largest one and truncated to fp32's 24 bits there (no guard bits), the aligned terms are added, and
+    the sum is truncated to fp32. acc: (m, n); terms: (m, k, n), float64."""
+    allterms = np.concatenate([acc[:, None, :], terms], axis=1)
+    big = np.abs(allterms).max(axis=1)
+    with np.errstate(divide="ignore"):
+        emax = np.where(big > 0, np.floor(np.log2(np.where(big > 0, big, 1.0))), 0).astype(int)
+    total = _truncate(allterms, emax[:, None, :]).sum(axis=1)
+    with np.errstate(divide="ignore"):
+        e = np.where(total != 0, np.floor(np.log2(np.where(total != 0, np.abs(total), 1.0))), 0).astype(int)
+    return _truncate(total, e)
+
+
+def _tc_chain(A, Bs, k_step, restart=None):
+    """sum_i A_i @ B_i (pairs of float64 tf32 parts, k-steps of k_step) on a truncating tensor-core accumulator.
+    restart: every `restart` columns of k the chain starts from zero and its sum is added to an fp32 accumulator
+    with a round-to-nearest fp32 add (the kernel's way for long sums); None: one chain over all of k."""
+    n_k = A[0].shape[1]
+    out = np.zeros((A[0].shape[0], Bs[0].shape[1]), np.float32)
+    block = restart or n_k
+    for b0 in range(0, n_k, block):
+        acc = np.zeros(out.shape)
+        for k0 in range(b0, min(b0 + block, n_k), k_step):
+            s = slice(k0, min(k0 + k_step, b0 + block))
+            for a, b in zip(A, Bs):  # one mma per pair, in order, into the same accumulator
+                acc = _tc_add(acc, a[:, s, None] * b[None, s, :])
+        out = (out.astype(np.float64) + acc).astype(np.float32)
+    return out
+
+
 def tensor_product(A, B, fmt):
     """A @ B for float32 inputs as a tensor-core kernel computes it in format `fmt`:
     "fp16" / "bf16" (inputs rounded, mma.m16n8k16), "tf32" (rounded by cvt.rna, m16n8k8), "3xtf32" (big*big
     in one chain, big*small + small*big in another, added in fp32, as kernels/tensor.py), or "fp32" (plain
-    float32 arithmetic, NumPy)."""
+    float32 arithmetic, NumPy). These add each k-step to the accumulator as an fp32 add does (round to nearest).
+    Two more follow a tensor core's own truncating accumulation (Fasi et al. 2021; the small products issued
+    before the big one, in one accumulator): "3xtf32 tc" sums all of k in the tensor core; "3xtf32 tc, fp32
+    adds" sums 64 columns of k at a time in it, from zero, and adds each sum to an fp32 accumulator."""
     A, B = np.asarray(A, np.float32), np.asarray(B, np.float32)
     f64 = np.float64
     if fmt == "fp32":
@@ -354,8 +399,10 @@ def tensor_product(A, B, fmt):
         return _kstep_product(r(A).astype(f64), r(B).astype(f64), 16)
     if fmt == "tf32":
         return _kstep_product(F.round_tf32(A).astype(f64), F.round_tf32(B).astype(f64), 8)
-    if fmt == "3xtf32":
+    if fmt in ("3xtf32", "3xtf32 tc", "3xtf32 tc, fp32 adds"):
         (Ab, As), (Bb, Bs) = (tuple(x.astype(f64) for x in F.split_tf32(M)) for M in (A, B))
+        if fmt != "3xtf32":
+            return _tc_chain((As, Ab, Ab), (Bb, Bs, Bb), 8, restart=64 if fmt.endswith("adds") else None)
         big = _kstep_product(Ab, Bb, 8)
         acc = np.zeros_like(big)
         for k0 in range(0, A.shape[1], 8):  # the correction chain: two mma per k-step into one accumulator
@@ -363,11 +410,12 @@ def tensor_product(A, B, fmt):
             acc = (acc.astype(f64) + As[:, s] @ Bb[s]).astype(np.float32)
             acc = (acc.astype(f64) + Ab[:, s] @ Bs[s]).astype(np.float32)
         return big + acc
-    raise ValueError(f"fmt must be one of 'fp16', 'bf16', 'tf32', '3xtf32', 'fp32'; got {fmt!r}")
+    raise ValueError(f"fmt must be one of {FORMATS}; got {fmt!r}")
 
 
-FORMATS = ("bf16", "fp16", "tf32", "3xtf32", "fp32")
-FORMAT_COLORS = {"bf16": "#9467bd", "fp16": "#d62728", "tf32": "#ff7f0e", "3xtf32": "#2ca02c", "fp32": "#1f77b4"}
+FORMATS = ("bf16", "fp16", "tf32", "3xtf32", "3xtf32 tc", "3xtf32 tc, fp32 adds", "fp32")
+FORMAT_COLORS = {"bf16": "#9467bd", "fp16": "#d62728", "tf32": "#ff7f0e", "3xtf32": "#2ca02c", "3xtf32 tc": "#8c564b",
+                 "3xtf32 tc, fp32 adds": "#17becf", "fp32": "#1f77b4"}
 
 
 def format_errors(sizes=(16, 64, 256, 1024, 4096), scales=(1e-6, 1e-3, 1, 1e3, 1e6), m=64, k_scale=256,
@@ -406,7 +454,10 @@ def plot_format_errors(errors, axes=None):
         fig, axes = subplots(1, 2, width=11, height=3.8)
     fig = axes[0].figure
     label = {"bf16": "bf16 (8 significand bits)", "fp16": "fp16 (11 bits)", "tf32": "1xTF32 (11 bits, fp32's range)",
-             "3xtf32": "3xTF32 (big + small: about 21)", "fp32": "fp32 FMA units (24; NumPy float32)"}
+             "3xtf32": "3xTF32 (big + small: about 21), fp32-style sums",
+             "3xtf32 tc": "3xTF32, all of K in a truncating tensor-core sum",
+             "3xtf32 tc, fp32 adds": "3xTF32, tensor-core sums of 64, added in fp32",
+             "fp32": "fp32 FMA units (24; NumPy float32)"}
     for key, ax, xs, xlabel in (("size", axes[0], errors["sizes"], "inner dimension K (m = 64)"),
                                 ("scale", axes[1], errors["scales"], "entries scaled by (K = 256)")):
         top = max(e for f in FORMATS for e in errors[key][f] if np.isfinite(e)) * 30
@@ -464,19 +515,42 @@ def _read(path):
         for k, v in r.items():
             try:
                 r[k] = int(v) if k in ("N", "d", "causal") else float(v) if k not in ("impl", "dtype", "gpu",
-                                                                                     "instruction") else v
+                                                                                     "instruction", "operands",
+                                                                                     "date") else v
             except ValueError:
                 pass
     return rows
 
 
-def load_mma_ceiling(path=None) -> dict:
-    """{instruction: TFLOP/s} of benchmarks/timing/mma_ceiling.py's run ({} without the file), and the GPU's name
-    under the key "gpu"."""
-    rows = _read(path or MMA_CSV)
-    out = {r["instruction"]: r["tflops"] for r in rows}
-    if rows:
-        out["gpu"] = rows[0]["gpu"]
+def mma_ceiling_file() -> Path:
+    """The ceiling file the lessons read: flashlab/data/mma_ceiling.csv, else the older h100_mma_ceiling.csv."""
+    return MMA_CSV if MMA_CSV.exists() else H100_MMA_CSV
+
+
+def mma_ceiling_rows(path=None) -> list:
+    """The rows of a ceiling file, each with its "operands" ("random" or CONSTANT_OPERANDS: a file without
+    that column was measured on constant operands) and "date" ("" where the file has none)."""
+    rows = _read(path or mma_ceiling_file())
+    for r in rows:
+        r["operands"] = r.get("operands") or CONSTANT_OPERANDS
+        r["date"] = r.get("date") or ""
+    return rows
+
+
+def load_mma_ceiling(path=None, operands=None) -> dict:
+    """{instruction: TFLOP/s} of one benchmarks/timing/mma_ceiling.py run ({} without the file), for one kind of
+    operands: "random" where the file has them (else what it has), or CONSTANT_OPERANDS. The keys of
+    CEILING_META say where it comes from: "gpu", "operands", "date", and the median "sm_clock_mhz" and
+    "power_w" of the fp16 m16n8k16 measurement ("" where not recorded)."""
+    rows = mma_ceiling_rows(path)
+    kinds = [r["operands"] for r in rows]
+    operands = operands or ("random" if "random" in kinds else kinds[0] if kinds else None)
+    sel = [r for r in rows if r["operands"] == operands]
+    out = {r["instruction"]: r["tflops"] for r in sel}
+    if sel:
+        fp16 = next((r for r in sel if r["instruction"] == "fp16 m16n8k16"), sel[0])
+        out.update(gpu=sel[0]["gpu"], operands=operands, date=sel[0]["date"],
+                   sm_clock_mhz=fp16.get("sm_clock_mhz", ""), power_w=fp16.get("power_w", ""))
     return out
 
 
@@ -503,7 +577,7 @@ def plot_mma_ceiling(ceiling: dict, fp32_peak=None, fp16_datasheet=None, ax=None
     """Bars: what one SM-full of mma.sync chains reaches from Numba (measured), next to the FP32 units'
     datasheet peak and the datasheet's dense FP16 tensor-core peak."""
     fig, ax = own_axes(ax, width=7, height=3.0)
-    names = [k for k in ceiling if k != "gpu"]
+    names = [k for k in ceiling if k not in CEILING_META]
     if not names:
         _no_data(ax, "mma ceiling data")
         return fig
@@ -520,7 +594,8 @@ def plot_mma_ceiling(ceiling: dict, fp32_peak=None, fp16_datasheet=None, ax=None
     ax.set_yticks(y, [b[0] for b in bars], fontsize=8)
     ax.set_xlabel("TFLOP/s")
     ax.set_xlim(0, max(b[1] for b in bars) * 1.15)
-    ax.set_title(f"mma.sync from a Numba kernel (green, measured on {ceiling.get('gpu', '?')})", fontsize=9)
+    ax.set_title(f"mma.sync from a Numba kernel (green: measured on {ceiling.get('gpu', '?')}, "
+                 f"{ceiling.get('operands', '?')} operands)", fontsize=9)
     return fig
 
 
@@ -686,7 +761,8 @@ def instruction_groups(counts: dict) -> dict:
 
 
 def plot_instruction_mix(data: dict, ax=None):
-    """Stacked bars: the instructions of one loop iteration (one warp, one key tile) by group, per label."""
+    """Stacked bars: the instructions of one loop iteration (one warp, one key tile) by group, one bar per build,
+    named by data["labels"]."""
     fig, ax = own_axes(ax, width=8, height=2.8)
     if not data:
         _no_data(ax, "instruction counts")
@@ -696,7 +772,7 @@ def plot_instruction_mix(data: dict, ax=None):
     left = np.zeros(len(labels))
     for (name, color) in zip(list(OPCODE_GROUPS) + ["other"], colors):
         widths = np.array([instruction_groups(data["loop_body"][lb])[name] for lb in labels], float)
-        ax.barh(labels, widths, left=left, color=color, label=name)
+        ax.barh([data.get("labels", {}).get(lb, lb) for lb in labels], widths, left=left, color=color, label=name)
         for y, (x0, w) in enumerate(zip(left, widths)):
             if w >= 30:
                 ax.text(x0 + w / 2, y, f"{int(w)}", ha="center", va="center", fontsize=8,
@@ -713,21 +789,51 @@ def plot_instruction_mix(data: dict, ax=None):
 
 
 # ------------------------------------------------------------------------------------------ rescale
-def max_growth(S, rows: int = 16, block_k: int = 64) -> np.ndarray:
-    """grew[i, j]: does some row of m-tile i (rows i*rows .. i*rows + rows - 1 of the scores S, (Nq, Nk)) get a
-    larger running max from key tile j? That is when the tensor forward rescales the m-tile's O (tile 0
-    always: the max starts at -inf). Nq must be a multiple of rows."""
+def max_growth(S, rows: int = 16, block_k: int = 64, threshold: float = 0.0) -> np.ndarray:
+    """grew[i, j]: does m-tile i (rows i*rows .. i*rows + rows - 1 of the scores S, (Nq, Nk)) rescale O at key tile
+    j? Tile 0 always does (the max starts at -inf). With threshold = 0 a row rescales whenever its running max
+    grows (the tensor forward's warp vote); with threshold > 0 it keeps the max it last rescaled with until a
+    tile's max exceeds that by more than `threshold` (in S's units), as FlashAttention-4's conditional rescaling
+    does (8 in log2 units for 16-bit inputs). Nq must be a multiple of rows."""
     S = np.asarray(S)
     n_q, n_k = S.shape
     if n_q % rows:
         raise ValueError(f"S has {n_q} rows; expected a multiple of rows={rows}")
+    if threshold < 0:
+        raise ValueError(f"threshold must be >= 0; got {threshold}")
     n_tiles = -(-n_k // block_k)
     padded = np.full((n_q, n_tiles * block_k), -np.inf, dtype=np.result_type(S.dtype, np.float32))
     padded[:, :n_k] = S
-    running = np.maximum.accumulate(padded.reshape(n_q, n_tiles, block_k).max(axis=2), axis=1)
-    grew = np.ones_like(running, dtype=bool)
-    grew[:, 1:] = running[:, 1:] > running[:, :-1]
+    tile_max = padded.reshape(n_q, n_tiles, block_k).max(axis=2)
+    grew = np.zeros((n_q, n_tiles), dtype=bool)
+    grew[:, 0] = True
+    kept = tile_max[:, 0].copy()  # the max O, l and P are scaled with
+    for j in range(1, n_tiles):
+        grew[:, j] = tile_max[:, j] - kept > threshold
+        kept = np.where(grew[:, j], np.maximum(kept, tile_max[:, j]), kept)
     return grew.reshape(n_q // rows, rows, n_tiles).any(axis=1)
+
+
+def stale_max_output(S, V, block_k: int = 64, threshold: float = 0.0):
+    """(O, largest P) of an online softmax over key tiles of block_k that rescales a row only when a tile's max
+    exceeds the max it uses by more than `threshold` (max_growth's rule, row by row). O = P V / l with P, l and
+    the division all taken against the same (possibly stale) max, so O is exact; P can reach exp(threshold)."""
+    S, V = np.asarray(S, np.float64), np.asarray(V, np.float64)
+    n_q, n_k = S.shape
+    m = np.full(n_q, -np.inf)
+    acc, l, p_max = np.zeros((n_q, V.shape[1])), np.zeros(n_q), 0.0
+    for j0 in range(0, n_k, block_k):
+        s = S[:, j0:j0 + block_k]
+        tile = s.max(axis=1)
+        grow = ~np.isfinite(m) | (tile - m > threshold)
+        new_m = np.where(grow, np.maximum(m, tile), m)
+        alpha = np.where(np.isfinite(m), np.exp(m - new_m), 0.0)
+        p = np.exp(s - new_m[:, None])
+        p_max = max(p_max, p.max())
+        acc = acc * alpha[:, None] + p @ V[j0:j0 + block_k]
+        l = l * alpha + p.sum(axis=1)
+        m = new_m
+    return acc / l[:, None], p_max
 
 
 def plot_max_growth(curves: dict, rows: int = 16, ax=None):
@@ -736,7 +842,7 @@ def plot_max_growth(curves: dict, rows: int = 16, ax=None):
     1/(j+1))."""
     fig, ax = own_axes(ax, width=7, height=3)
     n_tiles = 0
-    for label, grew in curves.items():
+    for label, grew in curves.items():  # (the dashed line below is for threshold 0)
         ax.plot(np.arange(grew.shape[1]), grew.mean(axis=0), label=f"{label}: {grew.mean():.0%} of all", lw=1.5)
         n_tiles = max(n_tiles, grew.shape[1])
     j = np.arange(n_tiles)

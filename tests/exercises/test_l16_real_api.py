@@ -313,20 +313,25 @@ def test_the_varlen_figure_draws_the_committed_timings(tmp_path):
     assert any("no varlen benchmark" in t.get_text() for t in ax.texts)
 
 
-def test_packing_bound_backs_what_lesson_16_says_of_the_committed_runs():
-    """Lesson 16: on the mixed batch, 2x the loop needs a kernel faster than mma.sync's ceiling; the batch of
-    short sequences is already past 2x. packing_bound's arithmetic on a made-up run, then on the committed ones."""
+def test_launch_model_counts_launches_and_idle_sms():
+    """Lesson 16's two-line model: by hand on made-up batches, then the committed runs' ordering (the batch of short
+    sequences gains most from packing, in the model as in the measurement)."""
+    from flashlab.bench import attention_flops
     from flashlab.viz import real_api as R
-    from flashlab.viz import tensor as T
 
-    made_up = {"lens": [1000, 1000], "H": 2, "d": 50, "causal": False,
-               "ms": {"flashlab varlen": 2.0, "flashlab loop": 3.0}}
-    bound = R.packing_bound(made_up)
-    assert bound["tflops"] == pytest.approx(4 * 2 * 50 * 2e6 / 2e-3 / 1e12)
-    assert bound["extra_ms"] == pytest.approx(1.0) and bound["speedup"] == pytest.approx(2.0)
-    assert R.packing_bound({**made_up, "ms": {"flashlab varlen": 2.0, "flashlab loop": 1.5}})["speedup"] == float("inf")
-    ceiling = T.load_mma_ceiling()["fp16 m16n8k16"]
-    runs = {R.varlen_batch_name(r): R.packing_bound(r) for r in R.load_varlen_results()}
-    mixed = runs["64 x 129..4096"]
-    assert mixed["speedup"] > 1 and mixed["speedup"] * mixed["tflops"] > ceiling
-    assert runs["256 x 32..1024"]["speedup"] <= 1
+    rate, t_launch = 1e14, 20e-6
+    one = R.launch_model([128], H=1, d=64, causal=False, rate=rate, t_launch=t_launch, sms=4)  # 1 block of 4 SMs
+    t = attention_flops(1, 1, 128, 128, 64) / rate
+    assert one["loop_ms"] == pytest.approx(1e3 * max(t_launch, 4 * t))
+    assert one["packed_ms"] == pytest.approx(1e3 * (t_launch + t))
+    big = R.launch_model([4096] * 2, H=16, d=64, causal=True, rate=rate, t_launch=t_launch, sms=4)
+    t = attention_flops(1, 16, 4096, 4096, 64, causal=True) / rate
+    assert big["loop_ms"] == pytest.approx(2e3 * t) and big["packed_ms"] == pytest.approx(1e3 * (t_launch + 2 * t))
+    runs = {R.varlen_batch_name(r): r for r in R.load_varlen_results()}
+    short, mixed = runs["256 x 32..1024"], runs["64 x 129..4096"]
+    measured = {k: r["ms"]["flashlab loop"] / r["ms"]["flashlab varlen"] for k, r in (("short", short), ("mixed", mixed))}
+    model = {}
+    for key, r in (("short", short), ("mixed", mixed)):
+        m = R.launch_model(r["lens"], r["H"], r["d"], r["causal"], rate=2.25e14, t_launch=25e-6, sms=132)
+        model[key] = m["loop_ms"] / m["packed_ms"]
+    assert measured["short"] > 2 * measured["mixed"] and model["short"] > 2 * model["mixed"]
