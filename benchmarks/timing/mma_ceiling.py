@@ -93,14 +93,15 @@ def kernels():
                 for j in range(CHAINS):  # constant trip count: unrolled, a and c stay in registers
                     o = WORDS * j
                     c0, c1, c2, c3 = c[4 * j], c[4 * j + 1], c[4 * j + 2], c[4 * j + 3]
+                    a0, a1, a2, a3, a4, a5 = a[o], a[o + 1], a[o + 2], a[o + 3], a[o + 4], a[o + 5]
                     if kind == 0:  # `kind` is a compile-time constant: the other branches are dropped
-                        r = mma.mma_f16_m16n8k16(a[o], a[o + 1], a[o + 2], a[o + 3], a[o + 4], a[o + 5], c0, c1, c2, c3)
+                        r = mma.mma_f16_m16n8k16(a0, a1, a2, a3, a4, a5, c0, c1, c2, c3)
                     elif kind == 1:
-                        r = mma.mma_bf16_m16n8k16(a[o], a[o + 1], a[o + 2], a[o + 3], a[o + 4], a[o + 5], c0, c1, c2, c3)
+                        r = mma.mma_bf16_m16n8k16(a0, a1, a2, a3, a4, a5, c0, c1, c2, c3)
                     elif kind == 2:
-                        r = mma.mma_f16_m16n8k8(a[o], a[o + 1], a[o + 2], c0, c1, c2, c3)
+                        r = mma.mma_f16_m16n8k8(a0, a1, a2, c0, c1, c2, c3)
                     else:
-                        r = mma.mma_tf32_m16n8k8(a[o], a[o + 1], a[o + 2], a[o + 3], a[o + 4], a[o + 5], c0, c1, c2, c3)
+                        r = mma.mma_tf32_m16n8k8(a0, a1, a2, a3, a4, a5, c0, c1, c2, c3)
                     c[4 * j], c[4 * j + 1], c[4 * j + 2], c[4 * j + 3] = r[0], r[1], r[2], r[3]
             s = np.float32(0)
             for j in range(REGS):

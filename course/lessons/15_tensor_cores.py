@@ -79,7 +79,8 @@ print(f"an H100 SM has {h100.tensor_cores_per_sm} tensor cores, one per schedule
 # what a pure-Python Numba kernel gets out of each `mma` flashlab wraps: every warp runs 8 independent chains
 # of mma on registers, no memory traffic at all, so this is the ceiling for any kernel built from them. Next
 # to it, two datasheet numbers of the H100 SXM: the FP32 units' peak (lessons 08 to 10 worked under it) and
-# the dense FP16 tensor-core peak. The title names the GPU the ceiling was measured on and what its operands held.
+# the dense FP16 tensor-core peak. The title names the GPU the ceiling was measured on and what its operands
+# held.
 
 # %%
 ceiling = tviz.load_mma_ceiling()
@@ -102,7 +103,11 @@ if "fp16 m16n8k16" in ceiling and "3xTF32 (3 tf32 mma per product)" in ceiling:
 # that reads B (and optionally A) straight from shared memory. Without it, `mma.sync` reaches about two
 # thirds of the peak (FlashAttention-3 blog post, July 2024, note 1, citing Luo et al., arXiv 2402.13499).
 # That figure comes from other code on other inputs, so it is no check of ours; the next paragraph is about
-# why two ceilings measured in two ways need not agree. FlashAttention-3 is built on `wgmma`.
+# why two ceilings measured in two ways need not agree. FlashAttention-3 is built on `wgmma`. A Numba
+# `@intrinsic` could emit it too, but it finds its shared-memory operands through *matrix descriptors* that
+# encode a swizzled layout, and runs asynchronously between fences and commit/wait groups: more machinery than
+# this course builds. We stay with `mma.sync`, which every GPU since Ampere has (and, in its m16n8k8 form,
+# Colab's T4).
 #
 # **Measuring a ceiling honestly.** A tensor core's power draw depends on the data: multiplying zeros, or the
 # same few bits again and again, toggles few transistors, and a GPU held at its power limit lowers its clock
@@ -140,10 +145,7 @@ if {"fp16 m16n8k16", "bf16 m16n8k16"} <= set(f16_bf16):
 # numbers in the two formats, so even "constant" operands toggle different circuits; and two numbers from one
 # run, one after the other, can differ by clock. Where the file records the clock and the power, compare them:
 # the same clock with a lower rate points at the instruction itself, a lower clock at the power limit. Where it
-# records neither, the honest statement is that the gap is unexplained. A Numba `@intrinsic` could emit it too, but it finds its shared-memory operands through
-# *matrix descriptors* that encode a swizzled layout, and runs asynchronously between fences and
-# commit/wait groups: more machinery than this course builds. We stay with `mma.sync`, which every GPU since
-# Ampere has (and, in its m16n8k8 form, Colab's T4).
+# records neither, the honest statement is that the gap is unexplained.
 
 # %% [markdown]
 # ## 2. Fragments: who holds what
@@ -273,7 +275,8 @@ for name, regs in (("ldmatrix", plain), ("ldmatrix.trans", trans)):
 # FlashAttention-2's inner loop computes S = QKᵀ for a tile, turns S into P with the online softmax, and
 # multiplies P V. On tensor cores each product is cut into pieces of the instruction's shape: **m-tiles** of
 # 16 rows, **n-tiles** of 8 columns of the result, and **k-steps** of 16 (8 for tf32) along the inner
-# dimension, one `mma` per (m-tile, n-tile, k-step). S comes out of the first `mma` as **C fragments**, and P goes into the
+# dimension, one `mma` per (m-tile, n-tile, k-step). S comes out of the first `mma` as **C fragments**, and P
+# goes into the
 # second as **A fragments**. If those were different layouts, P would have to travel through shared memory
 # to be reshuffled between lanes. Look at the two side by side: for a 16-key step, the C fragments of two
 # 8-key n-tiles of S (left) and the A fragment of P (right).
@@ -355,8 +358,9 @@ for fmt in tviz.FORMATS:
 # cancelling, and what it cuts first is the low bits of 3xTF32's correction terms, the very part that buys
 # back fp32 accuracy. The two other 3xTF32 lines follow that model (`tviz.tensor_product`): summed over all of
 # K inside the tensor core, the error grows with K and leaves fp32 behind; summed 64 columns at a time and
-# added in fp32, it stays at fp32's level. Hence the rule: **keep long sums out of the tensor core's accumulator.** Ootomo and Yokota (2022)
-# run each `mma` block from zero and add its result to an fp32 accumulator with ordinary, round-to-nearest fp32
+# added in fp32, it stays at fp32's level. Hence the rule: **keep long sums out of the tensor core's
+# accumulator.** Ootomo and Yokota (2022) run each `mma` block from zero and add its result to an fp32
+# accumulator with ordinary, round-to-nearest fp32
 # adds. This course's 3xTF32 kernel follows the same rule where the sums are long: S = QKᵀ accumulates its d/8
 # k-steps inside the tensor core (a short chain), but O = PV, a sum over all N keys, is summed from zero on the
 # tensor cores for one key tile at a time and added to O with an fp32 multiply-add (step 5 below). CUTLASS's

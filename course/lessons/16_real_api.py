@@ -351,12 +351,13 @@ if runs and short and speed:
     print(f"t_launch from the short batch: {t_launch * 1e6:.0f} µs; rate at N = 4096: "
           f"{speed[(runs[0]['d'], 0)]:.0f} TFLOP/s (causal {speed[(runs[0]['d'], 1)]:.0f})")
     for run in runs:
-        model = fig.launch_model(run["lens"], run["H"], run["d"], run["causal"], speed[(run["d"], int(run["causal"]))] * 1e12,
-                                 t_launch, GPUS["H100"].sms)
+        rate = speed[(run["d"], int(run["causal"]))] * 1e12
+        model = fig.launch_model(run["lens"], run["H"], run["d"], run["causal"], rate, t_launch, GPUS["H100"].sms)
         ms = run["ms"]
-        print(f"{fig.varlen_batch_name(run):24s} model: loop {model['loop_ms']:5.2f} ms, packed {model['packed_ms']:5.2f} ms, "
-              f"loop / packed {model['loop_ms'] / model['packed_ms']:4.2f}  |  measured: loop {ms['flashlab loop']:5.2f}, "
-              f"packed {ms['flashlab varlen']:5.2f}, loop / packed {ms['flashlab loop'] / ms['flashlab varlen']:4.2f}")
+        print(f"{fig.varlen_batch_name(run):24s} model: loop {model['loop_ms']:5.2f} ms, "
+              f"packed {model['packed_ms']:5.2f} ms, loop / packed {model['loop_ms'] / model['packed_ms']:4.2f}  |  "
+              f"measured: loop {ms['flashlab loop']:5.2f}, packed {ms['flashlab varlen']:5.2f}, "
+              f"loop / packed {ms['flashlab loop'] / ms['flashlab varlen']:4.2f}")
 
 # %% [markdown]
 # The model gets the order and the rough size right. Over many short sequences the loop pays t_launch (or idle

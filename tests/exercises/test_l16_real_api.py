@@ -329,7 +329,8 @@ def test_launch_model_counts_launches_and_idle_sms():
     assert big["loop_ms"] == pytest.approx(2e3 * t) and big["packed_ms"] == pytest.approx(1e3 * (t_launch + 2 * t))
     runs = {R.varlen_batch_name(r): r for r in R.load_varlen_results()}
     short, mixed = runs["256 x 32..1024"], runs["64 x 129..4096"]
-    measured = {k: r["ms"]["flashlab loop"] / r["ms"]["flashlab varlen"] for k, r in (("short", short), ("mixed", mixed))}
+    measured = {k: r["ms"]["flashlab loop"] / r["ms"]["flashlab varlen"]
+                for k, r in (("short", short), ("mixed", mixed))}
     model = {}
     for key, r in (("short", short), ("mixed", mixed)):
         m = R.launch_model(r["lens"], r["H"], r["d"], r["causal"], rate=2.25e14, t_launch=25e-6, sms=132)
