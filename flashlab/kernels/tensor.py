@@ -43,9 +43,9 @@ in order, inlined by Numba. `float16_source()` prints the float16 path alone (le
 a call's launches once for the general path and the prepared one (kernels/prepared.py).
 
 Where FlashAttention-2 itself goes further: 128-key tiles at d = 64, larger query blocks (two m-tiles per warp
-at d <= 128; at d = 192 and 256 one, with 8 warps or 64-row blocks: `run_mha_fwd_hdim*`), 16-bit inputs only, up to 227 KB of shared memory per block (this forward uses 48 KB of
-static shared memory), and CUDA C++ compiled ahead of time; on Hopper, FA3 replaces mma.sync with wgmma and
-cp.async with TMA.
+at d <= 128; at d = 192 and 256 one, with 8 warps or 64-row blocks: `run_mha_fwd_hdim*`), 16-bit inputs only, up
+to 227 KB of shared memory per block (this forward uses 48 KB of static shared memory), and CUDA C++ compiled
+ahead of time; on Hopper, FA3 replaces mma.sync with wgmma and cp.async with TMA.
 """
 from __future__ import annotations
 
