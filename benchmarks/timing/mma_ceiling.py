@@ -42,8 +42,10 @@ import flashlab  # noqa: E402  (chooses the backend first)
 from flashlab.bench import write_csv  # noqa: E402
 
 CHAINS, ITERS = 8, 4096
-REGS = 4 * CHAINS  # accumulator registers per lane (a local array size must be a plain constant)
 WORDS = 6  # operand registers per chain and lane: A (4) and B (2) of m16n8k16 or tf32 m16n8k8; m16n8k8 uses 3
+# Local array sizes must be plain constants: Numba does not fold `CHAINS * WORDS` written inside the kernel.
+REGS = 4 * CHAINS  # accumulator registers per lane
+OPERAND_REGS = CHAINS * WORDS
 DEFAULT_OUT = ROOT / "flashlab" / "data" / "mma_ceiling.csv"
 # instruction: (mma kind, k, the operand format), names as flashlab.viz.tensor.CEILING_OF expects them
 INSTRUCTIONS = {"fp16 m16n8k16": (0, 16, "float16"), "bf16 m16n8k16": (1, 16, "bfloat16"),
@@ -83,8 +85,8 @@ def kernels():
         @cuda.jit
         def chain(ops, out, iters):
             lane = cuda.threadIdx.x % 32
-            a = cuda.local.array(CHAINS * WORDS, word)  # this lane's operands: registers (constant indices)
-            for j in range(CHAINS * WORDS):
+            a = cuda.local.array(OPERAND_REGS, word)  # this lane's operands: registers (constant indices)
+            for j in range(OPERAND_REGS):
                 a[j] = ops[lane, j // WORDS, j % WORDS]
             c = cuda.local.array(REGS, np.float32)
             for j in range(REGS):
