@@ -14,7 +14,7 @@ Sources (cited in lesson 07):
   GDDR6, 320 GB/s). Bandwidths and FP32 peaks are taken from flashlab.roofline, where they live already.
 - The T4's 4 MB L2 is the TU104 chip's (Turing whitepaper); `cudaGetDeviceProperties` reports 4 MiB.
 
-`LINKS`, the links between GPUs (lesson 17), per direction: datasheets give NVLink and PCIe as the sum of
+`LINKS`, the links between GPUs (lesson 19), per direction: datasheets give NVLink and PCIe as the sum of
 both directions (H100 SXM datasheet: NVLink 900 GB/s, PCIe Gen5 128 GB/s; A100 datasheet: PCIe Gen4 64 GB/s),
 and InfiniBand as the rate of one port in one direction (NVIDIA ConnectX-7 datasheet: NDR 400 Gb/s; a DGX
 H100 has one such port per GPU for the compute network, per the DGX H100 user guide).

@@ -12,7 +12,7 @@ tensor cores for float16 and bfloat16 (kernels/tensor_backward.py), on the FP32 
 forward saves q, k, v, o and the log-sum-exp lse (one number per query row) for the backward, which
 recomputes P from lse: no Nq x Nk tensor is kept between the passes.
 
-Beyond torch's signature, the FlashAttention library's options (lesson 16; semantics of
+Beyond torch's signature, the FlashAttention library's options (lesson 18; semantics of
 `flashlab.reference_attention`): grouped-query attention (k, v with H_kv heads, H_kv dividing H; torch's
 `enable_gqa=True`), `window_size=(left, right)`, `align` ("top_left" as torch, or "bottom_right"),
 `alibi_slopes` (H,) or (B, H), `softcap` and `dropout_p` with a `seed` (drawn from torch's generator when not

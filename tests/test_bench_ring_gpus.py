@@ -1,5 +1,5 @@
 """benchmarks/timing/bench_ring_gpus.py in its CPU mode: two gloo processes with tiny sizes run every phase the
-GPU run has (context_parallel records its failure on CPU), and the file holds what lesson 17's figure reads."""
+GPU run has (context_parallel records its failure on CPU), and the file holds what lesson 19's figure reads."""
 import json
 import os
 import subprocess
@@ -38,6 +38,6 @@ def test_cpu_mode_end_to_end(tmp_path):
     matplotlib.use("Agg")
     from flashlab.viz import ring as rviz
 
-    fig = rviz.plot_gpu_measurement(rviz.load_gpu_measurement(out))  # lesson 17's figure reads this layout
+    fig = rviz.plot_gpu_measurement(rviz.load_gpu_measurement(out))  # lesson 19's figure reads this layout
     assert len(fig.axes) == 3 and data["date"] in fig._suptitle.get_text()
     matplotlib.pyplot.close(fig)

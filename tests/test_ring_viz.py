@@ -1,4 +1,4 @@
-"""Lesson 17's figures and explorer (flashlab.viz.ring): what they draw is checked against flashlab.ring's
+"""Lesson 19's figures and explorer (flashlab.viz.ring): what they draw is checked against flashlab.ring's
 layouts and model; the explorer is driven as a live kernel would, and its static fallback is drawn too."""
 import json
 

@@ -1,4 +1,4 @@
-"""Ring attention on this machine's CPU: W processes joined by gloo against one process (lesson 17).
+"""Ring attention on this machine's CPU: W processes joined by gloo against one process (lesson 19).
 
     python benchmarks/timing/bench_ring.py      # writes flashlab/data/ring_cpu.json, benchmarks/results/ring_cpu.png
 

@@ -1,4 +1,4 @@
-"""Ring attention on several GPUs joined by NCCL, against one GPU and PyTorch's context parallelism (lesson 17).
+"""Ring attention on several GPUs joined by NCCL, against one GPU and PyTorch's context parallelism (lesson 19).
 
     python benchmarks/timing/bench_ring_gpus.py --out $OUT/ring_gpus.json      # every GPU of this machine
     python benchmarks/timing/bench_ring_gpus.py --device cpu --world-size 2 --out /tmp/ring_gpus.json  # CPU check
@@ -22,7 +22,7 @@ limit still leaves what it measured. The phases, in order:
    --rounds (each round's time is its slowest rank's). Efficiency = one GPU's time on the full sequence / (W x
    the ring's time). Per rank and ring step, from CUDA events on the compute stream (ring_attention's EVENTS):
    the compute and the time the stream waited for the transfer. Balance: (max - min) / mean over ranks of the
-   compute per rank and of the forward time per rank. The model of lesson 17 (flashlab.ring.model.timeline)
+   compute per rank and of the forward time per rank. The model of lesson 19 (flashlab.ring.model.timeline)
    predicts the step time twice: with this run's measured rates (one-GPU FLOP/s at the rank's length, the ring
    exchange's GB/s) and with the lesson's datasheet numbers (H100 attention FLOP/s, NVLink 4).
 5. context_parallel: the same shapes through torch.distributed.tensor.experimental.context_parallel (SDPA,
@@ -70,7 +70,7 @@ DEFINITIONS = {
     "balance_forward": "(max - min) / mean over ranks of each rank's forward time",
     "model_step_ms": "flashlab.ring.model.timeline(...).total / W with this run's rates: one GPU's forward FLOP/s at "
                      "N / W tokens and the ring exchange's GB/s per rank at that shard size",
-    "model_step_ms_datasheet": "the same model with lesson 17's numbers: H100 attention FLOP/s "
+    "model_step_ms_datasheet": "the same model with lesson 19's numbers: H100 attention FLOP/s "
                                "(model.H100_ATTENTION_FLOPS) and NVLink 4 (hardware.LINKS)",
     "pass": "every one of o, dq, dk, dv within 2 x the single-GPU error against float64, + 1e-4",
 }

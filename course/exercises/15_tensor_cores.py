@@ -342,7 +342,7 @@ flashlab.check("backward_tile_bytes", backward_tile_bytes)
 # - then moves down `threads // (W/4)` rows per copy while the row is below `block_k`, keeping its column;
 # - writes shared word `row * (W + 4) + column` (rows padded by 4 words, lesson 08's banks);
 # - reads source word `(k0 + row) * row_stride + column`, counted from the first row of this head's K. In a
-#   packed varlen batch (lesson 16) the rows of one head are `H_kv * W` words apart, not W;
+#   packed varlen batch (lesson 18) the rows of one head are `H_kv * W` words apart, not W;
 # - past the keys (`k0 + row >= n_k`) copies 0 bytes: `cp.async` then writes 16 zero bytes, and its source
 #   must still be a valid address: the same column of the tile's first row, k0, which always exists.
 #
@@ -400,6 +400,6 @@ flashlab.check("copy_plan", copy_plan)
 #   binds? Keeping V in shared memory frees the registers that held V's fragments (in float32, one for every
 #   two of V's dimensions): what does it cost instead?
 # - With exercise 8: a thread's source word grows by the same amount from one copy to the next. In a paged
-#   KV cache (lesson 16) the rows of one tile may sit in different pages. Which part of `copy_plan` stops
+#   KV cache (lesson 18) the rows of one tile may sit in different pages. Which part of `copy_plan` stops
 #   being a constant step, and what must the kernel read for every row instead (`kernels/tensor.py` keeps
 #   the general copy for its paged build)?

@@ -1,7 +1,7 @@
 # %% [markdown]
-# # Exercises 16: the real API
+# # Exercises 18: the real API
 #
-# Goes with lesson [16 the real API](../notebooks/16_real_api.ipynb). Six small functions, each the piece of
+# Goes with lesson [18 the real API](../notebooks/18_real_api.ipynb). Six small functions, each the piece of
 # bookkeeping a FlashAttention kernel does for one of the library's options: which key blocks a query block
 # visits under a sliding window, which K/V head a query head reads, what packing query heads saves, one
 # tile of the ALiBi bias, the dropout mask regenerated from its key, and where a key lives in a paged cache.
@@ -51,7 +51,7 @@ flashlab.check("visited_key_blocks", visited_key_blocks)
 # ## 2. The GQA head map
 #
 # With grouped-query attention, q has H heads and k, v have H_kv (H_kv divides H). Which K/V head does query
-# head `h` read? (Lesson 16's figure: groups of consecutive query heads.)
+# head `h` read? (Lesson 18's figure: groups of consecutive query heads.)
 
 # %%
 def kv_head(h, H, H_kv):

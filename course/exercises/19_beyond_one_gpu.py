@@ -1,7 +1,7 @@
 # %% [markdown]
-# # Exercises 17: ring attention
+# # Exercises 19: ring attention
 #
-# Goes with lesson [17 beyond one GPU](../notebooks/17_beyond_one_gpu.ipynb). Four pieces of ring attention:
+# Goes with lesson [19 beyond one GPU](../notebooks/19_beyond_one_gpu.ipynb). Four pieces of ring attention:
 # merging what one rank computes at each step of the ring, the zigzag layout's index map, the bytes a rank
 # sends, and the sequence length at which a link keeps up with the GPU. No processes are needed: the checker
 # plays every rank itself (`flashlab.ring.simulate`) and compares with the exact float64 attention and with

@@ -128,7 +128,7 @@ print(f"lse: relative error {flashlab.relative_error(lse.numpy(), lse_ref):.1e}"
 # `flash-attn` library aligns it bottom-right when the lengths differ, since its version 2.1; exercise 3
 # shows why a decoder with a KV cache needs that). It also takes `dropout_p` and grouped-query attention
 # (`enable_gqa=True`: fewer key/value heads than query heads), plus the FlashAttention library's own options,
-# which lesson 16 teaches. An arbitrary `attn_mask` is the one thing it refuses, loudly, instead of quietly
+# which lesson 18 teaches. An arbitrary `attn_mask` is the one thing it refuses, loudly, instead of quietly
 # computing something else:
 
 # %%

@@ -833,7 +833,7 @@ print("plain ldmatrix of the same words is not:", not np.array_equal(plain, want
 #
 # The atomics' price: float32 additions happen in the order blocks finish, so dQ can change in its last
 # bits from run to run, where dK and dV (written once, by one block) do not. The GPU test suite checks both
-# (`tests/test_tensor_backward.py`). Under grouped-query attention (lesson 16's topic: fewer K/V heads than
+# (`tests/test_tensor_backward.py`). Under grouped-query attention (lesson 18's topic: fewer K/V heads than
 # query heads), a block walks the query tiles of every query head that shares its K/V head, so dK and dV
 # add up in registers and need no atomics either.
 #

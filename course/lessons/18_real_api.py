@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 16 · The real API: the FlashAttention library's options
+# # 18 · The real API: the FlashAttention library's options
 #
 # **After this lesson you can**
 # - read the options of the FlashAttention library's `flash_attn_func` and friends (GQA/MQA, `window_size`,
@@ -448,4 +448,4 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 # - varlen and the paged KV cache change only where rows and keys are found: cu_seqlens and a block table.
 #
 # **Next:** compute the visited key blocks, the GQA head map, an ALiBi tile, a dropout mask and a block-table
-# lookup yourself: [exercises/16_real_api.ipynb](../exercises/16_real_api.ipynb).
+# lookup yourself: [exercises/18_real_api.ipynb](../exercises/18_real_api.ipynb).

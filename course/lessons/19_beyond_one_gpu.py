@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 17 · Beyond one GPU: ring attention
+# # 19 · Beyond one GPU: ring attention
 #
 # **After this lesson you can**
 # - say why a long enough sequence outgrows one GPU, in memory and in time;
@@ -355,4 +355,4 @@ for n_total in (2**20, 2**23):
 #   and one late chunk and balances the work exactly.
 #
 # **Next:** merge a rank's partial results, write the zigzag map, count the bytes a rank sends and find where a
-# link keeps up: [exercises/17_beyond_one_gpu.ipynb](../exercises/17_beyond_one_gpu.ipynb).
+# link keeps up: [exercises/19_beyond_one_gpu.ipynb](../exercises/19_beyond_one_gpu.ipynb).

@@ -1,4 +1,4 @@
-"""Lesson 16, the FlashAttention library's options: which key blocks a query block visits under a window and
+"""Lesson 18, the FlashAttention library's options: which key blocks a query block visits under a window and
 an alignment, the GQA head map and what packing query heads saves, one tile of the ALiBi bias, the dropout
 mask regenerated from its key, and a paged KV cache's block-table lookup.
 
@@ -15,7 +15,7 @@ from ..dropout import keep_scale
 from ..reference import alibi_bias, attention_mask
 from .core import exercise
 
-LESSON = "16_real_api"
+LESSON = "18_real_api"
 
 ALIGN = ("The alignment decides where query i sits among the keys: at position i for 'top_left', at "
          "i + (Nk - Nq) for 'bottom_right' (the last query on the last key).")

@@ -1,4 +1,4 @@
-"""Lesson 17, ring attention: merging a rank's partial results in ring order, the zigzag index map, the bytes a
+"""Lesson 19, ring attention: merging a rank's partial results in ring order, the zigzag index map, the bytes a
 rank sends, and the sequence length at which a link keeps up. The checkers play every rank themselves
 (flashlab.ring.simulate), in NumPy: no processes, no torch."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..ring.layout import shard_indices
 from ..ring.simulate import rank_partials
 from .core import exercise
 
-LESSON = "17_beyond_one_gpu"
+LESSON = "19_beyond_one_gpu"
 
 HUGE = ("The log-sum-exps are near 1e3 here, and exp(1e3) overflows: subtract the largest lse_t first, "
         "w_t = exp(lse_t - m).")

@@ -33,7 +33,7 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     the prepared path (kernels/prepared.py) after the first call with their shapes.
 
     window_size, align, alibi_slopes, softcap, dropout_p, seed: the FlashAttention library's options, as in
-    flashlab.reference_attention (lesson 16); the register and tensor variants compile them in (options.Extras;
+    flashlab.reference_attention (lesson 18); the register and tensor variants compile them in (options.Extras;
     the dropout seed is a kernel argument, so a new seed needs no new compile), and key tiles outside a block's
     causal/window band are skipped. A row that sees no key gets o = 0, lse = +inf. lse is dropout-free, as in the
     library; both variants draw flashlab.dropout's mask, the NumPy one for the same seed.

@@ -1,4 +1,4 @@
-"""Split-KV decoding over a paged KV cache, as a Numba-CUDA kernel (lessons 14 and 16).
+"""Split-KV decoding over a paged KV cache, as a Numba-CUDA kernel (lessons 14 and 18).
 
 The NumPy version, with the semantics, is `flashlab.decoding.paged_attention`: the keys of sequence b are
 pages block_table[b, 0], block_table[b, 1], ... of k_cache (num_pages, page_size, H_kv, d), cache_seqlens[b]

@@ -1,5 +1,5 @@
 """flash_attention_varlen on the GPU: one launch of the register or tensor-core kernel over a packed batch
-(lesson 16).
+(lesson 18).
 
 The NumPy version, with the semantics, is `flashlab.varlen.flash_attention_varlen`: sequence b owns rows
 cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q (total_q, H, d) and rows cu_seqlens_k[b] .. of k, v

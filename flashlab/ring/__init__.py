@@ -1,6 +1,6 @@
 """Ring attention (context parallelism): one sequence split across W ranks, K/V shards passed around a ring
 (Liu, Zaharia and Abbeel, "Ring Attention with Blockwise Transformers for Near-Infinite Context",
-arXiv 2310.01889). Lesson 17.
+arXiv 2310.01889). Lesson 19.
 
     from flashlab.ring import shard, unshard, ring_attention, run_ranks
 

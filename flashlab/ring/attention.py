@@ -3,7 +3,7 @@
     o = ring_attention(q, k, v, causal=True)     # this rank's shards in, this rank's shard of O out
     o.backward(do)                               # dq here; dk, dv travel home around the ring
 
-W ranks each hold one shard of q, k and v (`flashlab.ring.shard`, a layout of lesson 17). At step t = 0..W-1
+W ranks each hold one shard of q, k and v (`flashlab.ring.shard`, a layout of lesson 19). At step t = 0..W-1
 rank r holds the K/V shard of rank (r - t) mod W: it sends that shard on to rank r + 1 and receives the next
 one from rank r - 1 (isend / irecv, started before the local block is computed, so the transfer can hide
 under the compute), computes attention of its queries against the keys it holds, and merges the block's

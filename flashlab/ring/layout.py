@@ -1,4 +1,4 @@
-"""Which tokens of a sequence each rank holds: the layouts of ring attention (lesson 17).
+"""Which tokens of a sequence each rank holds: the layouts of ring attention (lesson 19).
 
 The sequence of N tokens is cut into equal chunks; each rank holds some of them, in increasing order:
 

@@ -1,4 +1,4 @@
-"""How long a ring step takes: compute against transfer (lesson 17). A model, not a measurement.
+"""How long a ring step takes: compute against transfer (lesson 19). A model, not a measurement.
 
 At each step a rank computes attention of its c = N/W queries against c keys, 4 c^2 d FLOPs per head (half of
 that under a causal mask with the zigzag layout), while it sends a K/V shard of 2 c d numbers per KV head to

@@ -6,7 +6,7 @@ Each process initialises torch.distributed (a file in a fresh temporary folder i
 port is needed), calls fn and sends its return value back. A rank that raises ends the run at once: the
 other ranks are stopped (they may be waiting on a transfer from it that will never come) and run_ranks
 raises a RankFailed that carries the rank and its traceback. A run past `timeout` seconds is stopped the
-same way. `demo` is the worker of `python -m flashlab.ring` and of lesson 17's measurement.
+same way. `demo` is the worker of `python -m flashlab.ring` and of lesson 19's measurement.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ring attention in NumPy, every rank in one process: what each rank computes at each step (lesson 17).
+"""Ring attention in NumPy, every rank in one process: what each rank computes at each step (lesson 19).
 
 No processes and no torch: a loop over steps and ranks does what the W processes of `ring_attention` do,
 so the lesson can show the algorithm, and the exercises' checkers can grade a rank's piece of it.

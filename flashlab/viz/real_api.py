@@ -1,4 +1,4 @@
-"""Figures of lesson 16 (the FlashAttention library's options), one function per figure.
+"""Figures of lesson 18 (the FlashAttention library's options), one function per figure.
 
 Every picture is computed from flashlab's own semantics (reference.attention_mask, reference.alibi_bias,
 dropout.keep_scale, the cu_seqlens and block_table layouts), never redrawn from a description; the varlen

@@ -1,4 +1,4 @@
-"""Lesson 17's figures: the ring step by step, the causal work per rank, compute against transfer, the
+"""Lesson 19's figures: the ring step by step, the causal work per rank, compute against transfer, the
 timeline explorer, the CPU and GPU measurements and the model at scale. The numbers come from flashlab.ring
 (layout, model), flashlab/data/ring_cpu.json and flashlab/data/ring_gpus.json; this module only draws."""
 from __future__ import annotations
@@ -261,7 +261,7 @@ def gpu_label(data) -> str:
 
 def plot_gpu_measurement(data=None, axes=None):
     """Three panels of a multi-GPU run (causal; a fixed number of tokens per GPU and a fixed total N).
-    Left: the ring's time per step against W, measured (markers) and as lesson 17's model predicts it from the
+    Left: the ring's time per step against W, measured (markers) and as lesson 19's model predicts it from the
     run's own rates (one GPU's FLOP/s, the ring exchange's GB/s: solid) and from the datasheet numbers
     (H100 attention rate, NVLink 4: dotted). Middle: efficiency, one GPU's time on the whole sequence over W
     times the ring's, forward and forward+backward. Right: at the largest W and the fixed total N, each rank's

@@ -1,4 +1,4 @@
-"""Lesson 16's exercises (the real API: visited key blocks, GQA heads, K/V bytes, ALiBi, dropout, paged KV):
+"""Lesson 18's exercises (the real API: visited key blocks, GQA heads, K/V bytes, ALiBi, dropout, paged KV):
 each checker passes the solution, grades the blank "not implemented", and rejects kept wrong solutions for
 several seeds, naming the slip; a learner function that raises gets a verdict, never a crash of the grader.
 The lesson's figures render, and the visited-blocks checker agrees with flashlab's FA2.
@@ -12,7 +12,7 @@ from exercise_harness import Lesson
 from flashlab import dropout
 from flashlab.grading import check
 
-LESSON = Lesson("16_real_api")
+LESSON = Lesson("18_real_api")
 NAMES = LESSON.exercises()
 mutant = LESSON.mutant
 
@@ -250,7 +250,7 @@ globals().update(LESSON.standard_tests())
 
 def test_the_visited_blocks_are_those_flash_attention_v2_visits():
     """The checker's answer (from the reference mask) is the set of key blocks flashlab's FA2 loads."""
-    from flashlab.grading.l16_real_api import _visited
+    from flashlab.grading.l18_real_api import _visited
     from flashlab.viz.tiles import TileTracer
 
     rng = np.random.default_rng(0)
@@ -314,7 +314,7 @@ def test_the_varlen_figure_draws_the_committed_timings(tmp_path):
 
 
 def test_launch_model_counts_launches_and_idle_sms():
-    """Lesson 16's two-line model: by hand on made-up batches, then the committed runs' ordering (the batch of short
+    """Lesson 18's two-line model: by hand on made-up batches, then the committed runs' ordering (the batch of short
     sequences gains most from packing, in the model as in the measurement)."""
     from flashlab.bench import attention_flops
     from flashlab.viz import real_api as R

@@ -1,11 +1,11 @@
-"""Lesson 17's exercises (ring attention: merging a rank's partial results in ring order, the zigzag index map,
+"""Lesson 19's exercises (ring attention: merging a rank's partial results in ring order, the zigzag index map,
 the bytes a rank sends, the length at which a link keeps up): each checker passes the solution, grades the
 blank "not implemented", and rejects plausible wrong solutions with a message and a hint."""
 import numpy as np
 
 from exercise_harness import Lesson, _work
 
-LESSON = Lesson("17_beyond_one_gpu", min_alternatives=1)
+LESSON = Lesson("19_beyond_one_gpu", min_alternatives=1)
 mutant, alternative = LESSON.mutant, LESSON.alternative
 
 
