@@ -1,6 +1,6 @@
 """The forward kernels composed from steps (kernels/register.py, kernels/tensor.py): bodies that read as a list of
 steps, builds keyed by the options' presence (a new window or slope set compiles nothing), and the float16 path
-lesson 15 prints (tensor.float16_source) holding no other precision's or option's code."""
+lesson 16 prints (tensor.float16_source) holding no other precision's or option's code."""
 import ast
 import inspect
 import re

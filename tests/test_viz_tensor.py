@@ -1,4 +1,4 @@
-"""Lesson 15's figures (flashlab.viz.tensor): each is checked against the model it draws (flashlab.fragments,
+"""The figures of lessons 15-17 (flashlab.viz.tensor): each is checked against the model it draws (flashlab.fragments,
 the simulator's ldmatrix, the committed benchmark files), the explorer's callback is driven, and the code
 sections the lesson prints from kernels/tensor.py are still found there."""
 import csv
@@ -234,11 +234,11 @@ def test_the_tensor_core_sum_truncates_without_guard_bits():
 
 
 def test_the_lesson_prints_the_float16_path_step_by_step():
-    """Lesson 15 prints the float16 build's body and its steps (tensor.float16_source), each of which exists and
+    """Lesson 16 prints the float16 build's body and its steps (tensor.float16_source), each of which exists and
     holds code; the body calls every step the lesson prints, and the mask is among them."""
     from flashlab.kernels import tensor
 
-    lesson = (ROOT / "course" / "lessons" / "15_tensor_cores.py").read_text()
+    lesson = (ROOT / "course" / "lessons" / "16_tensor_core_forward.py").read_text()
     assert "source_between" not in lesson
     shown = re.findall(r'tensor\.float16_source\("(\w+)"\)', lesson)
     assert shown[0] == "body" and {"load_q", "copy_tile", "scores", "mask", "softmax", "pv", "finish"} <= set(shown)
@@ -395,7 +395,7 @@ def test_instruction_mix_groups_every_opcode_and_draws_the_committed_counts(tmp_
         assert groups["tensor cores (HMMA)"] == counts["HMMA"] == raw["loop_body"][label]["HMMA"]
     before, after, now = (T.instruction_groups(data["loop_body"][x]) for x in labels)
     integer, softmax = "integer: addresses, indices, compares", "softmax arithmetic"
-    assert after[integer] < before[integer] / 2  # what lesson 15 says: the integer work fell by more than half
+    assert after[integer] < before[integer] / 2  # what lesson 16 says: the integer work fell by more than half
     assert after["tensor cores (HMMA)"] == before["tensor cores (HMMA)"] == now["tensor cores (HMMA)"]
     assert after[softmax] == before[softmax]
     # ... and then: fewer integer instructions again, and the rescale's 64 multiplies in only part of the tiles

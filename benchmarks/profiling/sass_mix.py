@@ -9,7 +9,7 @@ Prints the share of stall samples by reason, then by opcode, and the instruction
 the instructions executed as often as the most frequent count (one per warp per key tile). Then the average
 per tile: every instruction between the loop body's first and last, weighted by how often it ran per tile
 (a branch taken in some tiles only, such as the rescale of O, counts for that share). --json adds the loop
-body's opcode counts under --label to a JSON file (lesson 15 plots flashlab/data/h100_sass_mix.json); with
+body's opcode counts under --label to a JSON file (lesson 16 plots flashlab/data/h100_sass_mix.json); with
 --average, the average per tile (rounded) instead.
 """
 import argparse

@@ -38,7 +38,8 @@ DEFAULT_TESTS = {
     "tensor forward, default tile": FORWARD_CHECK,
     "tensor forward tests (12)": ["tests/test_tensor_kernel.py::test_tensor_kernel_matches_float64"],
     "tensor backward tests (11)": ["tests/test_tensor_backward.py::test_simulated_tensor_backward"],
-    "lesson 15 exercises (warp)": ["tests/exercises/test_l15_tensor_cores.py"],
+    "lessons 15-17 exercises (warp)": ["tests/exercises/test_l15_tensor_cores.py", "tests/exercises/test_l16_tensor_core_forward.py",
+                                       "tests/exercises/test_l17_tensor_core_backward.py"],
     "lessons 07-10 exercises": [f"tests/exercises/test_l{name}.py" for name in (
         "07_gpu_numba", "08_first_flash_kernel", "09_register_fa2", "10_tuning")],
 }

@@ -233,7 +233,7 @@ for lanes_per_row in (32, 16, 8, 4, 2, 1):
 # `MAX_DYNAMIC_SHARED_SIZE_BYTES`): `flashlab.kernels._launch.allow_dynamic_shared` calls it, and
 # `benchmarks/experiments/probe_dynamic_shared.py` shows an H100 refusing a 100 KB block without it and running it with
 # it. Most of flashlab's kernels still size their tiles to fit 48 KB of static shared memory, which keeps
-# them simple and lets the same code run on a T4; the tensor-core backward of lesson 15 is the one that
+# them simple and lets the same code run on a T4; the tensor-core backward of lesson 17 is the one that
 # needs more.
 #
 # When one thread reads what another wrote, the write must happen first. `cuda.syncthreads()` is a
@@ -292,7 +292,7 @@ for barrier in (True, False):
 # - it is slow: from a tenth of a millisecond to a millisecond per thread per launch, depending on the
 #   kernel, so keep simulated launches to a few blocks of at most a few dozen threads;
 # - Numba's warp-level functions (`cuda.shfl_down_sync` and the votes) do not exist there, which is why the
-#   kernels of lessons 08 to 10 reduce through shared memory instead; lesson 15 reaches warp shuffles, votes
+#   kernels of lessons 08 to 10 reduce through shared memory instead; lesson 16 reaches warp shuffles, votes
 #   and tensor cores through PTX, with flashlab's own emulation of each for the simulator;
 # - registers, spills, occupancy and timing are properties of the compiled code on a real GPU: the
 #   simulator has none of them (lesson 09 shows them from a GPU run).

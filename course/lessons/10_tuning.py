@@ -100,10 +100,10 @@ gviz.tile_explorer(rows);
 # byte in float32, above the H100's FP32 ridge point. So both flashlab kernels are, by the roofline,
 # *compute*-bound: the ceiling that matters is the FP32 rate, and how close a kernel gets to it is
 # decided inside the SM (lessons 08 and 09). PyTorch's SDPA in float32 uses tensor cores (3xTF32),
-# a different and higher roof; in float16 it is higher still. Lesson 15's tensor-core kernel is on the
+# a different and higher roof; in float16 it is higher still. Lesson 16's tensor-core kernel is on the
 # plot too (float16 and 3xTF32, `flashlab/data/h100_tensor.csv`), under the `mma.sync` ceilings a
 # Numba kernel reaches (measured by `benchmarks/timing/mma_ceiling.py`): the roofs that bound it. Its
-# float16 point sits left of its roof's ridge by this traffic model; lesson 15 shows why memory still does
+# float16 point sits left of its roof's ridge by this traffic model; lesson 16 shows why memory still does
 # not bound it.
 
 # %%
@@ -202,7 +202,7 @@ gviz.plot_vs_torch(results, N=N, d=d, source=f"from {source}");
 #   Even so, in the committed runs (`benchmarks/results/README.md`) the register kernel reaches 82–84% of
 #   SDPA fp32 at d = 64 from N = 4096 on (42% at N = 1024, where 16 heads of 8 query blocks make 128 thread
 #   blocks for 132 SMs), but only 30–35% at d = 128, where the 48 KB of static shared memory it uses keeps its
-#   tiles small (lesson 07: more needs dynamic shared memory and an opt-in, which lesson 15's backward uses).
+#   tiles small (lesson 07: more needs dynamic shared memory and an opt-in, which lesson 17's backward uses).
 #   float16 on tensor cores is in another league (numba-cuda has no tensor-core API of its own; lesson 15
 #   reaches the tensor cores through PTX).
 # - On a T4 (Colab), SDPA in float32 runs on plain FP32 units: there the comparison is like for like.
@@ -379,7 +379,7 @@ fig.tight_layout()
 # %% [markdown]
 # Two things stand out. At d = 128 the register kernel stays near a third of SDPA at every N: its tile holds
 # 32 floats of O per thread and issues fewer FMAs per loaded value, a limit of the kernel, not of the launch.
-# Lesson 15's tensor-core kernels are the way past it. And the short shapes are where the launch itself
+# Lessons 15 to 17's tensor-core kernels are the way past it. And the short shapes are where the launch itself
 # shows: at N = 1024 SDPA finishes a whole forward in well under a millisecond, so what the *host* spends
 # before the kernel starts counts.
 #

@@ -70,7 +70,7 @@ def qkv(B, H, H_kv, nq, nk, d=16):
 #
 # - `deterministic=True` selects a backward that gives the same bits on every run, slower and with more
 #   memory. The default backward adds dQ's shares from all key blocks with atomics, in whatever order the
-#   blocks finish (lesson 15, section 8), so dQ can change in its last bits; the forward is always
+#   blocks finish (lesson 17, section 2), so dQ can change in its last bits; the forward is always
 #   deterministic.
 # - `return_attn_probs=True` also returns the lse and P (with the dropout pattern encoded in its signs),
 #   for testing only; FA2's C++ accepts it only together with dropout.

@@ -360,6 +360,14 @@ NAN_HINT = ("NaN comes from inf - inf, 0 * inf or 0 / 0: a row whose scores are 
             "a large number that overflowed before a subtraction.")
 
 
+def fail_on_slip(t: "Checker", got, answers, slips):
+    """Fail with the diagnosis of the first (keywords, why) slip whose answers(**keywords) are the learner's on
+    every case; return when none is. `answers` replays the checker's own model with a slip switched on."""
+    for slip, why in slips:
+        if got == answers(**slip):
+            raise t.fail(why)
+
+
 def noise_floor(magnitude, dtype, tol, terms=1) -> float:
     """The `floor` for `Checker.compare` of an output whose rounding noise is about eps * ||magnitude||.
 

@@ -11,7 +11,7 @@
 
 Inputs are (B, H, N, d) NumPy arrays, numba device arrays or torch CUDA tensors (no copies); outputs come
 back in the same kind. Variants: "shared" (lesson 08: one thread per query row, K/V tiles in shared
-memory), "register" (lesson 09: FA2 with register tiling) and "tensor" (lesson 15: mma.sync tensor cores,
+memory), "register" (lesson 09: FA2 with register tiling) and "tensor" (lessons 15-17: mma.sync tensor cores,
 forward in tensor.py, backward in tensor_backward.py).
 
 The modules, in layers; each imports only from its own layer or those below (tests/test_kernel_layers.py):

@@ -1,4 +1,4 @@
-"""variant="tensor": FlashAttention-2 forward on tensor cores, from pure-Python Numba (lesson 15).
+"""variant="tensor": FlashAttention-2 forward on tensor cores, from pure-Python Numba (lesson 16).
 
 One thread block owns block_q = 16 * m_tiles * warps query rows of one (batch, head); each warp owns m_tiles
 m-tiles of 16 of them (2 for 16-bit inputs by default, so that each K and V fragment read from shared memory
@@ -39,7 +39,7 @@ the dropout seed (a runtime int64: a new seed needs no new compile); builds with
 The code, as it reads: `traits` derives a build's tile constants once; `steps` binds one device function per
 step (where a block works, Q's fragments, the K/V copy, S = QK^T, the mask, the online softmax, O += PV, the
 finish), choosing each precision's and option's variant at build time; the kernel body (`_kernel`) calls them
-in order, inlined by Numba. `float16_source()` prints the float16 path alone (lesson 15), and `launches` describes
+in order, inlined by Numba. `float16_source()` prints the float16 path alone (lesson 16), and `launches` describes
 a call's launches once for the general path and the prepared one (kernels/prepared.py).
 
 Where FlashAttention-2 itself goes further: 128-key tiles at d = 64, larger query blocks (two m-tiles per warp
@@ -959,7 +959,7 @@ def _kernel(T: Traits, S: Steps):
 
 
 def float16_source(step: str | None = None) -> str:
-    """The float16 forward as a learner runs it (lesson 15): the kernel body, then each step function a float16
+    """The float16 forward as a learner runs it (lesson 16): the kernel body, then each step function a float16
     causal build binds (and the steps it calls, from this module and split_kv.py), in the order the body calls
     them; no other precision's or option's variant, and no step that does nothing in this build. step: one step's
     function (a name of Steps: "load_q", "copy_tile", "scores", "mask", "softmax", "pv", "finish", ...) with the

@@ -1,4 +1,4 @@
-"""variant="tensor" backward: FlashAttention-2's backward on tensor cores, from pure-Python Numba (lesson 15).
+"""variant="tensor" backward: FlashAttention-2's backward on tensor cores, from pure-Python Numba (lesson 17).
 
 Three launches, as in kernels/register_backward.py (the FP32-unit version); none holds an Nq x Nk array:
 
@@ -808,7 +808,7 @@ def signature(precision: str):
 
 def launch(q, k, v, o, lse, do, dq, dk, dv, dq_acc, D, n_heads, scale, causal, tile: BackwardTile, precision: str,
            *, extras=None, seed=0):
-    """Launch the three kernels on device arrays (the general path, for tests and lesson 15): q, k, v, o, do, dq,
+    """Launch the three kernels on device arrays (the general path, for tests and lesson 17): q, k, v, o, do, dq,
     dk, dv as (B, H, N, d/2) uint32 pairs (16-bit precisions) or float32 (B, H, N, d); lse, D float32 (B, H, Nq);
     dq_acc float32 (B, H, Nq, d), which is dq itself for float32. extras: options.Extras (or None); seed: the
     dropout seed."""

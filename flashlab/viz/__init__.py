@@ -9,7 +9,7 @@ lesson 06  plot_saved_for_backward, plot_backward_order
 lesson 10  wave_explorer (flashlab.viz.waves)
 lesson 11  fp8_explorer (flashlab.viz.fp8)
 lesson 14  split_explorer (flashlab.viz.decoding)
-lesson 15  fragment_explorer and the fragment, format and speed figures (flashlab.viz.tensor)
+lessons 15-17  fragment_explorer and the fragment, format, kernel and speed figures (flashlab.viz.tensor)
 lesson 18  the option figures: tile grids, GQA map, ALiBi, softcap, dropout, varlen, block table (flashlab.viz.real_api)
 
 Each plot_* returns a matplotlib Figure (and draws into `ax=` when given one). Explorers show

@@ -1,4 +1,4 @@
-"""Figures of lesson 15 (tensor cores from Python), each drawn from flashlab.fragments or committed data.
+"""Figures of lessons 15-17 (tensor cores from Python), each drawn from flashlab.fragments or committed data.
 
 fragments  plot_fragments, fragment_explorer, plot_p_in_registers, plot_ldmatrix, plot_quad_reduction
 backward   plot_backward_block, ds_sources, plot_ds_transpose
@@ -164,7 +164,7 @@ WARP_COLORS = plt.get_cmap("tab10").colors
 
 
 def plot_backward_block(warps=4, block_q=32, query=5, ax=None):
-    """One thread block of the tensor backward (lesson 15): a key block of 16 * warps keys, warp w owning keys
+    """One thread block of the tensor backward (lesson 17): a key block of 16 * warps keys, warp w owning keys
     16w..16w+15, and one tile of block_q queries. Each warp computes its band of S^T (rows = its keys) from K
     or V (A) and Q or dO (B), and feeds P^T and dS^T from registers into dV and dK, which stay in its
     registers. dQ's rows are queries: `query`'s row of dS is a column of dS^T crossing every warp's band, so
@@ -230,7 +230,7 @@ def plot_backward_block(warps=4, block_q=32, query=5, ax=None):
 def ds_sources() -> np.ndarray:
     """(32, 8, 3): for element i of lane L's A fragment of dS (16 queries x 16 keys, m16n8k16), the
     (n-tile, lane, c index) of the C fragments of dS^T (16 keys x 16 queries, two m16n8 n-tiles) holding it:
-    where the tensor backward's dQ += dS K finds each value of its A operand (lesson 15)."""
+    where the tensor backward's dQ += dS K finds each value of its A operand (lesson 17)."""
     A = F.fragment_map("m16n8k16", "A", "float16")  # (query, key) per (lane, i)
     C = F.fragment_map("m16n8k16", "C", "float16")  # (key, query % 8) per (lane, c)
     where = {(int(r), int(c)): (L, i) for L in range(32) for i, (r, c) in enumerate(C[L])}

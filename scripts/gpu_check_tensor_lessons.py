@@ -1,11 +1,11 @@
-"""Lesson 15 on a real GPU: its tests, then the lesson and the solution notebook at full size.
+"""The tensor-core lessons (15-17) on a real GPU: their tests, then the lessons and solution notebooks at full size.
 
-    python scripts/gpu_check_lesson15.py [--out docs/gpu-lesson15.log]
+    python scripts/gpu_check_tensor_lessons.py [--out docs/gpu-tensor-lessons.log]
 
 Without a GPU the same tests and notebooks run in CI on the CUDA simulator; on a GPU they check what the
 simulator cannot: the real mma.sync, ldmatrix(.trans) and cp.async against the lesson's figures
 (tests/test_viz_tensor.py), the s_tile exercise's solution and mutants graded on the hardware
-(tests/exercises/test_l15_tensor_cores.py), the tensor kernel at the lesson's GPU sizes, and the lesson's timing cell
+(tests/exercises/test_l16_tensor_core_forward.py), the tensor kernels at the lessons' GPU sizes, and lesson 16's timing cell
 against torch SDPA. Prints every cell error and the lines of output that carry results; writes the log to
 --out. Run it on an sm_80+ GPU (H100) and, if possible, on a T4 (sm_75: float16 through two m16n8k8).
 """
@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ["notebooks/15_tensor_cores.ipynb", "solutions/15_tensor_cores.ipynb"]
+STEMS = ["15_tensor_cores", "16_tensor_core_forward", "17_tensor_core_backward"]
+NOTEBOOKS = [f"{folder}/{stem}.ipynb" for stem in STEMS for folder in ("notebooks", "solutions")]
 KEEP = ("TFLOP/s", "error", "passed", "failed", "difference", "running on", "lane 5", "==")
 
 
@@ -51,7 +52,7 @@ def run_notebook(path, log):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "docs" / "gpu-lesson15.log"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "gpu-tensor-lessons.log"))
     args = ap.parse_args()
     lines = []
 
@@ -66,7 +67,7 @@ def main():
         sys.exit("no CUDA GPU here: CI already runs these on the simulator")
     log(f"## GPU: {flashlab.device.device_limits()['name']} (cc {flashlab.device.device_limits()['cc']})")
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_viz_tensor.py",
-                          "tests/exercises/test_l15_tensor_cores.py", "tests/test_tensor_kernel.py"],
+                          *[f"tests/exercises/test_l{stem}.py" for stem in STEMS], "tests/test_tensor_kernel.py"],
                          cwd=ROOT, capture_output=True, text=True)
     log("## pytest: " + " | ".join(res.stdout.strip().splitlines()[-3:]))
     errors = sum(run_notebook(p, log) for p in NOTEBOOKS)
