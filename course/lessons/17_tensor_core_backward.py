@@ -246,6 +246,66 @@ for (name, *_), k in zip(tiles, kib):
 #   `deterministic=True`).
 
 # %% [markdown]
+# ## 5. Where to go next: the same ideas in other tools
+#
+# Lessons 15 to 17 wrote every register by hand. Production kernels name the same objects one level up, and
+# knowing which object is which makes their code readable. Three places to look next, each doing one thing this
+# course did.
+#
+# **One warp-level product**, in three tools:
+#
+# | | what you write | who decides the fragments |
+# | --- | --- | --- |
+# | this course | `mma_f16_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)` per warp, per (m-tile, n-tile, k-step) | you, from the PTX ISA's layouts (lesson 15) |
+# | Triton | `acc = tl.dot(p, v, acc)` on whole blocks of a program | the compiler: it picks `mma.sync` on Ampere and `wgmma` on Hopper, and the register layouts that go with them |
+# | CuTe (CUTLASS 3) | a `TiledMMA` built from an MMA atom (FA2 uses `SM80_16x8x16_F32F16F16F32_TN`) and a layout of warps; `partition_fragment_A/B/C` give each thread its fragments, `cute::gemm` issues the atoms | the atom's traits, which encode the same PTX tables as a layout function |
+#
+# - **Triton** (`triton.language.dot`, triton-lang.org) hides everything this course made explicit, and is
+#   the fastest way to a working kernel. Its `input_precision="tf32x3"` for float32 inputs is lesson 15's
+#   3xTF32: the big and the two small products as separate `tl.dot`s, added in fp32. Read its fused-attention
+#   tutorial next to lesson 16: the loop is the same list of steps.
+# - **CuTe** keeps the structure visible but computes it: an MMA atom is one instruction with its fragment
+#   layouts, a `TiledMMA` repeats it over warps and m-/n-tiles (lesson 16's tile hierarchy), and copy atoms such
+#   as `SM75_U32x4_LDSM_N` and `SM75_U16x8_LDSM_T` are `ldmatrix.x4` and its `.trans` form. FlashAttention-2's
+#   `kernel_traits.h` is a short, readable example; CuTe's tutorial on MMA atoms (`0t_mma_atom.md` in CUTLASS's
+#   documentation) draws the same fragment figures as lesson 15.
+#
+# **One rescale.** Lesson 16's kernel votes per warp and rescales O whenever some row's max grew.
+# FlashAttention-4 (Zadouri et al. 2026, arXiv 2603.05451) does it per row, in `update_row_max` of its
+# `flash_attn/cute/softmax.py`, on Blackwell where one thread owns a whole row of S, so no shuffle is needed:
+#
+# 1. the new max is the max of the old one and the tile's row;
+# 2. the rescale factor in log2 units is (m_old − m_new) · scale_log2;
+# 3. if that factor is above −threshold (the max grew by less than the threshold), the old max is kept and the
+#    factor is 1: no rescale at all;
+# 4. otherwise the max moves and O and l are multiplied by 2^factor, by separate "correction" warps.
+#
+# Step 3 is lesson 16's stale max: exact, because O, l and the final division share whichever max was used.
+# The cell below runs that rule on one row of random scores, tile by tile, and counts how often it rescales
+# against the course's rule (threshold 0).
+
+# %%
+row = rng.standard_normal(4096) * 2
+tiles = row.reshape(-1, 64)
+for threshold in (0.0, 8.0):
+    m_used, rescales = -np.inf, 0
+    for tile in tiles:
+        m_new = max(m_used, tile.max())
+        factor = (m_used - m_new) * np.log2(np.e)  # log2 units, as FA4 keeps them
+        if np.isfinite(m_used) and factor < -threshold:
+            rescales += 1
+        if not np.isfinite(m_used) or factor < -threshold:
+            m_used = m_new
+    print(f"threshold {threshold:3.0f} (log2 units): {rescales} rescales over {len(tiles)} key tiles, "
+          f"largest P = {np.exp(row.max() - m_used):.1f}")
+
+# %% [markdown]
+# **And on Hopper.** Lesson 11 told FlashAttention-3's ideas as a model: warp specialization, pingpong, `wgmma`
+# and TMA. The FA3 paper (Shah et al. 2024, arXiv 2407.08608) and its `hopper/` directory are the next read
+# after these lessons; every object in it has a counterpart here (a warpgroup's `wgmma` fragment is four warps'
+# worth of lesson 15's C fragments).
+
+# %% [markdown]
 # ## Summary
 #
 # - The backward keeps dK and dV in registers by giving each warp 16 keys, so it computes Sᵀ and dPᵀ.
