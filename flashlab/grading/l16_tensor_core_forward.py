@@ -12,6 +12,15 @@ LESSON = "16_tensor_core_forward"
 
 
 # --------------------------------------------------------------------------- one warp's S = Q K^T
+def _a1_a2_swapped(Q):
+    """The A operand the tensor core sees when a kernel passes registers a1 and a2 in each other's place: in every
+    16-column k-step, the 8 x 8 block of rows 8-15, columns 0-7 and that of rows 0-7, columns 8-15 trade places."""
+    A = Q.copy()
+    for c in range(0, Q.shape[1], 16):
+        A[8:16, c:c + 8], A[0:8, c + 8:c + 16] = Q[0:8, c + 8:c + 16], Q[8:16, c:c + 8]
+    return A
+
+
 def _s_tile_explain(Q, K, tol):
     """explain(S) for the kernel check: which usual slip the wrong S looks like."""
     Q64, K64 = Q.astype(np.float64), K.astype(np.float64)
@@ -32,6 +41,10 @@ def _s_tile_explain(Q, K, tol):
                 if np.abs(S - part).max() <= tol * scale:
                     return [], (f"S holds only {what} k-step's 16 dims: the accumulators c0..c3 must start at 0 once "
                                 "per n-tile and carry over all d / 16 k-steps (pass the previous c into each mma).")
+        if np.abs(S - _a1_a2_swapped(Q64) @ K64.T).max() <= tol * scale:
+            return [], ("the A registers are in the wrong order: you passed Q's words as (row g, w), (g, w + 4), "
+                        "(g + 8, w), (g + 8, w + 4). PTX's order is a0 a1 = row g, a2 a3 = row g + 8 (a register "
+                        "each), then the same rows 8 columns on: (g, w), (g + 8, w), (g, w + 4), (g + 8, w + 4).")
         wrong = np.abs(S - ref) > tol * scale
         details = []
         top, bottom = wrong[:8].any(), wrong[8:].any()
@@ -56,7 +69,8 @@ def _s_tile_explain(Q, K, tol):
 
 @exercise("s_tile", lesson=LESSON, time_limit=30,
           hint="Use the positions of lesson 15's exercise 1, counted in 32-bit words: a register holds columns 2w "
-               "and 2w + 1 of a row, which is word w. A is Q: its rows are query rows, and k-step ks is words 8ks to 8ks + 7. B is "
+               "and 2w + 1 of a row, which is word w. A is Q: its rows are query rows, and k-step ks is words 8ks "
+               "to 8ks + 7. B is "
                "Kᵀ: B's columns are the n-tile's 8 keys and B's rows are dims, so a lane's B register is a word of "
                "one row of K. Accumulate c0..c3 over all k-steps of an n-tile, then store them where C's layout "
                "puts them.")

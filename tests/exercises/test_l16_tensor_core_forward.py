@@ -20,7 +20,7 @@ LESSON.source_exercise("s_tile", "s_tile", mutant_seeds=(1, 2))
 KERNEL_MUTANTS = [  # (what the learner got wrong, edits, words the verdict must contain)
     ("a1 and a2 swapped (the +4 words before the +8 rows)",
      [("MMA16(q[g, w], q[g + 8, w], q[g, w + 4], q[g + 8, w + 4],",
-       "MMA16(q[g, w], q[g, w + 4], q[g + 8, w], q[g + 8, w + 4],")], "S is wrong"),
+       "MMA16(q[g, w], q[g, w + 4], q[g + 8, w], q[g + 8, w + 4],")], "A registers are in the wrong order"),
     ("accumulators restarted at every k-step",
      [("k[key, w], k[key, w + 4], c0, c1, c2, c3)",
        "k[key, w], k[key, w + 4], np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0))")],
