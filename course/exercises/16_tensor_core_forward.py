@@ -5,7 +5,8 @@
 # kernel, written by you:
 #
 # 1. S = QKᵀ for one warp's 16 rows as a Numba kernel on `mma.sync`, graded in the CUDA simulator;
-# 2. which 16-byte chunks of a K tile each thread of the forward copies, and from where.
+# 2. the smallest padding of a shared-memory row that keeps `ldmatrix` free of bank conflicts;
+# 3. which 16-byte chunks of a K tile each thread of the forward copies, and from where.
 #
 # Lesson 15's exercises give the fragment layouts these build on.
 
@@ -79,25 +80,61 @@ print("largest difference from Q @ K.T:", np.abs(S - Q.astype(np.float64) @ K.as
 flashlab.check("s_tile", s_tile)
 
 # %% [markdown]
-# ## 2. Which chunks does a thread copy?
+# ## 2. How much padding?
 #
-# Step 2 of the lesson: the block copies each K tile (`block_k` rows) into shared memory with `cp.async`,
-# 16 bytes (4 words) per copy. In words, a row of K is W = d/2 in 16 bits (d in float32), so it has W/4
-# chunks; thread `tid` of `threads`:
+# The kernel keeps K and V tiles in shared memory, one row per key, and reads them with `ldmatrix`: the 8 lanes
+# of one phase of the instruction each read the first 16 bytes of one of 8 consecutive rows. Shared memory has
+# 32 banks of 4 bytes, and a phase is served at once only if its 8 chunks of 16 bytes (4 banks each) fall in 8
+# different groups of 4 banks (lesson 16, step 2). Rows are W words long (4-byte words) and stored
+# `W + p` words apart; `p` words of padding must keep every row 16-byte aligned, because `cp.async` and
+# `ldmatrix` move 16-byte chunks.
 #
-# - starts at row `tid // (W/4)` and column word `4 * (tid % (W/4))`: consecutive threads take consecutive
-#   chunks of one row, so a warp reads whole rows (coalesced);
-# - then moves down `threads // (W/4)` rows per copy while the row is below `block_k`, keeping its column;
-# - writes shared word `row * (W + 4) + column` (rows padded by 4 words, lesson 08's banks);
-# - reads source word `(k0 + row) * row_stride + column`, counted from the first row of this head's K. In a
-#   packed varlen batch (lesson 18) the rows of one head are `H_kv * W` words apart, not W;
-# - past the keys (`k0 + row >= n_k`) copies 0 bytes: `cp.async` then writes 16 zero bytes, and its source
-#   must still be a valid address: the same column of the tile's first row, k0, which always exists.
+# Write `row_padding(W)`: the smallest padding `p`, in words, for which the 8 rows of a phase never share a bank
+# group. Then print it for the row widths of the kernel's head dimensions in float16 and float32.
+
+# %%
+def row_padding(W):
+    """The fewest 4-byte words of padding after each W-word row that make 8 consecutive rows' first 16 bytes fall
+    in 8 different groups of 4 banks, keeping rows 16-byte aligned."""
+    ### BEGIN SOLUTION
+    for p in range(0, 33, 4):
+        groups = {(r * (W + p)) % 32 // 4 for r in range(8)}
+        if len(groups) == 8:
+            return p
+    ### END SOLUTION
+
+
+# %%
+for d in (16, 32, 64, 128):
+    print(f"d = {d:3d}: float16 rows of {d // 2:3d} words need {row_padding(d // 2)}, float32 rows of {d:3d} words "
+          f"need {row_padding(d)}")
+print("a 12-word row (d = 24 in float16) needs", row_padding(12))
+
+# %%
+flashlab.check("row_padding", row_padding)
+
+# %% [markdown]
+# ## 3. Which chunks does a thread copy?
+#
+# Step 2 of the lesson: the block copies each K tile (`block_k` rows of W words) into shared memory with
+# `cp.async`, 16 bytes (4 words, one *chunk*) per copy, with all `threads` threads of the block copying at once.
+# Rows sit W + 4 words apart in shared memory (your padding at the kernel's head dimensions) and `row_stride`
+# words apart in the source: in a packed varlen batch (lesson 18) the rows of one head are `H_kv * W` words
+# apart, not W. Work out the order yourself from what the hardware wants:
+#
+# - **coalesced:** at each copy step, the 32 threads of a warp read 32 consecutive chunks of the tile, row by
+#   row, thread 0 of the warp first, so that a warp's 512 bytes are one contiguous piece of memory where rows
+#   are contiguous;
+# - **cheap addresses:** from one copy to the next a thread moves down the same number of rows and keeps its
+#   column (`threads` is a multiple of the chunks in a row), so each source address is the previous one plus a
+#   constant;
+# - **ragged tails:** past the keys (`k0 + row >= n_k`) a copy moves 0 bytes: `cp.async` then writes 16 zero bytes,
+#   and its source must still be a valid address: the same column of the tile's first row, k0, which always
+#   exists.
 #
 # Write `copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide)`: the list of
-# `(shared word, source word, bytes)` of thread `tid`'s copies, in order. The kernel computes the tile's
-# first element once (`k0 * row_stride`); a copy's distance from it is the same in every tile, so each
-# source address costs one multiply-add: the instruction count the lesson's figure shows.
+# `(shared word, source word, bytes)` of thread `tid`'s copies, in order. A row is W = d/2 words in 16 bits,
+# d in float32 (`wide`); source words count from the first row of this head's K.
 
 # %%
 def copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide):
@@ -125,7 +162,7 @@ for tid in (0, 1, 8, 127):
 flashlab.check("copy_plan", copy_plan)
 
 # %% [markdown]
-# ## 3. Think about it
+# ## 4. Think about it
 #
 # - In exercise 1 every lane reads its Q words again for every n-tile. How many 32-bit registers would it
 #   take to keep a lane's Q fragments for all k-steps at d = 64, and d = 128? The tensor kernel keeps them
@@ -136,7 +173,7 @@ flashlab.check("copy_plan", copy_plan)
 #   the `mma` a warp issues for one key tile with one m-tile, then with two. Why does that ratio matter when
 #   shared memory delivers fewer bytes per cycle than the tensor cores consume? And what does the second
 #   m-tile cost in registers (Q's fragments, S, O)? Why does the float32 build keep one?
-# - With exercise 2: a thread's source word grows by the same amount from one copy to the next. In a paged
+# - With exercise 3: a thread's source word grows by the same amount from one copy to the next. In a paged
 #   KV cache (lesson 18) the rows of one tile may sit in different pages. Which part of `copy_plan` stops
 #   being a constant step, and what must the kernel read for every row instead (`kernels/tensor.py` keeps
 #   the general copy for its paged build)?

@@ -49,8 +49,8 @@ flashlab.check("ds_source", ds_source)
 # A block of the tensor backward (lesson 17, section 1) keeps five regions in shared memory, counted in 32-bit
 # words. In 16-bit precisions two values share a word; in float32 (3xTF32) each value takes one:
 #
-# - K_j: `block_k` rows of d values. Every row is padded by 4 words (16 bytes), so that the 8 rows one
-#   `ldmatrix` reads start in different banks;
+# - K_j: `block_k` rows of d values. Every row is padded by 4 words (16 bytes), the padding lesson 16's
+#   exercise 2 derives for the kernel's head dimensions;
 # - V_j, the same, but only with `v_shared` (otherwise its fragments stay in registers);
 # - Q_i and dO_i: `block_q` padded rows each, once per stage (2 stages: the next tile is copied while this one
 #   is used);

@@ -448,5 +448,5 @@ print(f"shared memory per block: H100 {GPUS['H100'].shared_per_block // 1024} KB
 # Next, lesson 17 runs the backward's five products on the same instructions.
 #
 # **Exercises:** [16_tensor_core_forward](../exercises/16_tensor_core_forward.ipynb): write the S = QKᵀ step
-# of one warp as a Numba kernel on `mma.sync`, graded in the simulator, and plan which chunks of a K tile each
-# thread copies.
+# of one warp as a Numba kernel on `mma.sync`, graded in the simulator, derive the smallest row padding that
+# keeps `ldmatrix` free of bank conflicts, and plan which chunks of a K tile each thread copies.

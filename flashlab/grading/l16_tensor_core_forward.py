@@ -91,6 +91,53 @@ def check_s_tile(t, fn):
         t.compare(got, ref, "S", dtype=np.float32, tol=1e-5, explain=_s_tile_explain(Q, K, 1e-4))
 
 
+# ------------------------------------------------------------------------------------- row padding
+def row_padding(row_words, rows=8, group=4, banks=32):
+    """The fewest 4-byte words of padding, a multiple of `group` (rows stay 16-byte aligned), after which the first
+    16 bytes of `rows` consecutive rows fall in `rows` different groups of `group` banks."""
+    for pad in range(0, banks + 1, group):
+        if len({(r * (row_words + pad)) % banks // group for r in range(rows)}) == rows:
+            return pad
+    raise AssertionError("some multiple of the group size below the bank count works")
+
+
+_PADDING_SLIPS = [
+    (dict(group=1), "the padding must be a multiple of 4 words: cp.async and ldmatrix move 16-byte chunks, so every "
+                    "row must start on a 16-byte boundary"),
+    (dict(rows=2), "all 8 rows of a phase must start in different bank groups, not just two neighbouring rows"),
+]
+
+
+@exercise("row_padding", lesson=LESSON,
+          hint="Row r of the tile starts at word r * (W + p), in bank (r * (W + p)) % 32; a 16-byte chunk covers 4 "
+               "banks, so the chunk's bank group is that // 4. Try p = 0, 4, 8, ... and keep the first p for which "
+               "the 8 rows of a phase give 8 different groups.")
+def check_row_padding(t, fn):
+    widths = sorted({4 * w for w in range(1, 65)} | {4 * int(w) for w in t.rng.integers(65, 200, 4)})
+    t.case(f"rows of W = {widths[0]} to {widths[-1]} words, every multiple of 4 up to 256 and a few above")
+    got = []
+    for W in widths:
+        p = t.call(W)
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)):
+            raise t.fail(f"return the padding as an int number of 4-byte words; for W={W} you returned {p!r:.60}")
+        got.append(int(p))
+    want = [row_padding(W) for W in widths]
+    if got == want:
+        return
+    if all(g == 4 * w for g, w in zip(got, want)):
+        raise t.fail("count the padding in 4-byte words (banks are 4 bytes wide), not in bytes")
+    if all(g == 4 for g in got):
+        raise t.fail("4 words is right whenever W / 4 is even (every d the kernel takes), but when W / 4 is odd the "
+                     f"rows already start in 8 different groups: W={widths[0]} needs {want[0]}")
+    for keywords, why in _PADDING_SLIPS:
+        if got == [row_padding(W, **keywords) for W in widths]:
+            raise t.fail(why)
+    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    starts = [(r * (widths[i] + got[i])) % 32 // 4 for r in range(8)]
+    raise t.fail(f"W={widths[i]}: you said {got[i]}; with that padding the 8 rows of a phase start in bank groups "
+                 f"{starts}, and the smallest padding that makes them all different is {want[i]}")
+
+
 # ------------------------------------------------------------------------------------- copy plan
 def copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide, pad=4, pack=True, stride=True, chunks_first=True,
               clamp=True):
@@ -143,10 +190,11 @@ _COPY_SLIPS = [
 
 
 @exercise("copy_plan", lesson=LESSON,
-          hint="A row of K is W = d/2 words (d in float32), so it has W/4 chunks of 16 bytes. Thread tid starts at "
-               "row tid // (W/4) and column 4 * (tid % (W/4)), and moves down threads // (W/4) rows per copy while "
-               "row < block_k. Shared word: row * (W + 4) + column. Source word: (k0 + row) * row_stride + column "
-               "with 16 bytes, or k0 * row_stride + column (the tile's first row) with 0 bytes when k0 + row >= n_k.")
+          hint="Number the tile's 16-byte chunks row by row: a row of W words has W/4 of them. For a warp's reads to "
+               "be consecutive, thread tid takes chunk tid first; all threads together then move on by `threads` "
+               "chunks, a whole number of rows, so each thread keeps its column. Turn a chunk number into (row, "
+               "column word), then into the shared word (rows W + 4 apart) and the source word (rows row_stride "
+               "apart, from row k0). A row past n_k copies 0 bytes, from the same column of row k0.")
 def check_copy_plan(t, fn):
     cases = _copy_cases(t.rng)
     t.case(f"{len(cases)} tiles (d 16-128, 32-256 threads, block_k 16-64, contiguous and packed rows, tiles that "

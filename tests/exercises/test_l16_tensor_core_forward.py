@@ -13,7 +13,7 @@ from flashlab.grading import check
 LESSON = Lesson("16_tensor_core_forward")
 STEM = LESSON.stem
 SOLUTIONS = load_exercise(STEM)
-mutant = LESSON.mutant
+mutant, alternative = LESSON.mutant, LESSON.alternative
 LESSON.source_exercise("s_tile", "s_tile", mutant_seeds=(1, 2))
 
 # -- 1: the kernel (edits of the solution's source, run in the simulator) -------------------------
@@ -34,7 +34,38 @@ for _label, _edits, _says in KERNEL_MUTANTS:
     LESSON.edit_mutant("s_tile", _label, _edits, _says)
 
 
-# -- 2: the forward's K/V copies ----------------------------------------------------------------------
+# -- 2: the row padding ---------------------------------------------------------------------------
+@mutant("row_padding", "multiple of 4 words")
+def padding_in_single_words(W):
+    """4-byte banks taken one by one: the first p (any integer) that puts 8 rows' starts in 8 different banks"""
+    return next(p for p in range(33) if len({(r * (W + p)) % 32 for r in range(8)}) == 8)
+
+
+@mutant("row_padding", "not in bytes")
+def padding_in_bytes(W):
+    """the right padding, in bytes"""
+    return 4 * SOLUTIONS["row_padding"](W)
+
+
+@mutant("row_padding", "when W / 4 is odd")
+def padding_always_four(W):
+    """the kernel's constant: 4 words, whatever W"""
+    return 4
+
+
+@mutant("row_padding", "not just two neighbouring rows")
+def padding_two_rows(W):
+    """only rows 0 and 1 kept apart"""
+    return next(p for p in range(0, 33, 4) if (W + p) % 32 // 4 != 0)
+
+
+@alternative("row_padding")
+def padding_from_parity(W):
+    """the rows' starts step by (W + p) / 4 bank groups: 8 distinct groups mod 8 exactly when that step is odd"""
+    return 0 if (W // 4) % 2 else 4
+
+
+# -- 3: the forward's K/V copies ----------------------------------------------------------------------
 _plan = SOLUTIONS["copy_plan"]
 
 
