@@ -139,11 +139,6 @@ def _data_constants():
     return found
 
 
-# Files a script writes on a GPU that no run has written yet; the module that names each reads an older file
-# instead (flashlab.viz.tensor.mma_ceiling_file). Remove a name once its file is committed.
-NOT_YET_MEASURED = {"flashlab.viz.tensor.MMA_CSV"}
-
-
 def test_every_data_file_the_lessons_read_is_in_the_wheel(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     data = ROOT / "flashlab" / "data"
@@ -153,9 +148,6 @@ def test_every_data_file_the_lessons_read_is_in_the_wheel(wheel):
     assert len(constants) >= 10, constants
     for name, path in constants.items():
         assert path.parent == data, f"{name} = {path}: lessons read data from flashlab/data/ only"
-        if name in NOT_YET_MEASURED:  # its reader falls back to an older file until a GPU run writes it
-            assert not path.exists() or f"flashlab/data/{path.name}" in names, f"{name}: {path.name} not shipped"
-            continue
         assert f"flashlab/data/{path.name}" in names, f"{name}: {path.name} is not in {wheel.name}"
 
 

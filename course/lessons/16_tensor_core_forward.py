@@ -348,11 +348,14 @@ print("(no T4 run is recorded: the figures above are the H100's)")
 
 # %% [markdown]
 # And against the instruction's own ceiling from lesson 15's section 1: how much of what `mma.sync` can do from Numba
-# does the whole kernel get? Attention's FLOPs counted as 4·N²·d, as everywhere in the course.
+# does the whole kernel get? Attention's FLOPs counted as 4·N²·d, as everywhere in the course. Where the ceiling
+# was measured on an H200 and the kernel timed on an H100, the comparison still holds: the H200 is the same chip
+# with more and faster memory, and NVIDIA's datasheets give both the same tensor-core rates.
 
 # %%
 tviz.plot_ceiling_shares(rows, ceiling)
 plt.show()
+print(f"ceiling: {ceiling['gpu']}, {ceiling['operands']} operands; kernels: an H100 (flashlab/data/h100_tensor.csv)")
 
 # %% [markdown]
 # On lesson 10's roofline, with the measured `mma.sync` ceilings as roofs. The kernel's intensity comes from
