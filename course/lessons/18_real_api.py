@@ -447,5 +447,5 @@ print(f"slots in use: {cache_seqlens.sum()} of {reserved} reserved by the table 
 # - Dropout's mask is a pure function of (seed, batch, head, row, col), so the backward regenerates it.
 # - varlen and the paged KV cache change only where rows and keys are found: cu_seqlens and a block table.
 #
-# **Next:** compute the visited key blocks, the GQA head map, an ALiBi tile, a dropout mask and a block-table
-# lookup yourself: [exercises/18_real_api.ipynb](../exercises/18_real_api.ipynb).
+# **Next:** compute visited key blocks, ALiBi's two forms, softcap's backward, a varlen batch and grid, and a
+# block-table lookup yourself: [exercises/18_real_api.ipynb](../exercises/18_real_api.ipynb).
