@@ -285,11 +285,12 @@ def build_forward(d):
     W, RS = d // 2, d // 2 + 4  # words in a row of Q, K, V; shared rows padded by 4 words (lesson step 2)
     NT, ND, KS = BLOCK_K // 8, d // 8, d // 16  # n-tiles of S, n-tiles of O, k-steps of S = Q K^T
     VO = BLOCK_K * RS  # V's tile starts here, after K's
+    SH, QR = 2 * BLOCK_K * RS, 4 * KS  # array sizes as plain numbers: Numba's GPU compiler folds no arithmetic there
 
     @cuda.jit
     def forward(q, k, v, o, n_q, n_k, causal, scale_log2):
-        sh = cuda.shared.array(2 * BLOCK_K * RS, np.uint32)
-        qf = cuda.local.array(4 * KS, np.uint32)
+        sh = cuda.shared.array(SH, np.uint32)
+        qf = cuda.local.array(QR, np.uint32)
         s = cuda.local.array((NT, 4), float32)
         acc = cuda.local.array((ND, 4), float32)
         m = cuda.local.array(2, float32)
