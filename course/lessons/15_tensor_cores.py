@@ -234,6 +234,18 @@ print("largest difference from A @ B + C in float64:", np.abs(D - (A.astype(np.f
 tviz.plot_ldmatrix()
 plt.show()
 
+# %% [markdown]
+# Which lane points where: for a 16 x 16 A operand, `ldmatrix.x4` loads four 8 x 8 matrices, and lanes 8i to
+# 8i + 7 give the row addresses of matrix i (PTX ISA, "ldmatrix"). Matrix i lands in register i of every lane,
+# so the order of the four matrices must be the A fragment's: rows 0-7, then rows 8-15 of the first 8 columns,
+# then the same for the next 8.
+
+# %%
+from flashlab.viz import kernel_tiles
+
+kernel_tiles.plot_ldmatrix_x4_addresses()
+plt.show()
+
 
 @cuda.jit
 def load_both(rows, plain, trans):

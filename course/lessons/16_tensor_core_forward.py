@@ -50,6 +50,29 @@ print("running on:", device.device_limits()["name"], "" if ON_GPU else "(every w
 # The module builds one kernel for several precisions and options (bfloat16, tf32 and 3xTF32 for float32
 # inputs, the sm_75 build, the library's options); each of those binds its own version of a step when the
 # kernel is compiled, so the float16 path you read here has no branch for the others.
+#
+# Why the warps split the query rows and not the keys: split the keys, and every warp ends a tile with a partial
+# max, sum and O for every row, which the warps must merge through shared memory, with barriers, before the next
+# tile; split the rows, and each warp owns its rows' statistics outright (left: FlashAttention-1's kernels;
+# right: FlashAttention-2's, and this one).
+
+
+# %%
+from flashlab.viz import kernel_tiles
+
+kernel_tiles.plot_warp_partition()
+plt.show()
+
+# %% [markdown]
+# Then the tiles, from the block down to one instruction: the block's query rows split into one band per warp,
+# each band into 16-row m-tiles; the key tile into 8-key n-tiles; and each (m-tile, n-tile) pair of S is one
+# `mma` per 16-dim k-step.
+
+# %%
+tile = tensor.choose_tile(64, "f16")  # the float16 forward's default tile at d = 64
+kernel_tiles.plot_tile_hierarchy(block_q=tile.block_q, block_k=tile.block_k, warps=tile.warps, m_tiles=tile.m_tiles)
+plt.show()
+print(tile)
 
 # %%
 print(tensor.float16_source("body"))
@@ -85,6 +108,17 @@ row_words = 64 * 2 // 4  # one row of K at d = 64 in float16: 32 words
 for pad in (0, 4):
     phase = [(r * (row_words + pad)) + w for r in range(8) for w in range(4)]  # 8 lanes, 4 words (16 bytes) each
     print(f"rows padded by {4 * pad:2d} bytes: one phase of ldmatrix needs {ma.bank_conflict_degree(phase)} pass(es)")
+
+# %% [markdown]
+# Padding is one fix; FlashAttention-2 (through CuTe) uses the other, a **swizzle**: the rows stay 128 bytes
+# apart, but chunk c of row r is stored at chunk c ^ (r % 8) of its row. Each row still holds all its chunks,
+# only permuted, so nothing is wasted, and the 8 rows of a phase again land in 8 different bank groups. The price
+# is that every address goes through the XOR. The three layouts of a 128-byte-row tile, each chunk labelled with
+# its bank group (the outlined column is what one `ldmatrix` phase reads):
+
+# %%
+kernel_tiles.plot_swizzle_vs_padding(128)
+plt.show()
 tviz.plot_double_buffer()
 plt.show()
 print(tensor.float16_source("copy_tile"))

@@ -302,8 +302,19 @@ plt.show()
 # makes a table of every query block of every sequence as (sequence, first row), heaviest first, and launches
 # one thread block per entry and head, so no block is empty and the long ones start first. That is closer to
 # FlashAttention-3's varlen scheduler on Hopper, which hands out the longest remaining tiles first
-# (`hopper/tile_scheduler.hpp`). The check: the packed call (with GQA too) against the reference run on each
-# sequence alone.
+# (`hopper/tile_scheduler.hpp`). The two schedules for one head of a batch of mixed lengths, 128-row blocks:
+
+# %%
+from flashlab.viz import kernel_tiles
+
+mixed = [700, 33, 128, 1, 260, 90]
+kernel_tiles.plot_varlen_grid(mixed, block_q=128)
+plt.show()
+launched, working = kernel_tiles.varlen_blocks(mixed, 128)
+print(f"FA2's grid: {launched} blocks per head, {launched - working} of them idle; the packed list: {working}")
+
+# %% [markdown]
+# The check: the packed call (with GQA too) against the reference run on each sequence alone.
 
 # %%
 H, H_kv, d = 4, 2, 8
