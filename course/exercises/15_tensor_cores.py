@@ -7,7 +7,8 @@
 # 1. the fragment map: which (row, column) each lane's element is;
 # 2. a warp's `mma` in NumPy, from the lanes' packed 32-bit registers;
 # 3. the tf32 split of a float32 number, on its bits;
-# 4. a 3xTF32 matrix product from a tf32 tensor core, and its error.
+# 4. a 3xTF32 matrix product from a tf32 tensor core, and its error;
+# 5. the row address each lane gives `ldmatrix.x4` to load an A operand.
 #
 # `flashlab.fragments` holds the library's versions of 1 to 3 (`fragment_map`, `warp_mma`, `split_tf32`):
 # don't call them in your answers, the point is to build them yourself.
@@ -192,7 +193,37 @@ for name, C in (("1xTF32", one_pass), ("3xTF32", matmul_3xtf32(A, B, tensor_core
 flashlab.check("matmul_3xtf32", matmul_3xtf32)
 
 # %% [markdown]
-# ## 5. Think about it
+# ## 5. Where does each lane point? `ldmatrix.x4`'s addresses
+#
+# A kernel keeps a 16 x 16 tile of 16-bit values in shared memory, row-major, rows `row_stride` bytes apart, and
+# loads it as an A operand with one `ldmatrix.sync.aligned.m8n8.x4.b16`. The instruction loads four 8 x 8
+# matrices; each lane gives the address of one 16-byte row: lanes 8i to 8i + 7 give the 8 rows of matrix i, in
+# order. Every lane then receives, in its register i, two neighbouring values of matrix i: those of row
+# lane // 4, columns 2 (lane % 4) and 2 (lane % 4) + 1 (PTX ISA, "Warp-level matrix load instruction:
+# ldmatrix"). For the registers to be the A fragment of exercise 1, in order a0 a1 | a2 a3 | a4 a5 | a6 a7,
+# which 8 x 8 block of the tile must matrix i be?
+#
+# Write `ldmatrix_address(lane, row_stride)`: the byte offset, from the tile's first value, that `lane` passes.
+
+# %%
+def ldmatrix_address(lane, row_stride):
+    """Byte offset of the 16-byte row lane `lane` gives ldmatrix.x4 for a 16 x 16 A operand (16-bit values)."""
+    ### BEGIN SOLUTION
+    matrix, r = lane // 8, lane % 8
+    row, col = r + 8 * (matrix % 2), 8 * (matrix // 2)  # a2, a3 are rows 8-15; a4 .. a7 the next 8 columns
+    return row * row_stride + 2 * col
+    ### END SOLUTION
+
+
+# %%
+print("row addresses of lanes 0, 7, 8, 16, 31 with 144-byte rows:",
+      [ldmatrix_address(lane, 144) for lane in (0, 7, 8, 16, 31)])
+
+# %%
+flashlab.check("ldmatrix_address", ldmatrix_address)
+
+# %% [markdown]
+# ## 6. Think about it
 #
 # - 3xTF32 costs three tensor-core products per product. At the measured mma ceilings of the lesson, is that
 #   still faster than the FP32 units' peak on an H100? On a GPU where tf32 runs at the same rate as FP32

@@ -10,7 +10,8 @@
 # 4. O += PV, with V's B fragments through `ldmatrix.trans`;
 # 5. the forward of one warp, assembled from 1 to 4, against float64 attention;
 # 6. the smallest padding of a shared-memory row that keeps `ldmatrix` free of bank conflicts;
-# 7. which 16-byte chunks of a K tile each thread of the forward copies, and from where.
+# 7. the same without padding: the byte offset of a value in an XOR-swizzled tile;
+# 8. which 16-byte chunks of a K tile each thread of the forward copies, and from where.
 #
 # Lesson 15's exercises give the fragment layouts these build on.
 
@@ -387,7 +388,35 @@ print("a 12-word row (d = 24 in float16) needs", row_padding(12))
 flashlab.check("row_padding", row_padding)
 
 # %% [markdown]
-# ## 7. Which chunks does a thread copy?
+# ## 7. Or swizzle
+#
+# Padding costs memory. FlashAttention-2's layouts (through CuTe) avoid the conflicts without it: rows stay
+# `row_bytes` apart (a multiple of 128), and the 16-byte chunk c of row r is stored at chunk c ^ (r % 8) of its
+# row, the bytes inside a chunk unchanged. This lesson's step 2 draws the three layouts.
+#
+# Write `swizzled_offset(row, col, row_bytes)`: the byte offset of value (row, col) (16-bit values) of such a
+# tile. Then check with the cell below that the 8 rows one `ldmatrix` phase reads (column 0 of rows 0-7) fall in
+# 8 different bank groups, and that each row still uses each of its chunks once.
+
+# %%
+def swizzled_offset(row, col, row_bytes):
+    """Byte offset of 16-bit value (row, col) in a tile whose 16-byte chunks are XOR-swizzled by row % 8."""
+    ### BEGIN SOLUTION
+    chunk, inside = divmod(2 * col, 16)
+    return row * row_bytes + 16 * (chunk ^ (row % 8)) + inside
+    ### END SOLUTION
+
+
+# %%
+groups = [swizzled_offset(r, 0, 128) // 4 % 32 // 4 for r in range(8)]
+print("bank groups of column 0, rows 0-7:", groups, "-> passes:", max(groups.count(x) for x in groups))
+print("row 3 still holds each chunk once:", sorted(swizzled_offset(3, 8 * c, 128) - 3 * 128 for c in range(8)))
+
+# %%
+flashlab.check("swizzled_offset", swizzled_offset)
+
+# %% [markdown]
+# ## 8. Which chunks does a thread copy?
 #
 # Step 2 of the lesson: the block copies each K tile (`block_k` rows of W words) into shared memory with
 # `cp.async`, 16 bytes (4 words, one *chunk*) per copy, with all `threads` threads of the block copying at once.
@@ -435,7 +464,7 @@ for tid in (0, 1, 8, 127):
 flashlab.check("copy_plan", copy_plan)
 
 # %% [markdown]
-# ## 8. Think about it
+# ## 9. Think about it
 #
 # - In exercise 1 every lane reads its Q words again for every n-tile. How many 32-bit registers would it
 #   take to keep a lane's Q fragments for all k-steps at d = 64, and d = 128? The tensor kernel keeps them
@@ -446,7 +475,7 @@ flashlab.check("copy_plan", copy_plan)
 #   the `mma` a warp issues for one key tile with one m-tile, then with two. Why does that ratio matter when
 #   shared memory delivers fewer bytes per cycle than the tensor cores consume? And what does the second
 #   m-tile cost in registers (Q's fragments, S, O)? Why does the float32 build keep one?
-# - With exercise 7: a thread's source word grows by the same amount from one copy to the next. In a paged
+# - With exercise 8: a thread's source word grows by the same amount from one copy to the next. In a paged
 #   KV cache (lesson 18) the rows of one tile may sit in different pages. Which part of `copy_plan` stops
 #   being a constant step, and what must the kernel read for every row instead (`kernels/tensor.py` keeps
 #   the general copy for its paged build)?

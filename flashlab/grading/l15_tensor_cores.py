@@ -286,3 +286,51 @@ def check_matmul_3xtf32(t, fn):
             return [], (named[best][1] if errs[best] < 1e-6 else None)
 
         t.compare(out, ref, "A @ B", min_dtype=np.float32, tol=2e-6, explain=explain)
+
+
+# ------------------------------------------------------------------------------------- ldmatrix addresses
+def ldmatrix_address(lane, row_stride, *, order="A", row_of=lambda lane: lane % 8, col_bytes=2, matrices=True):
+    """Byte offset, from the tile's first element, of the 16-byte row lane `lane` gives ldmatrix.x4 so that its
+    four 8 x 8 matrices are the A fragment of a 16 x 16 tile of 16-bit values stored row-major `row_stride` bytes
+    apart: lanes 8i to 8i + 7 point at the rows of matrix i, and matrix i lands in register i (a_2i, a_2i+1), so
+    matrix 1 is rows 8-15 of columns 0-7 and matrix 2 rows 0-7 of columns 8-15. Keywords replay slips."""
+    matrix = lane // 8 if matrices else 0
+    down, right = (matrix % 2, matrix // 2) if order == "A" else (matrix // 2, matrix % 2)
+    return (row_of(lane) + 8 * down) * row_stride + 8 * right * col_bytes
+
+
+_LDMATRIX_SLIPS = [
+    (dict(order="rows first"), "matrices 1 and 2 are swapped: register 1 holds a2, a3, which are rows 8-15 of the "
+                               "FIRST 8 columns, so matrix 1 (lanes 8-15) is rows 8-15, and matrix 2 (lanes 16-23) "
+                               "rows 0-7 of columns 8-15"),
+    (dict(col_bytes=1), "a column is a 16-bit value, 2 bytes: the second 8 columns start 16 bytes into the row"),
+    (dict(row_of=lambda lane: lane // 4), "the lane numbers rows as in a fragment (g = lane // 4); for ldmatrix's "
+                                          "addresses, lane 8i + r points at row r of matrix i"),
+    (dict(matrices=False), "every lane points into matrix 0: lanes 8-31 must give the rows of matrices 1 to 3"),
+]
+
+
+@exercise("ldmatrix_address", lesson=LESSON,
+          hint="Lane L points at row r = L % 8 of matrix i = L // 8. Matrix i becomes register i of every lane, which "
+               "holds A elements 2i and 2i + 1; read off the A layout which 8 x 8 block of the tile those are, then "
+               "turn (row, first column) into bytes: row * row_stride + column * 2.")
+def check_ldmatrix_address(t, fn):
+    strides = [32, 48, 144, 256, int(16 * t.rng.integers(3, 20))]
+    t.case(f"every lane, row strides {strides} bytes")
+    got, want = [], []
+    for stride in strides:
+        for lane in range(32):
+            a = t.call(lane, stride)
+            if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+                raise t.fail(f"return a byte offset as an int; for lane={lane} you returned {a!r:.60}")
+            got.append(int(a))
+            want.append(ldmatrix_address(lane, stride))
+    if got == want:
+        return
+    for keywords, why in _LDMATRIX_SLIPS:
+        if got == [ldmatrix_address(lane, s, **keywords) for s in strides for lane in range(32)]:
+            raise t.fail(why)
+    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    stride, lane = strides[i // 32], i % 32
+    raise t.fail(f"lane {lane}, row_stride {stride}: you said byte {got[i]}; it must point at row "
+                 f"{lane % 8 + 8 * (lane // 8 % 2)}, column {8 * (lane // 16)}: byte {want[i]}")

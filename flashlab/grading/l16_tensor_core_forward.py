@@ -714,6 +714,54 @@ def check_row_padding(t, fn):
                  f"{starts}, and the smallest padding that makes them all different is {want[i]}")
 
 
+# ------------------------------------------------------------------------------------- swizzle
+def swizzled_offset(row, col, row_bytes, *, key=lambda row, col: row % 8, unit=16, keep_inside=True):
+    """Byte offset of value (row, col) of a tile of 16-bit values stored with the XOR swizzle: rows row_bytes apart,
+    and the 16-byte chunk c of row r stored at chunk c ^ (r % 8) of its row. Keywords replay slips."""
+    byte = 2 * col
+    chunk, inside = divmod(byte, unit)
+    return row * row_bytes + (chunk ^ key(row, col)) * unit + (inside if keep_inside else 0)
+
+
+_SWIZZLE_SLIPS = [
+    (dict(key=lambda row, col: (2 * col // 16) % 8), "the chunk is XORed with the ROW (row % 8): XORing it with "
+                                                    "itself or the column does not move one row against the next"),
+    (dict(key=lambda row, col: row), "XOR with row % 8, not the row: for rows 8 and on, chunk ^ row leaves the row's "
+                                     "8 chunks (and the tile)"),
+    (dict(unit=4), "the swizzle moves whole 16-byte chunks (what one lane of ldmatrix or cp.async reads), not "
+                   "4-byte words"),
+    (dict(keep_inside=False), "keep the value's place inside its 16-byte chunk: add (2 * col) % 16"),
+]
+
+
+@exercise("swizzled_offset", lesson=LESSON,
+          hint="The value's byte in its row is 2 * col: chunk c = (2 * col) // 16, and (2 * col) % 16 bytes into it. "
+               "The chunk moves to c ^ (row % 8), the bytes inside it stay: row * row_bytes + 16 * (c ^ (row % 8)) "
+               "+ (2 * col) % 16.")
+def check_swizzled_offset(t, fn):
+    shapes = [(16, 64, 128), (8, 64, 128), (24, 64, 128), (8, 128, 256)]
+    t.case(f"every value of tiles (rows, columns, row bytes) {shapes}")
+    got, want, where = [], [], []
+    for rows, cols, row_bytes in shapes:
+        for r in range(rows):
+            for c in range(cols):
+                a = t.call(r, c, row_bytes)
+                if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+                    raise t.fail(f"return a byte offset as an int; for row={r}, col={c} you returned {a!r:.60}")
+                got.append(int(a))
+                want.append(swizzled_offset(r, c, row_bytes))
+                where.append((r, c, row_bytes))
+    if got == want:
+        return
+    for keywords, why in _SWIZZLE_SLIPS:
+        if got == [swizzled_offset(*w, **keywords) for w in where]:
+            raise t.fail(why)
+    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    r, c, row_bytes = where[i]
+    raise t.fail(f"row {r}, col {c}, {row_bytes}-byte rows: you said byte {got[i]}, the swizzled layout puts it at "
+                 f"{want[i]}")
+
+
 # ------------------------------------------------------------------------------------- copy plan
 def copy_plan(tid, threads, d, block_k, k0, n_k, row_stride, wide, pad=4, pack=True, stride=True, chunks_first=True,
               clamp=True):

@@ -183,6 +183,48 @@ def no_tensor_core(A, B, mma):
     return (A.astype(np.float64) @ B.astype(np.float64)).astype(np.float32)
 
 
+# -- 5: ldmatrix addresses ----------------------------------------------------------------------------
+@mutant("ldmatrix_address", "matrices 1 and 2 are swapped")
+def ldmatrix_columns_first(lane, row_stride):
+    """matrix 1 taken as the next 8 columns, matrix 2 as the next 8 rows"""
+    matrix, r = lane // 8, lane % 8
+    return (r + 8 * (matrix // 2)) * row_stride + 2 * 8 * (matrix % 2)
+
+
+@mutant("ldmatrix_address", "2 bytes")
+def ldmatrix_columns_as_bytes(lane, row_stride):
+    """the column offset counted in values, not bytes"""
+    matrix, r = lane // 8, lane % 8
+    return (r + 8 * (matrix % 2)) * row_stride + 8 * (matrix // 2)
+
+
+@mutant("ldmatrix_address", "lane 8i + r points at row r")
+def ldmatrix_fragment_rows(lane, row_stride):
+    """the row taken as the fragment's g = lane // 4"""
+    matrix = lane // 8
+    return (lane // 4 + 8 * (matrix % 2)) * row_stride + 16 * (matrix // 2)
+
+
+@mutant("ldmatrix_address", "lanes 8-31")
+def ldmatrix_one_matrix(lane, row_stride):
+    """every lane into matrix 0"""
+    return (lane % 8) * row_stride
+
+
+def test_the_ldmatrix_checker_is_the_a_fragment():
+    """The checker's addresses, read as ldmatrix reads them, give each lane exactly its A fragment."""
+    from flashlab.grading.l15_tensor_cores import ldmatrix_address
+
+    stride = 48
+    A = F.fragment_map("m16n8k16", "A")
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for i in range(4):
+            start = ldmatrix_address(8 * i + g, stride)  # the lane that points at row g of matrix i
+            row, col = divmod(start, stride)
+            assert [tuple(x) for x in A[lane, 2 * i:2 * i + 2]] == [(row, col // 2 + 2 * t), (row, col // 2 + 2 * t + 1)]
+
+
 def test_the_checkers_formulas_are_the_fragment_maps():
     from flashlab.grading.l15_tensor_cores import LAYOUTS, positions
 

@@ -76,7 +76,41 @@ def padding_from_parity(W):
     return 0 if (W // 4) % 2 else 4
 
 
-# -- 7: the forward's K/V copies ----------------------------------------------------------------------
+# -- 7: the swizzle -----------------------------------------------------------------------------------------
+@mutant("swizzled_offset", "with the ROW")
+def swizzle_by_column(row, col, row_bytes):
+    """the chunk XORed with its own index"""
+    chunk, inside = divmod(2 * col, 16)
+    return row * row_bytes + 16 * (chunk ^ (chunk % 8)) + inside
+
+
+@mutant("swizzled_offset", "row % 8")
+def swizzle_by_row(row, col, row_bytes):
+    """XOR with the whole row number"""
+    chunk, inside = divmod(2 * col, 16)
+    return row * row_bytes + 16 * (chunk ^ row) + inside
+
+
+@mutant("swizzled_offset", "not 4-byte words")
+def swizzle_words(row, col, row_bytes):
+    """4-byte words swizzled instead of 16-byte chunks"""
+    word, inside = divmod(2 * col, 4)
+    return row * row_bytes + 4 * (word ^ (row % 8)) + inside
+
+
+@mutant("swizzled_offset", "inside its 16-byte chunk")
+def swizzle_chunk_start(row, col, row_bytes):
+    """the chunk's first byte for every value in it"""
+    return row * row_bytes + 16 * ((2 * col // 16) ^ (row % 8))
+
+
+@alternative("swizzled_offset")
+def swizzle_on_bits(row, col, row_bytes):
+    """on the bits of the byte's place in its row, as CuTe's Swizzle<3, 4, 3> does: bits 4-6 ^= row % 8"""
+    return row * row_bytes + ((2 * col) ^ ((row & 7) << 4))
+
+
+# -- 8: the forward's K/V copies ----------------------------------------------------------------------
 _plan = SOLUTIONS["copy_plan"]
 
 
