@@ -19,6 +19,9 @@ and a GPU test checks it against the hardware.
 Rounding helpers for the operand types: `round_tf32` (cvt.rna: nearest, ties away from zero, to 10 mantissa
 bits), `split_tf32` (x = big + small, the 3xTF32 trick), `round_bf16` / `round_f16` (nearest even), and the
 bit packing of two 16-bit values into one 32-bit register (`pack16` / `unpack16`).
+
+The second half models Hopper's instructions (kernels/hopper.py): wgmma's register fragments and the shared-memory
+layouts its matrix descriptors read, the swizzle, and what a TMA load writes.
 """
 from __future__ import annotations
 

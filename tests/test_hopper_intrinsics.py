@@ -192,7 +192,8 @@ def _wgmma_kernel(n, dtype, a_major, b_major, swizzle, in_registers, size_a, siz
 
 
 def run_wgmma(rng, n, dtype, a_major, b_major, swizzle, k, in_registers=False, desc_swizzle=None):
-    """(D from the kernel, D of the model, the elementwise GPU tolerance) of A (64 x k) @ B (k x n) by k16 steps."""
+    """(D from the kernel, D of the model, the elementwise GPU tolerance, A @ B in float64) of A (64 x k) @ B (k x n)
+    by k16 steps."""
     a, b = _values(rng, (64, k), dtype), _values(rng, (k, n), dtype)
     a_img, b_img, desc = _operand_tiles(a, b, a_major, b_major, swizzle, dtype)
     steps = k // 16
@@ -208,7 +209,7 @@ def run_wgmma(rng, n, dtype, a_major, b_major, swizzle, k, in_registers=False, d
     for s in range(steps):  # the model, one wgmma at a time (fp32 between steps, as the registers are)
         d = F.wgmma_mma(a[:, 16 * s:16 * s + 16], b[16 * s:16 * s + 16], d, scale_d=s > 0)
     scale = np.abs(a).astype(np.float64) @ np.abs(b)
-    return F.wgmma_from_fragments(out, n), d, WGMMA_TOL * scale * steps
+    return F.wgmma_from_fragments(out, n), d, WGMMA_TOL * scale * steps, a.astype(np.float64) @ b
 
 
 def assert_wgmma(got, want, tol):
@@ -220,6 +221,14 @@ def assert_wgmma(got, want, tol):
                                f"summation-order bound; first at (row, col) {np.argwhere(bad)[0].tolist()}")
 
 
+def assert_near_exact(got, exact, tol, k):
+    """Whatever the model says, D is A @ B: within one fp32 rounding of the running sum per k16 step here (the
+    model's), within the summation-order bound on a GPU. Random data: D is not near zero."""
+    sums = tol / WGMMA_TOL  # sum_k |a_k b_k|, times the number of steps
+    bound = (k // 16) * 2.0 ** -24 * sums if SIMULATOR else tol
+    assert np.all(np.abs(got - exact) <= bound) and np.abs(exact).max() > 1
+
+
 SS_CASES = [(64, "float16", "K", "K", 0, 32), (128, "bfloat16", "K", "MN", 128, 64),
             (64, "float16", "MN", "K", 128, 64)]
 SS_GPU = [(n, dt, am, bm, sw, 64) for n in (64, 128, 256) for dt in ("float16", "bfloat16")
@@ -228,22 +237,23 @@ SS_GPU = [(n, dt, am, bm, sw, 64) for n in (64, 128, 256) for dt in ("float16", 
 
 @pytest.mark.parametrize("n,dtype,a_major,b_major,swizzle,k", SS_CASES)
 def test_wgmma_from_shared_memory_matches_the_model(rng, n, dtype, a_major, b_major, swizzle, k):
-    got, want, tol = run_wgmma(rng, n, dtype, a_major, b_major, swizzle, k)
+    got, want, tol, exact = run_wgmma(rng, n, dtype, a_major, b_major, swizzle, k)
     assert_wgmma(got, want, tol)
-    assert np.abs(want).max() > 1  # random data: a zero D would pass nothing
+    assert_near_exact(got, exact, tol, k)
 
 
 @pytest.mark.parametrize("n,dtype,b_major,swizzle", [(64, "float16", "MN", 128), (128, "bfloat16", "K", 0)])
 def test_wgmma_with_a_from_registers_matches_the_model(rng, n, dtype, b_major, swizzle):
     """The P @ V form: A (P) in registers, B (V, row-major: MN-major) through a descriptor."""
-    got, want, tol = run_wgmma(rng, n, dtype, "K", b_major, swizzle, 64, in_registers=True)
+    got, want, tol, exact = run_wgmma(rng, n, dtype, "K", b_major, swizzle, 64, in_registers=True)
     assert_wgmma(got, want, tol)
+    assert_near_exact(got, exact, tol, 64)
 
 
 @pytest.mark.parametrize("swizzle,read_as", [(128, 0), (0, 128), (128, 64)])
 def test_a_wrong_descriptor_gives_a_wrong_product(rng, swizzle, read_as):
     """A tile written with one swizzle and read with another: D is far from A @ B, so the tests above can fail."""
-    got, want, _ = run_wgmma(rng, 64, "float16", "K", "K", swizzle, 64, desc_swizzle=read_as)
+    got, want, _, _ = run_wgmma(rng, 64, "float16", "K", "K", swizzle, 64, desc_swizzle=read_as)
     assert np.linalg.norm(got - want) > 0.3 * np.linalg.norm(want)
 
 
@@ -251,7 +261,7 @@ def test_a_wrong_descriptor_gives_a_wrong_product(rng, swizzle, read_as):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,dtype,a_major,b_major,swizzle,k", SS_GPU)
 def test_gpu_wgmma_ss(rng, n, dtype, a_major, b_major, swizzle, k):
-    assert_wgmma(*run_wgmma(rng, n, dtype, a_major, b_major, swizzle, k))
+    assert_wgmma(*run_wgmma(rng, n, dtype, a_major, b_major, swizzle, k)[:3])
 
 
 @gpu
@@ -260,7 +270,7 @@ def test_gpu_wgmma_ss(rng, n, dtype, a_major, b_major, swizzle, k):
 @pytest.mark.parametrize("b_major,swizzle", [("K", 0), ("K", 128), ("MN", 0), ("MN", 128)])
 def test_gpu_wgmma_rs(rng, n, b_major, swizzle):
     for dtype in ("float16", "bfloat16"):
-        assert_wgmma(*run_wgmma(rng, n, dtype, "K", b_major, swizzle, 64, in_registers=True))
+        assert_wgmma(*run_wgmma(rng, n, dtype, "K", b_major, swizzle, 64, in_registers=True)[:3])
 
 
 # ---------------------------------------------------------------------- the emulation's own checks

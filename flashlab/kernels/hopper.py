@@ -19,11 +19,15 @@ arrivals and bytes, so that threads wait for a copy to land). As in mma.py, each
     tma_load_2d(tile, i, tmap, col, row, bar, j)         # tmap = tensor_map_2d(matrix, box_rows, box_cols, swizzle)
     bulk_copy(tile, i, src, k, nbytes, bar, j)           # nbytes contiguous bytes from src[k:], completing on bar[j]
     fence_proxy_async()                                  # after threads write shared memory that wgmma/TMA reads
-    setmaxnreg_inc(240); setmaxnreg_dec(40)              # a warpgroup's register budget (literal counts)
+    setmaxnreg_inc(240); setmaxnreg_dec(40)              # a warpgroup's register budget (literal counts; the
+                                                         # kernel needs cuda.jit(max_registers=...), or ptxas
+                                                         # ignores them: "unable to determine register count")
     named_barrier_sync(id, count); named_barrier_arrive(id, count)   # bar.sync / bar.arrive, count threads
 
 The layouts (which thread holds which element of D, where a swizzled tile puts (row, col), what a descriptor
 reads) are modelled in NumPy by flashlab.fragments (wgmma_fragment_map, tile_offsets, operand_addresses, ...).
+tests/test_hopper_intrinsics.py holds both the emulation and (on an H100/H200: scripts/gpu_check_hopper.py) the
+hardware to that model.
 
 The simulator:
 - Shared memory has addresses: the first time a shared array's address is asked for (smem_address, a TMA or bulk
