@@ -38,10 +38,10 @@ def run_tests(log):
             counts[m.group(2)][m.group(1)] += 1
             if m.group(1) in ("FAILED", "ERROR"):
                 failures.append(f"  {m.group(2)}{m.group(3) or ''}: {(m.group(4) or '')[:300]}")
-    log(f"{'test':62s} {'pass':>5s} {'fail':>5s} {'skip':>5s}")
+    log(f"{'test':70s} {'pass':>5s} {'fail':>5s} {'skip':>5s}")
     for name, c in counts.items():
         bad = c["FAILED"] + c["ERROR"]
-        log(f"{name:62s} {c['PASSED']:5d} {bad:5d} {c['SKIPPED']:5d}  {'FAIL' if bad else 'ok'}")
+        log(f"{name:70s} {c['PASSED']:5d} {bad:5d} {c['SKIPPED']:5d}  {'FAIL' if bad else 'ok'}")
     log("\n".join(failures) if failures else "no failures")
     log("pytest: " + (res.stdout.strip().splitlines() or ["(no output)"])[-1])
     if not counts:
