@@ -1,0 +1,853 @@
+"""Hopper's instructions (sm_90a) as device functions, for FlashAttention-3 from pure-Python Numba kernels.
+
+FlashAttention-3 feeds the tensor cores of an H100 with three things Ampere lacks: `wgmma` (a matrix multiply of
+a whole warpgroup, 128 threads, reading its operands from shared memory), TMA (`cp.async.bulk.tensor`: one
+thread copies a 2-D box of a matrix into shared memory) and `mbarrier` (a barrier in shared memory that counts
+arrivals and bytes, so that threads wait for a copy to land). As in mma.py, each function is a Numba
+`@intrinsic` that emits the PTX instruction on a GPU, and an exact emulation in the CUDA simulator:
+
+    a = smem_address(tile, i)                            # the 32-bit shared address of tile[i]
+    desc = make_descriptor(a, lbo, sbo, swizzle)         # wgmma's 64-bit matrix descriptor (swizzle 0/32/64/128)
+    mma = wgmma_ss(128, "float16")                       # at module level: m64n128k16, A and B by descriptor
+    mma(acc, desc_a, desc_b, scale_d)                    # acc: cuda.local.array(64, float32); scale_d 0: acc = A @ B
+    mma = wgmma_rs(64, "bfloat16", b_major="MN")         # A from 4 registers (P of P @ V), B row-major (V)
+    mma(acc, a0, a1, a2, a3, desc_b, scale_d)
+    wgmma_fence(); wgmma_commit(); wgmma_wait(0)         # before the first wgmma; close a group; wait for all but n
+    mbarrier_init(bar, i, count)                         # bar: cuda.shared.array(k, uint64); count arrivals a phase
+    mbarrier_arrive(bar, i); mbarrier_arrive_expect_tx(bar, i, nbytes)
+    done = mbarrier_try_wait_parity(bar, i, parity); mbarrier_wait_parity(bar, i, parity)
+    tma_load_2d(tile, i, tmap, col, row, bar, j)         # tmap = tensor_map_2d(matrix, box_rows, box_cols, swizzle)
+    bulk_copy(tile, i, src, k, nbytes, bar, j)           # nbytes contiguous bytes from src[k:], completing on bar[j]
+    fence_proxy_async()                                  # after threads write shared memory that wgmma/TMA reads
+    setmaxnreg_inc(240); setmaxnreg_dec(40)              # a warpgroup's register budget (literal counts; the
+                                                         # kernel needs cuda.jit(max_registers=...), or ptxas
+                                                         # ignores them: "unable to determine register count")
+    named_barrier_sync(id, count); named_barrier_arrive(id, count)   # bar.sync / bar.arrive, count threads
+
+The layouts (which thread holds which element of D, where a swizzled tile puts (row, col), what a descriptor
+reads) are modelled in NumPy by flashlab.fragments (wgmma_fragment_map, tile_offsets, operand_addresses, ...).
+tests/test_hopper_intrinsics.py holds both the emulation and (on an H100/H200: scripts/gpu_check_hopper.py) the
+hardware to that model.
+
+The simulator:
+- Shared memory has addresses: the first time a shared array's address is asked for (smem_address, a TMA or bulk
+  destination), the block's *window* places it at the next 1024-byte boundary, and descriptors, TMA and the
+  swizzle work on those addresses. On a GPU, give tiles that are swizzled `alignment=TILE_ALIGN` (1024; None in
+  the simulator, whose shared arrays take no alignment).
+- wgmma is warpgroup-collective: the 128 threads meet, the last one reads A and B through the descriptors,
+  computes D with fragments.wgmma_mma (products exact, summed in float64 in order k = 0..15 onto C, rounded once
+  to float32) and each thread gets its registers. The result is asynchronous, as on the GPU: it reaches `acc`
+  at the wgmma_wait that retires its group, and a later wgmma on the same `acc` before then accumulates onto it.
+  A wgmma before any wgmma_fence is refused.
+- mbarrier keeps (phase, pending arrivals, expected arrivals, transaction bytes) per barrier word; a phase
+  completes when no arrival is pending and the byte count is back to zero. TMA and bulk copies happen at once
+  (zero fill past the matrix and the swizzle included) and then complete their bytes on the barrier.
+- A wait on an mbarrier or a named barrier that can never end (every thread of the block waiting) is reported.
+- fence_proxy_async is a no-op (copies and reads happen in program order here); setmaxnreg checks its count
+  and that the whole warpgroup executes it; named barriers count threads.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+import weakref
+
+import numpy as np
+from numba import uint64
+
+from .. import fragments as F
+from ..device import SIMULATE_GPU, device_limits, get_cuda
+from .mma import SIMULATOR, WAIT_LIMIT, WarpDivergence, _address, _Warp
+
+cuda = get_cuda()
+TILE_ALIGN = None if SIMULATOR else 1024  # alignment= of swizzled shared tiles (the 128-byte pattern repeats at 1 KB)
+DTYPES = {"float16": "f16", "bfloat16": "bf16"}
+MAJORS = ("K", "MN")
+CC = (9, 0)  # every instruction here is sm_90 (wgmma and setmaxnreg need sm_90a, which numba-cuda targets)
+
+FENCE = "wgmma.fence.sync.aligned;"
+COMMIT = "wgmma.commit_group.sync.aligned;"
+WAIT = "wgmma.wait_group.sync.aligned %d;"
+FENCE_PROXY_ASYNC = "fence.proxy.async.shared::cta;"
+SETMAXNREG_INC, SETMAXNREG_DEC = "setmaxnreg.inc.sync.aligned.u32 %d;", "setmaxnreg.dec.sync.aligned.u32 %d;"
+MBAR_INIT = "mbarrier.init.shared::cta.b64 [$0], $1;"
+MBAR_ARRIVE = "mbarrier.arrive.shared::cta.b64 _, [$0];"
+MBAR_EXPECT_TX = "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;"
+MBAR_TRY_WAIT = ("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; "
+                 "selp.u32 $0, 1, 0, p; }")
+MBAR_WAIT = ("{ .reg .pred p; WAIT${:uid}: mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1; "
+             "@!p bra WAIT${:uid}; }")
+TMA_LOAD_2D = ("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+               "[$0], [$1, {$2, $3}], [$4];")
+BULK_COPY = ("{ .reg .u64 g; cvta.to.global.u64 g, $1; "
+             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [g], $2, [$3]; }")
+BAR_SYNC, BAR_ARRIVE = "bar.sync $0, $1;", "bar.arrive $0, $1;"
+
+
+def wgmma_ptx(n, dtype, a_major="K", b_major="K", a_in_registers=False) -> str:
+    """The PTX of one wgmma m64nNk16 with fp32 accumulators; operands $0.. are D's n/2 registers, then A
+    (a descriptor, or 4 registers), B's descriptor and scale_d (0: D = A @ B, else D = A @ B + D)."""
+    if n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"n must be a multiple of 8 in [8, 256]; got {n}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}; got {dtype!r}")
+    for name, major in (("a_major", a_major), ("b_major", b_major)):
+        if major not in MAJORS:
+            raise ValueError(f"{name} must be 'K' (the default: A row-major, B column-major) or 'MN'; got {major!r}")
+    if a_in_registers and a_major != "K":
+        raise ValueError("A from registers has the K-major fragment layout; a_major must be 'K'")
+    t, acc = DTYPES[dtype], n // 2
+    d = ",".join(f"${i}" for i in range(acc))
+    if a_in_registers:
+        a = "{" + ",".join(f"${acc + i}" for i in range(4)) + "}"
+        b, p, imm = f"${acc + 4}", f"${acc + 5}", f"{int(b_major == 'MN')}"
+    else:
+        a, b, p = f"${acc}", f"${acc + 1}", f"${acc + 2}"
+        imm = f"{int(a_major == 'MN')}, {int(b_major == 'MN')}"
+    # the immediates after the predicate: scale A by +1, scale B by +1, then the transpose bits
+    return (f"{{ .reg .pred p; setp.ne.b32 p, {p}, 0; wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} "
+            f"{{{d}}}, {a}, {b}, p, 1, 1, {imm}; }}")
+
+
+def _wgmma_name(n, dtype, a_major, b_major, a_in_registers):
+    return f"wgmma_m64n{n}k16_{dtype}_{'rs' if a_in_registers else 'ss'}_{a_major}{b_major}"
+
+
+# ------------------------------------------------------------------------------------------- GPU
+def _gpu_functions():
+    from llvmlite import ir
+    from numba import types
+
+    try:
+        from numba.cuda.extending import intrinsic
+    except ImportError:  # older numba-cuda
+        from numba.core.extending import intrinsic
+
+    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+
+    def asm(builder, ret, args, text, cons):
+        fnty = ir.FunctionType(ret, [a.type for a in args])
+        return builder.call(ir.InlineAsm(fnty, text, cons, side_effect=True), args)
+
+    def shared(context, builder, array_type, array, index):
+        """The 32-bit shared-window address of element `index` of a shared array (as mma.py's ldmatrix)."""
+        ptr = builder.gep(context.make_array(array_type)(context, builder, array).data, [index])
+        return builder.ptrtoint(builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, addrspace=3)), i32)
+
+    def pointer(context, builder, array_type, array, index=None):
+        data = context.make_array(array_type)(context, builder, array).data
+        return builder.ptrtoint(data if index is None else builder.gep(data, [index]), i64)
+
+    @intrinsic
+    def smem_address(typingctx, array, index):
+        def codegen(context, builder, sig, args):
+            return shared(context, builder, sig.args[0], args[0], args[1])
+        return types.uint32(array, types.intp), codegen
+
+    def statement(ptx):
+        def typer(typingctx):
+            def codegen(context, builder, sig, args):
+                asm(builder, ir.VoidType(), [], ptx, "~{memory}")
+                return context.get_dummy_value()
+            return types.void(), codegen
+        return intrinsic(typer)
+
+    def literal_statement(ptx, check):
+        """An instruction with one immediate operand: the argument must be a literal integer."""
+        def typer(typingctx, n):
+            if not isinstance(n, types.IntegerLiteral):
+                return None
+            check(n.literal_value)
+            text = ptx % n.literal_value
+
+            def codegen(context, builder, sig, args):
+                asm(builder, ir.VoidType(), [], text, "~{memory}")
+                return context.get_dummy_value()
+            return types.void(n), codegen
+        return intrinsic(typer)
+
+    def wgmma(n, dtype, a_major, b_major, a_in_registers):
+        ptx, acc = wgmma_ptx(n, dtype, a_major, b_major, a_in_registers), n // 2
+        operands = ["r"] * 4 + ["l", "r"] if a_in_registers else ["l", "l", "r"]
+        cons = ",".join(["=f"] * acc + operands + [str(i) for i in range(acc)]) + ",~{memory}"
+
+        def codegen(context, builder, sig, args):
+            # acc's registers go in and come out of the instruction; a local array indexed by constants stays
+            # in registers
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            slots = [builder.gep(data, [ir.Constant(i64, i)]) for i in range(acc)]
+            res = asm(builder, ir.LiteralStructType([f32] * acc), list(args[1:]) + [builder.load(s) for s in slots],
+                      ptx, cons)
+            for i, s in enumerate(slots):
+                builder.store(builder.extract_value(res, i), s)
+            return context.get_dummy_value()
+
+        def accumulator(acc_type):
+            return isinstance(acc_type, types.Array) and acc_type.dtype == types.float32 and acc_type.ndim == 1
+
+        if a_in_registers:
+            def typer(typingctx, acc, a0, a1, a2, a3, desc_b, scale_d):
+                if not accumulator(acc):
+                    return None
+                return types.void(acc, *[types.uint32] * 4, types.uint64, types.int32), codegen
+        else:
+            def typer(typingctx, acc, desc_a, desc_b, scale_d):
+                if not accumulator(acc):
+                    return None
+                return types.void(acc, types.uint64, types.uint64, types.int32), codegen
+        typer.__name__ = _wgmma_name(n, dtype, a_major, b_major, a_in_registers)
+        return intrinsic(typer)
+
+    def barrier_op(ptx, n_values):
+        """An mbarrier instruction on bar[index] with n_values 32-bit operands after the address."""
+        if n_values == 0:
+            def typer(typingctx, bar, index):
+                def codegen(context, builder, sig, args):
+                    asm(builder, ir.VoidType(), [shared(context, builder, sig.args[0], args[0], args[1])], ptx,
+                        "r,~{memory}")
+                    return context.get_dummy_value()
+                return types.void(bar, types.intp), codegen
+        else:
+            def typer(typingctx, bar, index, value):
+                def codegen(context, builder, sig, args):
+                    asm(builder, ir.VoidType(), [shared(context, builder, sig.args[0], args[0], args[1]), args[2]],
+                        ptx, "r,r,~{memory}")
+                    return context.get_dummy_value()
+                return types.void(bar, types.intp, types.int32), codegen
+        return intrinsic(typer)
+
+    @intrinsic
+    def mbarrier_try_wait_parity(typingctx, bar, index, parity):
+        def codegen(context, builder, sig, args):
+            got = asm(builder, i32, [shared(context, builder, sig.args[0], args[0], args[1]), args[2]],
+                      MBAR_TRY_WAIT, "=r,r,r,~{memory}")
+            return builder.icmp_unsigned("!=", got, ir.Constant(i32, 0))
+        return types.boolean(bar, types.intp, types.int32), codegen
+
+    @intrinsic
+    def tma_load_2d(typingctx, dst, dst_index, tmap, col, row, bar, bar_index):
+        def codegen(context, builder, sig, args):
+            a = sig.args
+            ins = [shared(context, builder, a[0], args[0], args[1]), pointer(context, builder, a[2], args[2]),
+                   args[3], args[4], shared(context, builder, a[5], args[5], args[6])]
+            asm(builder, ir.VoidType(), ins, TMA_LOAD_2D, "r,l,r,r,r,~{memory}")
+            return context.get_dummy_value()
+        return types.void(dst, types.intp, tmap, types.int32, types.int32, bar, types.intp), codegen
+
+    @intrinsic
+    def bulk_copy(typingctx, dst, dst_index, src, src_index, nbytes, bar, bar_index):
+        def codegen(context, builder, sig, args):
+            a = sig.args
+            ins = [shared(context, builder, a[0], args[0], args[1]), pointer(context, builder, a[2], args[2], args[3]),
+                   args[4], shared(context, builder, a[5], args[5], args[6])]
+            asm(builder, ir.VoidType(), ins, BULK_COPY, "r,l,r,r,~{memory}")
+            return context.get_dummy_value()
+        return types.void(dst, types.intp, src, types.intp, types.int32, bar, types.intp), codegen
+
+    def named_barrier(ptx):
+        def typer(typingctx, barrier_id, count):
+            def codegen(context, builder, sig, args):
+                asm(builder, ir.VoidType(), list(args), ptx, "r,r,~{memory}")
+                return context.get_dummy_value()
+            return types.void(types.int32, types.int32), codegen
+        return intrinsic(typer)
+
+    fns = dict(smem_address=smem_address, wgmma_fence=statement(FENCE), wgmma_commit=statement(COMMIT),
+               wgmma_wait=literal_statement(WAIT, _check_pending),
+               fence_proxy_async=statement(FENCE_PROXY_ASYNC),
+               setmaxnreg_inc=literal_statement(SETMAXNREG_INC, _check_registers),
+               setmaxnreg_dec=literal_statement(SETMAXNREG_DEC, _check_registers),
+               mbarrier_init=barrier_op(MBAR_INIT, 1), mbarrier_arrive=barrier_op(MBAR_ARRIVE, 0),
+               mbarrier_arrive_expect_tx=barrier_op(MBAR_EXPECT_TX, 1),
+               mbarrier_try_wait_parity=mbarrier_try_wait_parity, mbarrier_wait_parity=barrier_op(MBAR_WAIT, 1),
+               tma_load_2d=tma_load_2d, bulk_copy=bulk_copy,
+               named_barrier_sync=named_barrier(BAR_SYNC), named_barrier_arrive=named_barrier(BAR_ARRIVE))
+    return fns, wgmma
+
+
+def _check_pending(n):
+    if not 0 <= n <= 7:
+        raise ValueError(f"wgmma_wait: n (groups left pending) must be in [0, 7]; got {n}")
+
+
+def _check_registers(n):
+    if not 24 <= n <= 256 or n % 8:
+        raise ValueError(f"setmaxnreg: the register count must be a multiple of 8 in [24, 256]; got {n}")
+
+
+# ------------------------------------------------------------------------------------- simulator
+class BarrierDeadlock(RuntimeError):
+    """Every thread of a simulated block waits, and the barrier a thread waits on can no longer complete."""
+
+
+STUCK_GRACE = 0.3  # seconds every thread of the block must stay waiting before the simulator calls it a deadlock
+
+
+class _Window:
+    """A block's shared memory as addresses: each shared array gets a 1024-byte-aligned range when first asked
+    for, in the order asked (a GPU lays arrays out its own way; only their alignment matters to the swizzle)."""
+
+    START, LIMIT = 1024, 227 * 1024  # the H100's largest shared memory per block
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.bases, self.roots, self.views = [], [], {}
+        self.by_root = {}  # root array's host address -> window address
+        self.next = self.START
+
+    def address(self, array, index, op) -> int:
+        view = getattr(array, "_ary", array)
+        root = view
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if not root.flags.c_contiguous:
+            raise ValueError(f"{op}: expected a shared array (cuda.shared.array); got a {type(array).__name__}")
+        host = _address(root)
+        with self.lock:
+            base = self.by_root.get(host)
+            if base is None:
+                base = -(-self.next // 1024) * 1024
+                if base + root.nbytes > self.START + self.LIMIT:
+                    raise MemoryError(f"{op}: this block's shared arrays take more than {self.LIMIT // 1024} KB")
+                self.by_root[host], self.next = base, base + root.nbytes
+                self.bases.append(base)
+                self.roots.append(root.reshape(-1).view(np.uint8))
+        offset = _address(view) - host + int(index) * view.itemsize
+        if not 0 <= offset < root.nbytes:
+            raise IndexError(f"{op}: index {int(index)} is outside the shared array ({view.size} elements)")
+        return base + offset
+
+    def _locate(self, addresses, itemsize, op):
+        flat = np.asarray(addresses, np.int64).ravel()
+        if (flat % itemsize).any():
+            raise ValueError(f"{op}: shared address 0x{int(flat[flat % itemsize != 0][0]):x} is not "
+                             f"{itemsize}-byte aligned")
+        with self.lock:
+            bases, roots = np.array(self.bases, np.int64), list(self.roots)
+        which = np.searchsorted(bases, flat, side="right") - 1
+        sizes = np.array([r.size for r in roots], np.int64)
+        inside = (which >= 0) & (flat + itemsize <= bases[which] + sizes[which])
+        if not inside.all():
+            bad = int(flat[~inside][0])
+            raise ValueError(f"{op}: shared address 0x{bad:x} is in no shared array of this block (a wrong "
+                             "descriptor, or an array whose address was never taken with smem_address)")
+        return flat, which, bases, roots
+
+    def read(self, addresses, itemsize, op):
+        flat, which, bases, roots = self._locate(addresses, itemsize, op)
+        out = np.empty(flat.shape, f"u{itemsize}")
+        for j in np.unique(which):
+            m = which == j
+            out[m] = roots[j].view(f"u{itemsize}")[(flat[m] - bases[j]) // itemsize]
+        return out.reshape(np.shape(addresses))
+
+    def write(self, addresses, values, op):
+        values = np.ascontiguousarray(values)
+        itemsize = values.dtype.itemsize
+        flat, which, bases, roots = self._locate(addresses, itemsize, op)
+        values = values.reshape(-1).view(f"u{itemsize}")
+        for j in np.unique(which):
+            m = which == j
+            roots[j].view(f"u{itemsize}")[(flat[m] - bases[j]) // itemsize] = values[m]
+
+    def operand(self, desc, rows, major, dtype, op):
+        """The (rows, 16) values wgmma reads through a descriptor."""
+        f = F.decode_descriptor(desc)
+        sw = f["swizzle"]
+        if sw and (f["start"] >> 7) & (sw // 16 - 1):
+            raise ValueError(f"{op}: descriptor start 0x{f['start']:x} is {f['start'] % (8 * sw)} bytes past a "
+                             f"{8 * sw}-byte boundary; a {sw}-byte swizzled tile starts on one (a step along K "
+                             "may add up to 112 bytes)")
+        return F.from_bits16(self.read(F.operand_addresses(desc, rows, major, 2), 2, op), dtype)
+
+
+class _MBarrier:
+    def __init__(self, count):
+        self.phase, self.pending, self.expected, self.tx = 0, count, count, 0
+
+    def settle(self):
+        if self.pending == 0 and self.tx == 0:  # the phase completes: the next begins with every arrival due
+            self.phase ^= 1
+            self.pending = self.expected
+
+    def describe(self):
+        return (f"phase {self.phase} (parity {self.phase}) with {self.pending} of {self.expected} arrivals pending "
+                f"and {self.tx} transaction bytes outstanding")
+
+
+class _Block:
+    """What the Hopper emulation keeps per simulated block: the window, barriers, warpgroups."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.window = _Window()
+        self.mbarriers, self.named, self.groups = {}, {}, {}
+        self.blocked = 0  # threads waiting in an mbarrier or named-barrier wait
+
+
+_BLOCK_LOCK = threading.Lock()
+
+
+def _block(op):
+    me = threading.current_thread()
+    manager = getattr(me, "_manager", None)
+    if manager is None:
+        raise RuntimeError(f"{op} is a device instruction: call it inside a kernel launched on the simulator")
+    block = manager.__dict__.get("_flashlab_hopper")
+    if block is None:
+        with _BLOCK_LOCK:
+            block = manager.__dict__.setdefault("_flashlab_hopper", _Block())
+    return me, manager, block
+
+
+def _wait(me, manager, block, done, what):
+    """Wait, holding block.cond, until done(); raise BarrierDeadlock when every thread of the block is waiting
+    (here, at cuda.syncthreads() or finished) for STUCK_GRACE seconds, or after WAIT_LIMIT seconds."""
+    if done():
+        return
+    block.blocked += 1
+    try:
+        start, stuck = time.monotonic(), None
+        while not done():
+            block.cond.wait(0.02)
+            if getattr(me, "abort", False):
+                raise RuntimeError("another thread of this block failed")
+            if done():
+                break
+            now = time.monotonic()
+            count = getattr(manager, "count", None)  # flashlab's block loop counts its threads (device.py)
+            if count is not None and block.blocked + manager.waiting + manager.finished >= count:
+                stuck = stuck or now
+                if now - stuck > STUCK_GRACE:
+                    raise BarrierDeadlock(f"{what()}, and every thread of the block is waiting: it can never end")
+            else:
+                stuck = None
+            if now - start > WAIT_LIMIT:
+                raise BarrierDeadlock(f"{what()}, after {WAIT_LIMIT:.0f} s")
+    finally:
+        block.blocked -= 1
+
+
+class _Warpgroup(_Warp):
+    """The meeting point of one warpgroup's 128 threads (mma._Warp's, for 4 warps)."""
+
+    def __init__(self, wg):
+        super().__init__(F.WG_THREADS, 4 * wg)  # _Warp._lanes_gone counts its threads from 32 * warp
+        self.wg = wg
+
+    def collective(self, rank, op, value, combine):
+        me = threading.current_thread()
+        with self.cond:
+            self.slots[rank] = (op, value)
+            self.count += 1
+            gen = self.gen
+            if self.count == self.n:
+                ops = {s[0] for s in self.slots}
+                try:
+                    if len(ops) > 1:
+                        raise WarpDivergence(f"threads of warpgroup {self.wg} reached different warpgroup "
+                                             f"instructions at once ({', '.join(sorted(ops))})")
+                    self.result = combine([s[1] for s in self.slots])
+                except Exception as exc:  # every thread reports it
+                    self.result = exc
+                self.count, self.gen = 0, self.gen + 1
+                self.cond.notify_all()
+            else:
+                start = time.monotonic()
+                while self.gen == gen:
+                    self.cond.wait(0.05)
+                    if getattr(me, "abort", False):
+                        raise RuntimeError("another thread of this block failed")
+                    waited = time.monotonic() - start
+                    if self.gen == gen and (waited > WAIT_LIMIT or (waited > 0.5 and self._lanes_gone(me))):
+                        raise WarpDivergence(
+                            f"{op}: thread {rank} of warpgroup {self.wg} waited for the others, but only "
+                            f"{self.count} of 128 arrived. A warpgroup instruction is executed by all 128 threads "
+                            "(4 warps) together: no thread may return early or skip it inside an `if`.")
+            if isinstance(self.result, Exception):
+                raise type(self.result)(str(self.result))
+            return self.result[rank]
+
+
+def _warpgroup(op):
+    me, manager, block = _block(op)
+    threads = int(np.prod(manager._block_dim))
+    if threads % F.WG_THREADS:
+        raise WarpDivergence(f"{op} needs whole warpgroups of 128 threads; this block has {threads} threads")
+    wg, rank = divmod(int(me.thread_id), F.WG_THREADS)
+    with block.cond:
+        group = block.groups.get(wg) or block.groups.setdefault(wg, _Warpgroup(wg))
+    return me, block, rank, group
+
+
+class _Async:
+    """One thread's wgmma in flight: issued but not committed, committed groups, the latest value of each acc."""
+
+    def __init__(self):
+        self.fenced = False
+        self.uncommitted, self.groups, self.latest = [], [], {}
+
+
+def _async(me):
+    state = me.__dict__.get("_flashlab_wgmma")
+    if state is None:
+        state = me._flashlab_wgmma = _Async()
+    return state
+
+
+def _sim_wgmma(n, dtype, a_major, b_major, a_in_registers):
+    wgmma_ptx(n, dtype, a_major, b_major, a_in_registers)  # checks the arguments
+    name = _wgmma_name(n, dtype, a_major, b_major, a_in_registers)
+
+    def combine(block, values):
+        shared_args = {v[:2] for v in values}
+        if len(shared_args) > 1:
+            raise ValueError(f"{name}: the 128 threads gave different descriptors or scale_d; wgmma takes one")
+        desc_b, scale_d = shared_args.pop()
+        if a_in_registers:
+            lo, hi = F.unpack16(np.array([v[3] for v in values], np.uint32))
+            a = F.wgmma_from_fragments(F.from_bits16(np.stack([lo, hi], -1).reshape(F.WG_THREADS, 8), dtype),
+                                       operand="A")
+        else:
+            descs = {v[3] for v in values}
+            if len(descs) > 1:
+                raise ValueError(f"{name}: the 128 threads gave different descriptors for A")
+            a = block.window.operand(descs.pop(), F.WGMMA_M, a_major, dtype, name)
+        b = block.window.operand(desc_b, n, b_major, dtype, name).T
+        c = F.wgmma_from_fragments(np.stack([v[2] for v in values]), n)
+        return list(F.wgmma_to_fragments(F.wgmma_mma(a, b, c, scale_d), n))
+
+    def issue(acc, *args):
+        me, block, rank, group = _warpgroup(name)
+        if len(acc) != n // 2:
+            raise ValueError(f"{name}: acc must hold n / 2 = {n // 2} float32 registers; got {len(acc)}")
+        state = _async(me)
+        if not state.fenced:
+            raise RuntimeError(f"{name}: call wgmma_fence() before the warpgroup's first wgmma (it orders the "
+                               "registers the threads wrote before it)")
+        c = np.array(state.latest.get(id(acc), (acc, acc))[1], np.float32)
+        if a_in_registers:
+            *a, desc_b, scale_d = args
+            value = (int(desc_b), bool(scale_d), c, tuple(int(x) for x in a))
+        else:
+            desc_a, desc_b, scale_d = args
+            value = (int(desc_b), bool(scale_d), c, int(desc_a))
+        d = np.array(group.collective(rank, name, value, lambda values: combine(block, values)), np.float32)
+        state.uncommitted.append((acc, d))
+        state.latest[id(acc)] = (acc, d)
+
+    issue.__name__ = name
+    return issue
+
+
+def _sim_functions():
+    def smem_address(array, index):
+        _, _, block = _block("smem_address")
+        return np.uint32(block.window.address(array, index, "smem_address"))
+
+    def wgmma_fence():
+        _async(threading.current_thread()).fenced = True
+
+    def wgmma_commit():
+        state = _async(threading.current_thread())
+        state.groups.append(state.uncommitted)  # an empty group counts too, as in PTX
+        state.uncommitted = []
+
+    def wgmma_wait(n):
+        _check_pending(int(n))
+        state = _async(threading.current_thread())
+        while len(state.groups) > int(n):
+            for acc, d in state.groups.pop(0):  # oldest first: a later result for the same acc lands last
+                acc[:] = d
+                if state.latest.get(id(acc), (None, None))[1] is d:
+                    del state.latest[id(acc)]
+
+    def fence_proxy_async():
+        pass
+
+    def setmaxnreg(kind):
+        def set_registers(n):
+            _check_registers(int(n))
+            me, block, rank, group = _warpgroup(f"setmaxnreg_{kind}")
+            group.collective(rank, f"setmaxnreg_{kind}({int(n)})", None, lambda values: [None] * len(values))
+        set_registers.__name__ = f"setmaxnreg_{kind}"
+        return set_registers
+
+    def word(bar, index, op):
+        view = getattr(bar, "_ary", bar)
+        if view.itemsize != 8:
+            raise TypeError(f"{op}: an mbarrier is one 64-bit word; pass a uint64 shared array, not {view.dtype}")
+        if not 0 <= int(index) < view.size:
+            raise IndexError(f"{op}: barrier index {int(index)} is outside the array of {view.size}")
+        return _address(view) + 8 * int(index)
+
+    def barrier(block, bar, index, op):
+        b = block.mbarriers.get(word(bar, index, op))
+        if b is None:
+            raise RuntimeError(f"{op}: mbarrier {int(index)} was never initialised in this block (mbarrier_init by "
+                               "one thread, then cuda.syncthreads() before others use it)")
+        return b
+
+    def mbarrier_init(bar, index, count):
+        _, _, block = _block("mbarrier_init")
+        if not 1 <= int(count) < 2**20:
+            raise ValueError(f"mbarrier_init: count must be in [1, 2**20); got {int(count)}")
+        with block.cond:
+            block.mbarriers[word(bar, index, "mbarrier_init")] = _MBarrier(int(count))
+            block.cond.notify_all()
+
+    def arrive(block, bar, index, nbytes, op):
+        with block.cond:
+            b = barrier(block, bar, index, op)
+            if b.pending == 0:
+                raise RuntimeError(f"{op}: mbarrier {int(index)} got more arrivals than its count ({b.expected}) "
+                                   "in one phase")
+            b.tx += nbytes
+            b.pending -= 1
+            b.settle()
+            block.cond.notify_all()
+
+    def mbarrier_arrive(bar, index):
+        arrive(_block("mbarrier_arrive")[2], bar, index, 0, "mbarrier_arrive")
+
+    def mbarrier_arrive_expect_tx(bar, index, nbytes):
+        if not 0 <= int(nbytes) < 2**20:
+            raise ValueError(f"mbarrier_arrive_expect_tx: nbytes must be in [0, 2**20); got {int(nbytes)}")
+        arrive(_block("mbarrier_arrive_expect_tx")[2], bar, index, int(nbytes), "mbarrier_arrive_expect_tx")
+
+    def complete_tx(block, bar, index, nbytes, op):
+        with block.cond:
+            b = barrier(block, bar, index, op)
+            b.tx -= nbytes
+            b.settle()
+            block.cond.notify_all()
+
+    def mbarrier_try_wait_parity(bar, index, parity):
+        _, _, block = _block("mbarrier_try_wait_parity")
+        with block.cond:
+            b = barrier(block, bar, index, "mbarrier_try_wait_parity")
+            if b.phase == int(parity) & 1:  # as the hardware, wait a little before answering no
+                block.cond.wait(0.001)
+            return b.phase != int(parity) & 1
+
+    def mbarrier_wait_parity(bar, index, parity):
+        me, manager, block = _block("mbarrier_wait_parity")
+        with block.cond:
+            b = barrier(block, bar, index, "mbarrier_wait_parity")
+            _wait(me, manager, block, lambda: b.phase != int(parity) & 1,
+                  lambda: f"thread {me.thread_id} waits for the phase of parity {int(parity) & 1} of mbarrier "
+                          f"{int(index)} to complete; it is in {b.describe()}")
+
+    def tma_load_2d(dst, dst_index, tmap, col, row, bar, bar_index):
+        _, _, block = _block("tma_load_2d")
+        src, box_rows, box_cols, swizzle = _source(tmap)
+        box = F.tma_box(src, int(row), int(col), box_rows, box_cols)
+        start = block.window.address(dst, dst_index, "tma_load_2d")
+        boundary = 8 * swizzle if swizzle else 128
+        if start % boundary:
+            raise ValueError(f"tma_load_2d: the destination (shared address 0x{start:x}) must start on a "
+                             f"{boundary}-byte boundary" + (f" for {swizzle}-byte swizzle" if swizzle else ""))
+        block.window.write(start + F.box_offsets(box_rows, box_cols, box.itemsize, swizzle), box, "tma_load_2d")
+        complete_tx(block, bar, bar_index, box.nbytes, "tma_load_2d")
+
+    def bulk_copy(dst, dst_index, src, src_index, nbytes, bar, bar_index):
+        _, _, block = _block("bulk_copy")
+        nbytes, source = int(nbytes), getattr(src, "_ary", src)
+        if nbytes <= 0 or nbytes % 16:
+            raise ValueError(f"bulk_copy: nbytes must be a positive multiple of 16; got {nbytes}")
+        if not source.flags.c_contiguous:
+            raise ValueError("bulk_copy: the source must be a contiguous array")
+        first = int(src_index) * source.itemsize
+        if (_address(source) + first) % 16 or first + nbytes > source.nbytes or first < 0:
+            raise ValueError(f"bulk_copy: source bytes [{first}, {first + nbytes}) must be 16-byte aligned and "
+                             f"inside the array ({source.nbytes} bytes)")
+        start = block.window.address(dst, dst_index, "bulk_copy")
+        if start % 16:
+            raise ValueError(f"bulk_copy: the destination (shared address 0x{start:x}) must be 16-byte aligned")
+        data = source.reshape(-1).view(np.uint8)[first:first + nbytes]
+        block.window.write(start + np.arange(nbytes), data, "bulk_copy")
+        complete_tx(block, bar, bar_index, nbytes, "bulk_copy")
+
+    def named_barrier(wait):
+        op = "named_barrier_sync" if wait else "named_barrier_arrive"
+
+        def bar(barrier_id, count):
+            me, manager, block = _block(op)
+            barrier_id, count = int(barrier_id), int(count)
+            threads = int(np.prod(manager._block_dim))
+            if not 0 <= barrier_id < 16:
+                raise ValueError(f"{op}: barrier id must be in [0, 16); got {barrier_id}")
+            if count <= 0 or count % 32 or count > threads:
+                raise ValueError(f"{op}: count must be a multiple of 32 threads, at most the block's {threads}; "
+                                 f"got {count}")
+            with block.cond:
+                state = block.named.setdefault(barrier_id, [count, 0, 0])  # count, arrived, generation
+                if state[1] and state[0] != count:
+                    raise ValueError(f"{op}: barrier {barrier_id} is in use with count {state[0]}; got {count}")
+                state[0], state[1] = count, state[1] + 1
+                gen = state[2]
+                if state[1] == count:
+                    state[1], state[2] = 0, gen + 1
+                    block.cond.notify_all()
+                elif wait:
+                    _wait(me, manager, block, lambda: state[2] != gen,
+                          lambda: f"thread {me.thread_id} waits at named barrier {barrier_id} for {count} threads; "
+                                  f"{state[1]} arrived")
+        bar.__name__ = op
+        return bar
+
+    fns = dict(smem_address=smem_address, wgmma_fence=wgmma_fence, wgmma_commit=wgmma_commit, wgmma_wait=wgmma_wait,
+               fence_proxy_async=fence_proxy_async, setmaxnreg_inc=setmaxnreg("inc"),
+               setmaxnreg_dec=setmaxnreg("dec"), mbarrier_init=mbarrier_init, mbarrier_arrive=mbarrier_arrive,
+               mbarrier_arrive_expect_tx=mbarrier_arrive_expect_tx,
+               mbarrier_try_wait_parity=mbarrier_try_wait_parity, mbarrier_wait_parity=mbarrier_wait_parity,
+               tma_load_2d=tma_load_2d, bulk_copy=bulk_copy,
+               named_barrier_sync=named_barrier(True), named_barrier_arrive=named_barrier(False))
+    return {name: _hopper_only(fn) for name, fn in fns.items()}, lambda *key: _hopper_only(_sim_wgmma(*key))
+
+
+def _hopper_only(fn):
+    """fn, refusing to run where the simulator stands in for a GPU older than Hopper (FLASHLAB_SIMULATE_GPU)."""
+    def checked(*args):
+        if os.environ.get(SIMULATE_GPU):
+            cc = device_limits()["cc"]
+            if cc is not None and cc < CC:
+                raise RuntimeError(f"{fn.__name__} is a Hopper instruction (compute capability 9.0); the simulated "
+                                   f"GPU ({device_limits()['name']}) has {cc[0]}.{cc[1]}")
+        return fn(*args)
+
+    checked.__name__ = fn.__name__
+    return checked
+
+
+# ------------------------------------------------------------------------------------- tensor maps
+_TMAP_MAGIC = 0x464C5F544D4150  # the simulator's record: "FL_TMAP"
+_SOURCES = {}  # simulator: host address of a tensor map's matrix -> (weak reference to its array, its address)
+
+
+def _matrix_facts(matrix):
+    """(address, (rows, cols), row stride in bytes, itemsize) of a 2-D matrix on the device (or, in the
+    simulator, a NumPy array)."""
+    if SIMULATOR:
+        ary = getattr(matrix, "_ary", matrix)
+        if not isinstance(ary, np.ndarray):
+            raise TypeError(f"matrix must be a device array or a NumPy array; got {type(matrix).__name__}")
+        return _address(ary), ary.shape, ary.strides, ary.itemsize
+    cai = matrix.__cuda_array_interface__
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    shape = tuple(cai["shape"])
+    strides = cai.get("strides") or (shape[-1] * itemsize, itemsize)[-len(shape):]
+    return cai["data"][0], shape, tuple(strides), itemsize
+
+
+def tensor_map_2d(matrix, box_rows, box_cols, swizzle=128):
+    """A TMA tensor map of a 2-D device matrix (rows contiguous), for tma_load_2d: boxes of box_rows x box_cols
+    elements, stored into shared memory with a swizzle of 0 (none), 32, 64 or 128 bytes; elements outside the
+    matrix read as zeros. Returns a device array of 16 uint64 (the 128-byte map) to pass to the kernel.
+
+    On a GPU the map is cuTensorMapEncodeTiled's (cuda-bindings). In the simulator it is a record of the matrix's
+    address, shape, row stride, box and swizzle; the matrix must stay alive while the map is used (as on a GPU).
+    A swizzled box here has rows of exactly `swizzle` bytes (the layout fragments.box_offsets models)."""
+    address, shape, strides, itemsize = _matrix_facts(matrix)
+    if len(shape) != 2:
+        raise ValueError(f"matrix must be 2-D; got shape {shape}")
+    rows, cols = shape
+    if strides[1] != itemsize or strides[0] % 16 or address % 16:
+        raise ValueError(f"matrix must have contiguous rows, a row stride that is a multiple of 16 bytes and a "
+                         f"16-byte aligned start; got strides {strides} (bytes), address 0x{address:x}")
+    if itemsize not in (1, 2, 4, 8):
+        raise ValueError(f"matrix elements must be 1, 2, 4 or 8 bytes; got {itemsize}")
+    for name, value in (("box_rows", box_rows), ("box_cols", box_cols)):
+        if not 1 <= value <= 256:
+            raise ValueError(f"{name} must be in [1, 256]; got {value}")
+    F.box_offsets(box_rows, box_cols, itemsize, swizzle)  # checks the box's row against the swizzle
+    if SIMULATOR:
+        ary = getattr(matrix, "_ary", matrix)
+        root = ary
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        _SOURCES[address] = (weakref.ref(root), _address(root))
+        words = [_TMAP_MAGIC, address, cols, rows, strides[0], box_cols, box_rows, itemsize, swizzle]
+        return cuda.to_device(np.array(words + [0] * (16 - len(words)), np.uint64))
+    return cuda.to_device(_encode_tiled(address, rows, cols, strides[0], itemsize, box_rows, box_cols, swizzle))
+
+
+def _encode_tiled(address, rows, cols, row_stride, itemsize, box_rows, box_cols, swizzle):
+    from cuda.bindings import driver as cu
+
+    kind = {1: "UINT8", 2: "UINT16", 4: "UINT32", 8: "UINT64"}[itemsize]  # TMA copies bits; the type sets the size
+    mode = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}[swizzle]
+    err, tmap = cu.cuTensorMapEncodeTiled(
+        getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), cu.cuuint32_t(2), address,
+        [cu.cuuint64_t(cols), cu.cuuint64_t(rows)], [cu.cuuint64_t(row_stride)],
+        [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{mode}"),
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err} (matrix {rows} x {cols}, row stride {row_stride} "
+                           f"bytes, box {box_rows} x {box_cols}, swizzle {swizzle})")
+    try:
+        return np.array([int(x) for x in tmap.opaque], dtype=np.uint64)
+    except (AttributeError, TypeError):  # a cuda-bindings whose CUtensorMap exposes only its address
+        import ctypes
+        return np.frombuffer(ctypes.string_at(tmap.getPtr(), 128), dtype=np.uint64).copy()
+
+
+def _source(tmap):
+    """Simulator: (the matrix as raw bits, box_rows, box_cols, swizzle) of a tensor map record."""
+    words = [int(x) for x in getattr(tmap, "_ary", tmap)[:9]]
+    magic, address, cols, rows, stride, box_cols, box_rows, itemsize, swizzle = words
+    if magic != _TMAP_MAGIC:
+        raise ValueError("tma_load_2d: tmap is not a tensor map made by tensor_map_2d")
+    ref, root_address = _SOURCES.get(address, (lambda: None, 0))
+    root = ref()
+    if root is None:
+        raise RuntimeError("tma_load_2d: the tensor map's matrix no longer exists (keep it alive while the map "
+                           "is used)")
+    flat = root.reshape(-1).view(np.uint8)
+    matrix = np.ndarray((rows, cols), f"u{itemsize}", buffer=flat, offset=address - root_address,
+                        strides=(stride, itemsize))
+    return matrix, box_rows, box_cols, swizzle
+
+
+# ----------------------------------------------------------------------------------------- exports
+_FNS, _wgmma = _sim_functions() if SIMULATOR else _gpu_functions()
+
+
+@functools.lru_cache(maxsize=None)
+def wgmma_ss(n, dtype="float16", a_major="K", b_major="K"):
+    """wgmma m64nNk16 (fp32 accumulators) with A and B from shared memory: fn(acc, desc_a, desc_b, scale_d).
+    Build it at module level (or outside the kernel) and call it in the kernel; acc is a float32 local array
+    of n // 2. a_major / b_major "K" (default) or "MN": which dimension of the operand is contiguous."""
+    return _wgmma(n, dtype, a_major, b_major, False)
+
+
+@functools.lru_cache(maxsize=None)
+def wgmma_rs(n, dtype="float16", b_major="K"):
+    """wgmma m64nNk16 with A from registers: fn(acc, a0, a1, a2, a3, desc_b, scale_d); a0..a3 are uint32
+    registers of two 16-bit values each, laid out as fragments.wgmma_fragment_map(16, "A")."""
+    return _wgmma(n, dtype, "K", b_major, True)
+
+
+@cuda.jit(device=True, inline="always")
+def make_descriptor(address, lbo, sbo, swizzle):
+    """wgmma's matrix descriptor (fragments.matrix_descriptor) from a shared address, LBO, SBO (bytes, multiples
+    of 16) and the swizzle in bytes (0, 32, 64, 128)."""
+    mode = 1 if swizzle == 128 else (2 if swizzle == 64 else (3 if swizzle == 32 else 0))
+    return (uint64((address & 0x3FFFF) >> 4) | (uint64((lbo & 0x3FFFF) >> 4) << uint64(16))
+            | (uint64((sbo & 0x3FFFF) >> 4) << uint64(32)) | (uint64(mode) << uint64(62)))
+
+
+smem_address = _FNS["smem_address"]
+wgmma_fence, wgmma_commit, wgmma_wait = _FNS["wgmma_fence"], _FNS["wgmma_commit"], _FNS["wgmma_wait"]
+fence_proxy_async = _FNS["fence_proxy_async"]
+setmaxnreg_inc, setmaxnreg_dec = _FNS["setmaxnreg_inc"], _FNS["setmaxnreg_dec"]
+mbarrier_init, mbarrier_arrive = _FNS["mbarrier_init"], _FNS["mbarrier_arrive"]
+mbarrier_arrive_expect_tx = _FNS["mbarrier_arrive_expect_tx"]
+mbarrier_try_wait_parity, mbarrier_wait_parity = _FNS["mbarrier_try_wait_parity"], _FNS["mbarrier_wait_parity"]
+tma_load_2d, bulk_copy = _FNS["tma_load_2d"], _FNS["bulk_copy"]
+named_barrier_sync, named_barrier_arrive = _FNS["named_barrier_sync"], _FNS["named_barrier_arrive"]
