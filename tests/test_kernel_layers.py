@@ -10,7 +10,7 @@ import pytest
 
 KERNELS = Path(__file__).resolve().parent.parent / "flashlab" / "kernels"
 LAYERS = [
-    ("constants, PTX intrinsics, host arrays", {"common", "mma", "_launch"}),
+    ("constants, PTX intrinsics, host arrays", {"common", "mma", "_launch", "hopper"}),
     ("the library's options and split-KV, as device functions", {"options", "split_kv"}),
     ("kernels: build and launch", {"shared", "register", "register_backward", "tensor", "tensor_backward", "decoding"}),
     ("planning: device facts, tiles, the plan", {"devices", "plan"}),

@@ -23,8 +23,9 @@ The modules, in layers; each imports only from its own layer or those below (tes
   decoding.py;
 - device functions shared by the kernels: options.py (the library's options), split_kv.py (key chunks, the
   grid, the merge kernel);
-- at the bottom: common.py (constants), mma.py (PTX intrinsics, emulated in the simulator), _launch.py (host
-  arrays, input checks, launch descriptions).
+- at the bottom: common.py (constants), mma.py (PTX intrinsics, emulated in the simulator), hopper.py (Hopper's
+  wgmma, TMA, mbarrier and setmaxnreg as intrinsics, emulated in the simulator), _launch.py (host arrays, input
+  checks, launch descriptions).
 
 How a kernel module reads (register.py, tensor.py, register_backward.py, tensor_backward.py): a frozen Traits holds
 a build's tile constants; the build binds each step once (a device function inlined into the kernel, with its
