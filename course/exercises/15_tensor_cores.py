@@ -8,7 +8,8 @@
 # 2. a warp's `mma` in NumPy, from the lanes' packed 32-bit registers;
 # 3. the tf32 split of a float32 number, on its bits;
 # 4. a 3xTF32 matrix product from a tf32 tensor core, and its error;
-# 5. the row address each lane gives `ldmatrix.x4` to load an A operand.
+# 5. one k-step of a tensor core's truncating accumulation, bit for bit, and what it does to 3xTF32;
+# 6. the row address each lane gives `ldmatrix.x4` to load an A operand.
 #
 # `flashlab.fragments` holds the library's versions of 1 to 3 (`fragment_map`, `warp_mma`, `split_tf32`):
 # don't call them in your answers, the point is to build them yourself.
@@ -193,7 +194,96 @@ for name, C in (("1xTF32", one_pass), ("3xTF32", matmul_3xtf32(A, B, tensor_core
 flashlab.check("matmul_3xtf32", matmul_3xtf32)
 
 # %% [markdown]
-# ## 5. Where does each lane point? `ldmatrix.x4`'s addresses
+# ## 5. How a tensor core adds
+#
+# Exercise 4's `tensor_core` adds in float64 and rounds once. A tensor core does not: Fasi, Higham, Mikaitis and
+# Pranesh ("Numerical behavior of NVIDIA tensor cores", PeerJ Computer Science, 2021) found the products exact,
+# but the terms aligned to the largest one with the bits that fall off **cut** (no guard bits), and the sum cut
+# again (lesson section 5). The details vary between GPU generations, so here is one simple model, stated
+# exactly so that it can be graded bit for bit. Each D[i, j] of one k-step D = A B + C is formed thus:
+#
+# 1. the terms are C[i, j] and the k products A[i, l] B[l, j], each exact (A and B hold tf32 values, so a
+#    product has at most 22 significant bits, which a float64 holds);
+# 2. e is the exponent of the largest |term|: 2**e <= |term| < 2**(e + 1) (if every term is 0, D[i, j] = 0);
+# 3. each term is cut toward zero to a multiple of 2**(e - 23), the last bit of a 24-bit significand aligned
+#    with the largest term (what lies below is lost, for either sign);
+# 4. the cut terms are added exactly;
+# 5. the sum s is cut toward zero to 24 significant bits: to a multiple of 2**(f - 23), where
+#    2**f <= |s| < 2**(f + 1) (0 stays 0).
+#
+# Write `tc_accumulate(a, b, c)` for a (m, k) and b (k, n) float32 arrays of tf32 values and c (m, n) float32:
+# D, (m, n) float32, as the model forms it. Nothing in the checks overflows or leaves float32's normal range.
+# `np.frexp(x)` gives (mantissa in [0.5, 1), exponent), so e = exponent - 1; `np.ldexp(1.0, n)` is 2.0 ** n
+# elementwise; `np.trunc` cuts toward zero.
+
+# %%
+def tc_accumulate(a, b, c):
+    """One k-step D = A B + C on the model's truncating tensor core: float32 (m, n)."""
+    ### BEGIN SOLUTION
+    a, b, c = (np.asarray(x, np.float64) for x in (a, b, c))
+    terms = np.concatenate([c[:, None, :], a[:, :, None] * b[None, :, :]], axis=1)  # (m, 1 + k, n), exact
+
+    def exponent(x):  # 2**e <= |x| < 2**(e + 1)
+        return np.frexp(x)[1] - 1
+
+    def cut(x, e):  # toward zero, to a multiple of 2**(e - 23)
+        q = np.ldexp(1.0, e - 23)
+        return np.trunc(x / q) * q
+
+    e = exponent(np.abs(terms).max(axis=1))[:, None, :]
+    s = cut(terms, e).sum(axis=1)
+    return cut(s, exponent(s)).astype(np.float32)
+    ### END SOLUTION
+
+
+# %%
+x = np.float32([[1.0, 1.0]])
+y = np.float32([[0.75 * 2.0 ** -23], [0.75 * 2.0 ** -23]])  # two products worth 3/4 of 1.0's last bit each
+for c in (1.0, -1.0):
+    d = tc_accumulate(x, y * np.float32(c), np.float32([[c]]))[0, 0]
+    rounded = np.float32(c * (1 + 1.5 * 2.0 ** -23))
+    print(f"C = {c:+.0f}: the model gives {d!r}, the exact sum rounded to nearest {rounded!r}")
+
+# %%
+flashlab.check("tc_accumulate", tc_accumulate)
+
+# %% [markdown]
+# Now the reason why 3xTF32 keeps long sums out of the tensor core's accumulator. Every cut errs toward zero, so
+# along a chain of k-steps the errors add up instead of cancelling, and what gets cut are the low bits of the
+# small correction products, the very part 3xTF32 pays for. Below, 3xTF32 on your model two ways: every k-step
+# of all of K into one accumulator; and 64 columns of K at a time from zero, each sum added to a float32
+# accumulator with an ordinary add that rounds to nearest, as Ootomo and Yokota (2022) do and as this course's
+# kernel does for O = PV. (CUTLASS's `OpMultiplyAddFastF32` keeps the accumulator in the tensor core, with the
+# two small products issued before the big one.) How does each error grow with K?
+
+# %%
+def three_tf32(A, B, block=None, k_step=8):
+    """3xTF32 A @ B with tc_accumulate: per k-step small x big, big x small, big x big into one accumulator;
+    block: start that accumulator from zero every `block` columns of K and add its sum in float32."""
+    (Ab, As), (Bb, Bs) = split_tf32(A), split_tf32(B)
+    out = np.zeros((A.shape[0], B.shape[1]), np.float32)
+    block = block or A.shape[1]
+    for b0 in range(0, A.shape[1], block):
+        acc = np.zeros_like(out)
+        for k0 in range(b0, b0 + block, k_step):
+            s = slice(k0, k0 + k_step)
+            for a_part, b_part in ((As, Bb), (Ab, Bs), (Ab, Bb)):
+                acc = tc_accumulate(a_part[:, s], b_part[s], acc)
+        out = (out.astype(np.float64) + acc).astype(np.float32)  # a float32 add, rounded to nearest
+    return out
+
+
+# %%
+for K in flashlab.size((256, 1024, 4096), (256, 1024)):
+    A = rng.standard_normal((16, K)).astype(np.float32)
+    B = rng.standard_normal((K, 8)).astype(np.float32)
+    exact = A.astype(np.float64) @ B.astype(np.float64)
+    print(f"K = {K:4d}: all in the tensor core {flashlab.relative_error(three_tf32(A, B), exact):.1e}, "
+          f"64 columns at a time {flashlab.relative_error(three_tf32(A, B, block=64), exact):.1e}, "
+          f"float32 arithmetic {flashlab.relative_error(A @ B, exact):.1e}")
+
+# %% [markdown]
+# ## 6. Where does each lane point? `ldmatrix.x4`'s addresses
 #
 # A kernel keeps a 16 x 16 tile of 16-bit values in shared memory, row-major, rows `row_stride` bytes apart, and
 # loads it as an A operand with one `ldmatrix.sync.aligned.m8n8.x4.b16`. The instruction loads four 8 x 8
@@ -223,7 +313,7 @@ print("row addresses of lanes 0, 7, 8, 16, 31 with 144-byte rows:",
 flashlab.check("ldmatrix_address", ldmatrix_address)
 
 # %% [markdown]
-# ## 6. Think about it
+# ## 7. Think about it
 #
 # - 3xTF32 costs three tensor-core products per product. At the measured mma ceilings of the lesson, is that
 #   still faster than the FP32 units' peak on an H100? On a GPU where tf32 runs at the same rate as FP32

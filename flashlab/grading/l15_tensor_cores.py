@@ -1,5 +1,7 @@
-"""Lesson 15, tensor cores, the instruction: the fragment map, a warp's mma from packed registers, the tf32 split
-and a 3xTF32 product."""
+"""Lesson 15, tensor cores, the instruction: the fragment map, a warp's mma from packed registers, the tf32 split,
+a 3xTF32 product, one k-step of a tensor core's truncating accumulation bit for bit (Fasi, Higham, Mikaitis and
+Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ Computer Science 2021), and the row address each lane
+gives ldmatrix.x4."""
 from __future__ import annotations
 
 import numpy as np
@@ -334,3 +336,147 @@ def check_ldmatrix_address(t, fn):
     stride, lane = strides[i // 32], i % 32
     raise t.fail(f"lane {lane}, row_stride {stride}: you said byte {got[i]}; it must point at row "
                  f"{lane % 8 + 8 * (lane // 8 % 2)}, column {8 * (lane // 16)}: byte {want[i]}")
+
+
+# ----------------------------------------------------------------------- a tensor core's truncating sum
+def exponent(x):
+    """e with 2**e <= |x| < 2**(e + 1), elementwise (exact, from frexp); 0 where x is 0."""
+    m, e = np.frexp(np.asarray(x, np.float64))
+    return np.where(m != 0, e - 1, 0)
+
+
+def cut(x, e, bits=24, rounding=np.trunc):
+    """x cut to a multiple of 2**(e - bits + 1): the bits a `bits`-bit significand whose leading bit has weight
+    2**e keeps, the rest dropped toward zero (rounding=np.trunc)."""
+    q = np.ldexp(1.0, np.asarray(e) - bits + 1)
+    return rounding(np.asarray(x, np.float64) / q) * q
+
+
+def tc_model(a, b, c, *, align="largest", cut_terms=True, final="cut", bits=24, rounding=np.trunc):
+    """D = A B + C for one k-step as the model of the exercise forms each D[i, j]: the k exact products and c are
+    the terms; each is cut toward zero to a multiple of 2**(e - 23), e the exponent of the largest term (no guard
+    bits); the cut terms are added exactly; the sum is cut toward zero to 24 significant bits. The keywords
+    replay one slip each: align ("c", "products", "sum"), cut_terms=False, final="nearest", bits,
+    rounding."""
+    a, b, c = (np.asarray(x, np.float64) for x in (a, b, c))
+    products = a[:, :, None] * b[None, :, :]  # (m, k, n), exact for tf32 and 16-bit inputs
+    terms = np.concatenate([c[:, None, :], products], axis=1)
+    if align == "largest":
+        e = exponent(np.abs(terms).max(axis=1))
+    elif align == "c":
+        e = exponent(c)
+    elif align == "products":
+        e = exponent(np.abs(products).max(axis=1))
+    else:  # the exact sum's
+        e = exponent(terms.sum(axis=1))
+    total = (cut(terms, e[:, None, :], bits, rounding) if cut_terms else terms).sum(axis=1)
+    if final == "nearest":
+        return total.astype(np.float32)
+    return cut(total, exponent(total), bits, rounding).astype(np.float32)
+
+
+def _fp32_chain(a, b, c):
+    """c plus each product in turn, one float32 rounding per add (the FP32 units' way)."""
+    acc = np.asarray(c, np.float32).copy()
+    for k in range(a.shape[1]):
+        acc = (acc.astype(np.float64) + a[:, k:k + 1].astype(np.float64) * b[k:k + 1].astype(np.float64)
+               ).astype(np.float32)
+    return acc
+
+
+_TC_SLIPS = [
+    (lambda a, b, c: (a.astype(np.float64) @ b.astype(np.float64) + c).astype(np.float32),
+     "that is the exact sum rounded once to nearest, as IEEE would; the model cuts toward zero, twice: each term "
+     "at the largest term's last bit, then the sum"),
+    (_fp32_chain, "you added the products one at a time in float32, rounding to nearest each time (the FP32 units' "
+                  "way); the model adds all terms at once, cut toward zero"),
+    (lambda a, b, c: tc_model(a, b, c, cut_terms=False),
+     "you truncated only the final sum: first each term is cut at the largest term's 24-bit grid (the tensor core "
+     "keeps no guard bits), then the sum"),
+    (lambda a, b, c: tc_model(a, b, c, final="nearest"),
+     "the terms are cut right, but the sum is rounded to nearest (astype(np.float32) rounds); cut it toward zero "
+     "to 24 significant bits as well"),
+    (lambda a, b, c: tc_model(a, b, c, align="c"),
+     "you aligned the terms to c's exponent; align them to the largest of all the terms (c and the products)"),
+    (lambda a, b, c: tc_model(a, b, c, align="products"),
+     "you aligned the terms to the largest product; c is a term too: align to the largest of c and the products"),
+    (lambda a, b, c: tc_model(a, b, c, align="sum"),
+     "you aligned the terms to the sum's exponent; the hardware aligns them before it adds, to the largest term"),
+    (lambda a, b, c: tc_model(a, b, c, rounding=np.floor),
+     "negative values are cut toward minus infinity (floor); the model cuts toward zero (np.trunc) for both signs"),
+    (lambda a, b, c: tc_model(a, b, c, rounding=np.rint),
+     "you rounded each cut to nearest (np.rint or np.round); the model truncates: np.trunc, toward zero, for the "
+     "terms and for the sum"),
+    (lambda a, b, c: tc_model(a, b, c, bits=23),
+     "you kept 23 significant bits; float32 has 24 (23 stored and the implicit leading 1): cut to multiples of "
+     "2**(e - 23)"),
+    (lambda a, b, c: tc_model(a, b, c, bits=25),
+     "you kept 25 significant bits; float32 has 24: cut to multiples of 2**(e - 23)"),
+]
+
+
+def _tf32(x):
+    return F.round_tf32(np.asarray(x, np.float32))
+
+
+def _tc_cases(t):
+    """(label, a, b, c): random, and inputs that tell the slips apart."""
+    m, n, k = 16, 8, 8
+    cases = [("random tf32 A, B and float32 C", _tf32(t.normal((m, k))), _tf32(t.normal((k, n))),
+              t.normal((m, n), np.float32))]
+    cases.append(("C much larger than the products (their low bits are cut)", _tf32(t.normal((m, k))),
+                  _tf32(t.normal((k, n), scale=2.0 ** -8)), t.normal((m, n), np.float32, 2.0 ** 10)))
+    cases.append(("products much larger than C", _tf32(t.normal((m, k), scale=64.0)), _tf32(t.normal((k, n))),
+                  t.normal((m, n), np.float32, 2.0 ** -12)))
+    a, b = _tf32(t.normal((m, k))), _tf32(t.normal((k, n)))
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    cases.append(("C almost cancels A B (the result is small)", a, b,
+                  (-exact + t.normal((m, n), scale=2.0 ** -16)).astype(np.float32)))
+    cases.append(("all terms positive, near one power of two (the sum carries)",
+                  _tf32(1.0 + t.rng.random((m, k))), _tf32(1.0 + t.rng.random((k, n))),
+                  (1.0 + t.rng.random((m, n))).astype(np.float32)))
+    cases.append(("all terms negative", _tf32(-(1.0 + t.rng.random((m, k)))), _tf32(1.0 + t.rng.random((k, n))),
+                  (-(1.0 + t.rng.random((m, n)))).astype(np.float32)))
+    spread = np.ldexp(1.0, t.rng.integers(-20, 21, (m, k)))
+    cases.append(("entries from 2**-20 to 2**20", _tf32(t.normal((m, k)) * spread), _tf32(t.normal((k, n))),
+                  t.normal((m, n), np.float32)))
+    a = _tf32(t.normal((m, 16)))
+    a[:4] = 0.0  # rows of zeros: a zero result where C is 0 too
+    c = t.normal((m, n), np.float32)
+    c[:2] = 0.0
+    cases.append(("a k-step of 16 (as mma.m16n8k16), some terms and results zero", a, _tf32(t.normal((16, n))), c))
+    return cases
+
+
+@exercise("tc_accumulate", lesson=LESSON,
+          hint="For each (i, j): the terms are C[i, j] and the k products A[i, l] B[l, j] (exact in float64). "
+               "e = the exponent of the largest |term| (np.frexp(x)[1] - 1). Cut each term with "
+               "np.trunc(term / q) * q, q = 2.0 ** (e - 23); add the cut terms; then cut the sum the same way with "
+               "the sum's own exponent. np.ldexp(1.0, e - 23) is 2.0 ** (e - 23) for arrays of e.")
+def check_tc_accumulate(t, fn):
+    cases = _tc_cases(t)
+    got = []
+    for label, a, b, c in cases:
+        t.case(label, A=f"{a.shape} tf32 values in float32", B=f"{b.shape} likewise", C=f"{c.shape} float32")
+        out = t.call(a, b, c)
+        got.append(t.array(out, c.shape, np.float32, "D"))
+    wants = [tc_model(a, b, c) for _, a, b, c in cases]
+    wrong = [i for i, (g, w) in enumerate(zip(got, wants)) if not np.array_equal(g, w)]
+    if not wrong:
+        return
+    t.case(f"{len(cases)} k-steps: " + "; ".join(label for label, *_ in cases))
+    for slip, why in _TC_SLIPS:
+        if all(np.array_equal(g, slip(a, b, c)) for g, (_, a, b, c) in zip(got, cases)):
+            raise t.fail(why)
+    i = wrong[0]
+    label, a, b, c = cases[i]
+    r, s = (int(x) for x in np.argwhere(got[i] != wants[i])[0])
+    mine, want = got[i][r, s], wants[i][r, s]
+    terms = [float(c[r, s])] + [float(a[r, l]) * float(b[l, s]) for l in range(a.shape[1])]
+    e = int(exponent(max(abs(x) for x in terms)))
+    bigger = "larger" if abs(float(mine)) > abs(float(want)) else "smaller"
+    advice = {"hint": "Nothing in the model ever rounds up: every step cuts toward zero"} if bigger == "larger" else {}
+    raise t.fail(f"case '{label}': D[{r}, {s}] is {float(mine)!r}, the model gives {float(want)!r} (yours is "
+                 f"{bigger} in magnitude); its terms are C = {terms[0]!r} and the products "
+                 f"{', '.join(repr(x) for x in terms[1:4])}, ..., the largest term is in [2**{e}, 2**{e + 1}), so each "
+                 f"is cut to a multiple of 2**{e - 23}", **advice)

@@ -2,16 +2,19 @@
 each checker passes the solution, grades the blank "not implemented", and rejects kept wrong solutions for several
 seeds, naming the slip. The checker's own statement of the fragment layouts is checked against flashlab.fragments.
 """
+import math
+
 import numpy as np
 
 from conftest import load_exercise
 from exercise_harness import Lesson
 from flashlab import fragments as F
+from flashlab.grading import l15_tensor_cores as G
 
 LESSON = Lesson("15_tensor_cores")
 STEM = LESSON.stem
 SOLUTIONS = load_exercise(STEM)
-mutant = LESSON.mutant
+mutant, alternative = LESSON.mutant, LESSON.alternative
 
 # -- 1: the fragment map -------------------------------------------------------------------------
 _right = SOLUTIONS["fragment_position"]
@@ -183,7 +186,150 @@ def no_tensor_core(A, B, mma):
     return (A.astype(np.float64) @ B.astype(np.float64)).astype(np.float32)
 
 
-# -- 5: ldmatrix addresses ----------------------------------------------------------------------------
+# -- 5: a tensor core's truncating sum ------------------------------------------------------------------------
+_tc = SOLUTIONS["tc_accumulate"]
+
+
+def _f64(a, b, c):
+    return (np.asarray(x, np.float64) for x in (a, b, c))
+
+
+@mutant("tc_accumulate", "rounded once to nearest")
+def tc_round_once(a, b, c):
+    """the exact sum rounded once to float32"""
+    a, b, c = _f64(a, b, c)
+    return (a @ b + c).astype(np.float32)
+
+
+@mutant("tc_accumulate", "one at a time in float32")
+def tc_fp32_adds(a, b, c):
+    """c + a0 b0 + a1 b1 + ... in float32"""
+    d = np.array(c, np.float32)
+    for k in range(a.shape[1]):
+        d = d + np.outer(a[:, k], b[k]).astype(np.float32)
+    return d
+
+
+@mutant("tc_accumulate", "truncated only the final sum")
+def tc_final_cut_only(a, b, c):
+    """exact sum, then cut to 24 bits"""
+    a, b, c = _f64(a, b, c)
+    s = a @ b + c
+    q = np.ldexp(1.0, np.frexp(s)[1] - 24)
+    return (np.trunc(s / q) * q).astype(np.float32)
+
+
+@mutant("tc_accumulate", "the sum is rounded to nearest")
+def tc_sum_rounded(a, b, c):
+    """terms cut, the sum rounded by astype(np.float32)"""
+    return G.tc_model(a, b, c, final="nearest")
+
+
+@mutant("tc_accumulate", "aligned the terms to c's exponent")
+def tc_align_to_c(a, b, c):
+    """every term cut at C's last bit"""
+    return G.tc_model(a, b, c, align="c")
+
+
+@mutant("tc_accumulate", "c is a term too")
+def tc_align_to_products(a, b, c):
+    """the largest product sets the exponent, C left out"""
+    return G.tc_model(a, b, c, align="products")
+
+
+@mutant("tc_accumulate", "toward minus infinity")
+def tc_floor(a, b, c):
+    """np.floor for np.trunc"""
+    return G.tc_model(a, b, c, rounding=np.floor)
+
+
+@mutant("tc_accumulate", "23 significant bits")
+def tc_23_bits(a, b, c):
+    """multiples of 2**(e - 22)"""
+    return G.tc_model(a, b, c, bits=23)
+
+
+@mutant("tc_accumulate", "rounded each cut to nearest")
+def tc_rint(a, b, c):
+    """np.rint for np.trunc: rounds to nearest instead of truncating"""
+    return G.tc_model(a, b, c, rounding=np.rint)
+
+
+@mutant("tc_accumulate", "the model gives")
+def tc_float32_sum(a, b, c):
+    """terms cut right, then summed in float32"""
+    a, b, c = _f64(a, b, c)
+    terms = np.concatenate([c[:, None, :], a[:, :, None] * b[None, :, :]], axis=1)
+    e = G.exponent(np.abs(terms).max(axis=1))[:, None, :]
+    s = G.cut(terms, e).astype(np.float32).sum(axis=1, dtype=np.float32).astype(np.float64)
+    return G.cut(s, G.exponent(s)).astype(np.float32)
+
+
+@alternative("tc_accumulate")
+def tc_with_integers(a, b, c):
+    """element by element in Python integers: int() truncates toward zero"""
+    m, k = a.shape
+    out = np.zeros(c.shape, np.float32)
+    for i in range(m):
+        for j in range(c.shape[1]):
+            terms = [float(c[i, j])] + [float(a[i, l]) * float(b[l, j]) for l in range(k)]
+            big = max(abs(x) for x in terms)
+            if big == 0:
+                continue
+            e = math.frexp(big)[1] - 1
+            total = sum(int(math.ldexp(x, 23 - e)) for x in terms)  # in units of 2**(e - 23)
+            if total:
+                drop = max(0, abs(total).bit_length() - 24)  # bits past 24 significant ones
+                total = int(total / 2 ** drop) if drop else total
+                out[i, j] = math.ldexp(total, e - 23 + drop)
+    return out
+
+
+@alternative("tc_accumulate")
+def tc_with_log2(a, b, c):
+    """exponents from np.floor(np.log2(...)), cuts with np.fix"""
+    a, b, c = _f64(a, b, c)
+    terms = np.concatenate([c[:, None, :], np.einsum("ik,kj->ikj", a, b)], axis=1)
+
+    def grid(x):  # the last bit of 24 significant bits led by x's first bit
+        with np.errstate(divide="ignore"):
+            e = np.where(x != 0, np.floor(np.log2(np.abs(x))), 0.0)
+        return 2.0 ** (e - 23)
+
+    q = grid(np.abs(terms).max(axis=1, keepdims=True))
+    s = (np.fix(terms / q) * q).sum(axis=1)
+    return (np.fix(s / grid(s)) * grid(s)).astype(np.float32)
+
+
+def test_the_model_is_the_lessons():
+    """The checker's model is the truncating sum of the lesson's figure (flashlab.viz.tensor)."""
+    from flashlab.viz import tensor as tviz
+
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        a = F.round_tf32(rng.standard_normal((16, 8)) * np.ldexp(1.0, rng.integers(-12, 12, (16, 8))))
+        b = F.round_tf32(rng.standard_normal((8, 8)).astype(np.float32))
+        c = rng.standard_normal((16, 8)).astype(np.float32)
+        products = a.astype(np.float64)[:, :, None] * b.astype(np.float64)[None]
+        np.testing.assert_array_equal(G.tc_model(a, b, c), tviz._tc_add(c.astype(np.float64), products))
+
+
+def test_every_slip_is_told_apart():
+    """On the checker's cases, each named slip differs from the model and from every other slip (so a verdict can
+    name it), for several seeds."""
+    from flashlab.grading.core import EXERCISES, Checker
+
+    for seed in range(5):
+        cases = G._tc_cases(Checker(EXERCISES["tc_accumulate"], None, seed))
+        outs = [[fn(a, b, c) for _, a, b, c in cases] for fn, _ in G._TC_SLIPS]
+        right = [G.tc_model(a, b, c) for _, a, b, c in cases]
+        for i, out in enumerate(outs):
+            assert not all(np.array_equal(x, y) for x, y in zip(out, right)), G._TC_SLIPS[i][1]
+            for j in range(i):
+                assert not all(np.array_equal(x, y) for x, y in zip(out, outs[j])), (i, j)
+
+
+# -- 6: ldmatrix addresses ----------------------------------------------------------------------------
 @mutant("ldmatrix_address", "matrices 1 and 2 are swapped")
 def ldmatrix_columns_first(lane, row_stride):
     """matrix 1 taken as the next 8 columns, matrix 2 as the next 8 rows"""
