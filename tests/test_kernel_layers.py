@@ -12,7 +12,8 @@ KERNELS = Path(__file__).resolve().parent.parent / "flashlab" / "kernels"
 LAYERS = [
     ("constants, PTX intrinsics, host arrays", {"common", "mma", "_launch", "hopper"}),
     ("the library's options and split-KV, as device functions", {"options", "split_kv"}),
-    ("kernels: build and launch", {"shared", "register", "register_backward", "tensor", "tensor_backward", "decoding"}),
+    ("kernels: build and launch", {"shared", "register", "register_backward", "tensor", "tensor_backward", "wgmma",
+                                    "decoding"}),
     ("planning: device facts, tiles, the plan", {"devices", "plan"}),
     ("prepared launches", {"prepared"}),
     ("entry points", {"forward", "backward", "varlen", "varlen_backward", "paged", "info", "demo", "__init__"}),

@@ -11,8 +11,9 @@
 
 Inputs are (B, H, N, d) NumPy arrays, numba device arrays or torch CUDA tensors (no copies); outputs come
 back in the same kind. Variants: "shared" (lesson 08: one thread per query row, K/V tiles in shared
-memory), "register" (lesson 09: FA2 with register tiling) and "tensor" (lessons 15-17: mma.sync tensor cores,
-forward in tensor.py, backward in tensor_backward.py).
+memory), "register" (lesson 09: FA2 with register tiling), "tensor" (lessons 15-17: mma.sync tensor cores,
+forward in tensor.py, backward in tensor_backward.py) and "wgmma" (FlashAttention-3's forward on Hopper:
+wgmma.py).
 
 The modules, in layers; each imports only from its own layer or those below (tests/test_kernel_layers.py):
 - entry points: forward.py, backward.py, varlen.py, varlen_backward.py, paged.py, info.py, demo.py (checks, the
@@ -20,7 +21,7 @@ The modules, in layers; each imports only from its own layer or those below (tes
 - prepared.py: the generic prepared launch (argument lists built once, pointers filled in per call);
 - planning: devices.py (what a GPU has, occupancy) and plan.py (tile, split-KV, block order, explain());
 - kernels that build and launch: shared.py, register.py, register_backward.py, tensor.py, tensor_backward.py,
-  decoding.py;
+  wgmma.py, decoding.py;
 - device functions shared by the kernels: options.py (the library's options), split_kv.py (key chunks, the
   grid, the merge kernel);
 - at the bottom: common.py (constants), mma.py (PTX intrinsics, emulated in the simulator), hopper.py (Hopper's

@@ -6,12 +6,13 @@ import numpy as np
 from .._inputs import check_options, check_seed
 from ..device import device_limits
 from . import plan as planner
-from . import prepared, register, shared, tensor
+from . import prepared, register, shared, tensor, wgmma
 from ._launch import (Launches, all_to_device_words, check_dropout_variant, check_kernel_inputs, empty, empty_words,
                       like_input, to_device)
+from .common import LOG2E
 from .options import Extras
 
-VARIANTS = planner.VARIANTS["forward"]
+VARIANTS = planner.VARIANTS["forward"] + ("wgmma",)
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", block_q=None, block_k=None,
@@ -24,7 +25,9 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     both come back as the kind of array q was. causal: query i sees keys j <= i (top-left aligned).
     scale defaults to 1/sqrt(d). variant: "register" (FP32 units), "shared" (textbook) or "tensor" (tensor
     cores: float16, bfloat16 (torch tensors) and float32, see kernels/tensor.py; `precision` picks "3xtf32"
-    (default, fp32 accuracy) or "tf32" for float32 inputs, and "k8" builds float16 from the sm_75 mma shape).
+    (default, fp32 accuracy) or "tf32" for float32 inputs, and "k8" builds float16 from the sm_75 mma shape)
+    or "wgmma" (FlashAttention-3 on Hopper: 16-bit inputs, d 64 or 128, contiguous, causal or not, GQA; block_k
+    alone overrides its tile; see kernels/wgmma.py).
 
     How the kernel is launched (tile, split-KV, block order) is decided by kernels/plan.py for this GPU;
     block_q / block_k override the tile shape, `tile` (a register.Tile) sets the register kernel's thread
@@ -43,6 +46,11 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
                    dropout_p=dropout_p, seed=seed)
     plain = alibi_slopes is None and align == "top_left" and not softcap and not dropout_p \
         and tuple(window_size) == (-1, -1) if isinstance(window_size, (tuple, list)) else False
+    if variant == "wgmma":
+        if not plain:
+            raise NotImplementedError("window_size, align, alibi_slopes, softcap and dropout_p run on variant="
+                                      "'register' or 'tensor'; variant='wgmma' has causal masking only so far")
+        return _wgmma_forward(q, k, v, *options)
     check_dropout_variant(dropout_p, plan.variant if isinstance(plan, planner.Plan) else variant,
                           allowed=("register", "tensor"))
     if not plain:
@@ -59,6 +67,43 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     plan, scale, (q_d, k_d, v_d, kind, o, lse, o_words) = setup(q, k, v, *options)
     arrays = {"q": q_d, "k": k_d, "v": v_d, "o": o if o_words is None else o_words, "lse": lse}
     describe(plan, scale, q_d.shape, k_d.shape).run(arrays, lambda shape, dt: empty(shape, dt, kind, like=q))
+    return like_input(o, kind), like_input(lse, kind)
+
+
+def _wgmma_forward(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, splits, plan):
+    """variant="wgmma" (kernels/wgmma.py): FlashAttention-3's forward, 16-bit inputs on Hopper."""
+    for name, value in (("block_q", block_q), ("tile", tile), ("precision", precision), ("splits", splits),
+                        ("plan", plan)):
+        if value is not None:
+            raise ValueError(f"variant='wgmma' takes block_k alone (its block_q is {wgmma.BQ}: two warpgroups of "
+                             f"64 rows); got {name}={value!r}")
+    key = prepared.torch_key(q, k, v) if prepared.available() else None
+    if key is not None:
+        key = ("wgmma", key, causal, scale, block_k)
+        call = prepared.lookup(key)
+        if call is not None:
+            return call(q, k, v)
+    (q_d, k_d, v_d), kind, dtype = all_to_device_words((("q", q), ("k", k), ("v", v)))
+    if dtype not in wgmma.DTYPES:
+        raise TypeError(f"variant='wgmma' takes float16 or bfloat16 inputs (wgmma's 16-bit operands); got {dtype}. "
+                        "Use variant='tensor' for float32")
+    cc = device_limits()["cc"]
+    if cc is not None and tuple(cc) < (9, 0):
+        raise RuntimeError(f"variant='wgmma' needs a Hopper GPU (compute capability 9.0); this one has "
+                           f"{cc[0]}.{cc[1]}. Use variant='tensor'")
+    for name, x in (("q", q_d), ("k", k_d), ("v", v_d)):
+        if not x.is_c_contiguous():
+            raise ValueError(f"variant='wgmma' reads {name} with TMA as one contiguous (B, H, N, d) array; got "
+                             f"{name} with strides {tuple(x.strides)} (bytes, as 32-bit pairs): pass a contiguous "
+                             "copy, or use variant='tensor'")
+    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale, words=True,
+                                                         gqa=True)
+    tile_ = wgmma.choose_tile(d, causal, block_k)
+    if key is not None:  # checked: prepare this key's launch once
+        return prepared.store(key, PreparedWgmma(q, k, v, causal, scale, dtype, tile_))(q, k, v)
+    o, o_words = empty_words((B, H, Nq, d), dtype, kind, like=q)
+    lse = empty_words((B, H, Nq), "float32", kind, like=q)[0]
+    wgmma.forward(q_d, k_d, v_d, o_words, lse, scale, causal, dtype, tile_)
     return like_input(o, kind), like_input(lse, kind)
 
 
@@ -186,4 +231,35 @@ class PreparedForward:
         self.launches(prepared.current_stream(q), dict(q=q.data_ptr(), k=k.data_ptr(),
                                                        v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr()),
                       q.device, seed)
+        return o, lse
+
+
+class PreparedWgmma:
+    """flash_attention(..., variant="wgmma") for torch tensors of one key, as kernels/prepared.py prepares the other
+    variants: the kernel and its argument list once; a call allocates O and lse with torch, finds the tensor maps
+    of its Q, K and V (wgmma.torch_map: made once per buffer) and launches."""
+
+    def __init__(self, q, k, v, causal: bool, scale: float, dtype: str, tile: wgmma.WgmmaTile):
+        B, H, Nq, d = q.shape
+        _, H_kv, Nk, _ = k.shape
+        self.rows = (B * H * Nq, B * H_kv * Nk)
+        self.d, self.block_k, self.dtype = d, tile.block_k, q.dtype
+        self.shapes = ((B, H, Nq, d), (B, H, Nq))
+        maps = prepared.Spec((16,), (8,), np.dtype(np.uint64))
+        args = [maps, maps, maps, prepared.Spec.contiguous((B, H, Nq, d // 2), np.uint32),
+                prepared.Spec.contiguous(self.shapes[1], np.float32), np.int64(Nq), np.int64(Nk), np.int64(H),
+                np.int64(H // H_kv), np.float32(scale * LOG2E)]
+        self.kernel = prepared.PreparedKernel(wgmma.build(d, dtype, causal, tile), wgmma.grid(B, H, Nq),
+                                              wgmma.THREADS, args, tile.shared_bytes(d))
+
+    def __call__(self, q, k, v):
+        import torch  # optional: only torch tensors come here
+
+        o = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
+        lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
+        (nq, nk), d, dev = self.rows, self.d, q.device
+        pointers = [wgmma.torch_map(q.data_ptr(), nq, d, wgmma.BQ, dev),
+                    wgmma.torch_map(k.data_ptr(), nk, d, self.block_k, dev),
+                    wgmma.torch_map(v.data_ptr(), nk, d, self.block_k, dev), o.data_ptr(), lse.data_ptr()]
+        self.kernel.launch(prepared.current_stream(q), pointers)
         return o, lse
