@@ -6,17 +6,18 @@ and runs three warpgroups of 128 threads:
 
     warpgroup 0, the producer: one thread issues TMA copies (kernels/hopper.py): Q's tile once, then K and V
         tile after tile into a ring of `stages` shared-memory slots. Each slot has three mbarriers: K landed,
-        V landed (their transaction bytes count the copy), and empty (the consumers' 256 threads arrive when
-        they are done with it). The producer waits for a slot to be empty before it refills it.
+        V landed (their transaction bytes count the copy), K released and V released (the consumers' 256 threads
+        arrive when they are done with it: K once S = Q K^T is computed, V once P V is). The producer waits for
+        a half-slot's release before it refills it, so the next K travels while this tile's softmax runs.
     warpgroups 1 and 2, the consumers: 64 rows each. For key tile j:
         1. wait until K_j and V_{j-1} have landed; issue S = Q K_j^T (d/16 wgmma m64n{block_k}k16, both operands
            read from 128-byte swizzled tiles through matrix descriptors), then O += P_{j-1} V_{j-1} (block_k/16
            wgmma m64n{d}k16 with A, P, from registers and V read "MN-major": row-major V is the transposed operand
            wgmma wants, so the descriptor says so). Both run asynchronously;
-        2. wait for S alone (wgmma_wait(1)): mask it (only tiles that cross the causal diagonal or the end of the
+        2. wait for S alone (wgmma_wait(1)), release K_j; mask S (only tiles that cross the causal diagonal or the end of the
            keys) and run the online softmax on its fragments while P_{j-1} V_{j-1} is still on the tensor cores
            (FA3's intra-warpgroup overlap);
-        3. wait for P V, release slot j - 1, rescale O and pack P_j to 16 bits: S's accumulator fragment *is*
+        3. wait for P V, release V_{j-1}, rescale O and pack P_j to 16 bits: S's accumulator fragment *is*
            wgmma's A fragment, as with mma.sync.
        The last tile's P V closes the loop.
     Pingpong: the two consumers take turns issuing their GEMMs (named barriers 1 and 2), so that one's softmax
@@ -86,14 +87,12 @@ class WgmmaTile:
 
 
 def choose_tile(d: int, causal: bool = False, block_k=None) -> WgmmaTile:
-    """The default tile, from the sweep of scripts/gpu_check_wgmma_forward.py (H200, 2026-11-29): d = 64, 128 keys
-    and three stages (112 KB of shared memory); d = 128, two stages of 128 keys (160 KB), or of 176 keys under
-    causal masking, which measured faster there (342 against 322 TFLOP/s at N = 4096, B = 1, H = 16; 535 against
-    500 at N = 16384) and slower without it (562 against 591 at N = 16384). block_k overrides the keys."""
-    if d == 64:
-        tile = WgmmaTile(block_k or 128, 3)
-    else:
-        tile = WgmmaTile(block_k or (176 if causal else 128), 2)
+    """The default tile, from the sweep of scripts/gpu_check_wgmma_forward.py (H200, 2026-11-29, B = 1, H = 16,
+    float16; benchmarks/results/h200/wgmma_tiles.txt): d = 64, two stages of 192 keys (112 KB of shared memory;
+    419-423 TFLOP/s at N = 16384 against 393-402 with 128 keys); d = 128, two stages of 128 keys (160 KB; 572-623
+    at N = 16384, the best or within 2% of it). block_k overrides the keys. causal is not used today: the same
+    tiles won with and without the mask."""
+    tile = WgmmaTile(block_k or (192 if d == 64 else 128), 2)
     tile.check(d)
     return tile
 
@@ -133,28 +132,32 @@ def _kernel(d, dtype, causal, tile):
     K_AT, V_AT = Q_BYTES, Q_BYTES + ST * KV_BYTES  # where stage 0's K and V start, from the aligned start
     NS, NO, NP = BK // 2, d // 2, BK // 4  # registers a thread holds of S, of O, of P (16-bit pairs)
     QK_STEPS, PV_STEPS, S_TILES, O_TILES = d // 16, BK // 16, BK // 8, d // 8
-    FULL_K, FULL_V, EMPTY, N_BARRIERS = 1, 1 + ST, 1 + 2 * ST, 1 + 3 * ST  # barrier 0: Q landed
+    # barrier 0: Q landed; then per slot: K landed, V landed, K released, V released
+    FULL_K, FULL_V, EMPTY_K, EMPTY_V, N_BARRIERS = 1, 1 + ST, 1 + 2 * ST, 1 + 3 * ST, 1 + 4 * ST
     SWIZZLE_ROWS = 8 * 2 * BOX  # SBO: 8 rows of 128 bytes, one swizzle pattern
     mma_s = hopper.wgmma_ss(BK, dtype)  # S (64 x BK) = Q (64 x d, K-major) @ K^T (K: BK x d, K-major)
     mma_o = hopper.wgmma_rs(d, dtype, b_major="MN")  # O (64 x d) += P (registers) @ V (BK x d, row-major: MN)
     pack = mma.pack_bf16x2 if dtype == "bfloat16" else mma.pack_f16x2
-    ZERO, NEG32 = float32(0.0), float32(NEG)
+    ZERO, ONE, NEG32 = float32(0.0), float32(1.0), float32(NEG)
 
     @_step
     def produce(sm, at, bar, q_map, k_map, v_map, q_row, kv_row, n_tiles):
-        """One thread: Q's tile, then K and V tile by tile into the ring, each slot refilled once it is empty."""
+        """One thread: Q's tile, then K and V tile by tile into the ring, each half of a slot refilled once the
+        consumers released it (K as soon as S = Q K^T is done, V once P V is)."""
         hopper.mbarrier_arrive_expect_tx(bar, 0, Q_BYTES)
         for x in range(BOXES):
             hopper.tma_load_2d(sm, at + x * (Q_BOX // 2), q_map, int32(BOX * x), int32(q_row), bar, 0)
         for j in range(n_tiles):
             s = j % ST
-            if j >= ST:  # fill j // ST of slot s: wait until the consumers released fill j // ST - 1
-                hopper.mbarrier_wait_parity(bar, EMPTY + s, int32((j // ST - 1) & 1))
             row = int32(kv_row + j * BK)
+            if j >= ST:  # fill j // ST of slot s: wait until the consumers released fill j // ST - 1
+                hopper.mbarrier_wait_parity(bar, EMPTY_K + s, int32((j // ST - 1) & 1))
             hopper.mbarrier_arrive_expect_tx(bar, FULL_K + s, KV_BYTES)
             for x in range(BOXES):
                 hopper.tma_load_2d(sm, at + (K_AT + s * KV_BYTES + x * K_BOX) // 2, k_map, int32(BOX * x), row,
                                    bar, FULL_K + s)
+            if j >= ST:
+                hopper.mbarrier_wait_parity(bar, EMPTY_V + s, int32((j // ST - 1) & 1))
             hopper.mbarrier_arrive_expect_tx(bar, FULL_V + s, KV_BYTES)
             for x in range(BOXES):
                 hopper.tma_load_2d(sm, at + (V_AT + s * KV_BYTES + x * K_BOX) // 2, v_map, int32(BOX * x), row,
@@ -217,11 +220,13 @@ def _kernel(d, dtype, causal, tile):
     @_step
     def rescale_and_pack(oacc, p, sacc, alpha):
         """O's rows times alpha, and P packed to 16 bits as wgmma's A fragments: register 4kk + j of k16 step kk
-        holds S elements 8kk + 2j and 8kk + 2j + 1 (S's accumulator layout is A's, as with mma.sync)."""
-        for n in range(O_TILES):
-            for r in range(2):
-                oacc[4 * n + 2 * r] *= alpha[r]
-                oacc[4 * n + 2 * r + 1] *= alpha[r]
+        holds S elements 8kk + 2j and 8kk + 2j + 1 (S's accumulator layout is A's, as with mma.sync). A warp whose
+        rows' maxima all stayed put (every alpha is exactly 1) skips the multiplies together."""
+        if mma.vote_any(alpha[0] != ONE or alpha[1] != ONE):
+            for n in range(O_TILES):
+                for r in range(2):
+                    oacc[4 * n + 2 * r] *= alpha[r]
+                    oacc[4 * n + 2 * r + 1] *= alpha[r]
         for i in range(NP):
             p[i] = pack(sacc[2 * i], sacc[2 * i + 1])
 
@@ -286,7 +291,7 @@ def _kernel(d, dtype, causal, tile):
         at = (U(1024) - U(base) % U(1024)) % U(1024)  # bytes to the first 1024-byte boundary (the swizzle's)
         if tid == U(0):
             for i in range(N_BARRIERS):
-                hopper.mbarrier_init(bar, i, 1 if i < EMPTY else 2 * 128)
+                hopper.mbarrier_init(bar, i, 1 if i < EMPTY_K else 2 * 128)
         cuda.syncthreads()
         if wg == U(0):
             hopper.setmaxnreg_dec(PRODUCER_REGISTERS)
@@ -320,6 +325,7 @@ def _kernel(d, dtype, causal, tile):
         issue_scores(sacc, q_tile, start + U(K_AT))
         your_turn(cw, n_tiles == U(1))
         hopper.wgmma_wait(0)
+        hopper.mbarrier_arrive(bar, EMPTY_K)
         mask(sacc, U(0), row0, g, t, U(n_k))
         softmax(sacc, m, l, alpha, scale_log2)
         rescale_and_pack(oacc, p, sacc, alpha)
@@ -334,17 +340,18 @@ def _kernel(d, dtype, causal, tile):
             issue_pv(oacc, p, start + U(V_AT + prev * KV_BYTES))
             your_turn(cw, U(j) + U(1) == n_tiles)
             hopper.wgmma_wait(1)  # S is ready (P V may still run: it reads p, and softmax writes only sacc)
+            hopper.mbarrier_arrive(bar, EMPTY_K + s)  # K_j is read: its half of the slot may be refilled
             mask(sacc, U(j) * U(BK), row0, g, t, U(n_k))
             softmax(sacc, m, l, alpha, scale_log2)
-            hopper.wgmma_wait(0)  # P V is done: the slot is free, and O and p may change
-            hopper.mbarrier_arrive(bar, EMPTY + prev)
+            hopper.wgmma_wait(0)  # P V is done: V_{j-1}'s half of the slot is free, and O and p may change
+            hopper.mbarrier_arrive(bar, EMPTY_V + prev)
             rescale_and_pack(oacc, p, sacc, alpha)
         last = (n_tiles - U(1)) % U(ST)
         hopper.mbarrier_wait_parity(bar, FULL_V + last, int32(((n_tiles - U(1)) // U(ST)) & U(1)))
         hopper.wgmma_fence()
         issue_pv(oacc, p, start + U(V_AT) + last * U(KV_BYTES))
         hopper.wgmma_wait(0)
-        hopper.mbarrier_arrive(bar, EMPTY + last)
+        hopper.mbarrier_arrive(bar, EMPTY_V + last)
         finish(o, lse, oacc, m, l, b, h, row0, t, U(n_q), scale_log2)
 
     return flash_fwd_wgmma
