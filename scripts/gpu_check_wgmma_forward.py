@@ -164,24 +164,24 @@ def tiles(log, repeats):
     from flashlab.kernels import wgmma
     from flashlab.kernels.forward import PreparedWgmma
 
-    choices = {64: [(128, 3, True), (128, 2, True), (128, 3, False), (192, 2, True), (192, 3, True)],
-               128: [(128, 2, True), (128, 3, True), (176, 2, True), (128, 2, False), (112, 3, True)]}
-    log(f"{'N':>6s} {'d':>4s} {'causal':>6s} | " + "  ".join(f"{'bk st pp':>12s}" for _ in range(5)))
+    choices = {64: [(192, 2, True, 2), (128, 2, True, 3), (128, 3, True, 3), (128, 2, False, 3), (96, 3, True, 3)],
+               128: [(128, 2, True, 2), (128, 3, True, 2), (176, 2, True, 2), (128, 2, False, 2), (64, 2, True, 3)]}
+    log(f"{'N':>6s} {'d':>4s} {'causal':>6s} | " + "  ".join(f"{'bk/st/pp/wg':>14s}" for _ in range(5)))
     for N in (4096, 16384):
         for d in (64, 128):
             for causal in (False, True):
                 q, k, v = (torch.randn(1, 16, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
                 flops = 4 * 16 * N * N * d / (2 if causal else 1)
                 cells = []
-                for bk, st, pp in choices[d]:
-                    tile = wgmma.WgmmaTile(bk, st, pp)
+                for bk, st, pp, c in choices[d]:
+                    tile = wgmma.WgmmaTile(bk, st, pp, c)
                     try:
                         tile.check(d)
                         call = PreparedWgmma(q, k, v, causal, d ** -0.5, "float16", tile)
-                        cells.append(f"{bk}/{st}/{'p' if pp else '-'} {flops / timed(lambda: call(q, k, v), repeats) / 1e12:4.0f}")
+                        cells.append(f"{bk}/{st}/{'p' if pp else '-'}/{c} {flops / timed(lambda: call(q, k, v), repeats) / 1e12:4.0f}")
                     except Exception as exc:  # noqa: BLE001
-                        cells.append(f"{bk}/{st}: {type(exc).__name__}")
-                log(f"{N:6d} {d:4d} {str(causal):>6s} | " + "  ".join(f"{c:>12s}" for c in cells))
+                        cells.append(f"{bk}/{st}/{c}: {type(exc).__name__}")
+                log(f"{N:6d} {d:4d} {str(causal):>6s} | " + "  ".join(f"{c:>14s}" for c in cells))
 
 
 def small(log, repeats):

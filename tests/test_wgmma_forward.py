@@ -62,11 +62,13 @@ def run_kernel(q, k, v, causal, dtype, tile):
     return F.from_bits16(o.copy_to_host().view(np.uint16), dtype), lse.copy_to_host()
 
 
-# B, H, H_kv, Nq, Nk, d, causal, dtype, tile: ragged, Nq != Nk, GQA, N = 1, the ring refilled, pingpong on and off
+# B, H, H_kv, Nq, Nk, d, causal, dtype, tile: ragged, Nq != Nk, GQA, N = 1, the ring refilled, pingpong on and
+# off, three consumer warpgroups
 CASES = [(1, 2, 1, 200, 150, 64, True, "float16", wgmma.WgmmaTile(64, 2)),
          (1, 1, 1, 130, 300, 128, False, "bfloat16", wgmma.WgmmaTile(64, 3, pingpong=False)),
          (2, 1, 1, 1, 1, 64, False, "bfloat16", wgmma.WgmmaTile(128, 2)),
-         (1, 2, 2, 70, 260, 64, True, "float16", wgmma.WgmmaTile(48, 2, pingpong=False))]
+         (1, 2, 2, 70, 260, 64, True, "float16", wgmma.WgmmaTile(48, 2, pingpong=False)),
+         (1, 1, 1, 250, 200, 64, True, "float16", wgmma.WgmmaTile(64, 2, consumers=3))]
 
 
 @pytest.mark.parametrize("B,H,H_kv,Nq,Nk,d,causal,dtype,tile", CASES)

@@ -75,8 +75,8 @@ def _wgmma_forward(q, k, v, causal, scale, variant, block_q, block_k, tile, prec
     for name, value in (("block_q", block_q), ("tile", tile), ("precision", precision), ("splits", splits),
                         ("plan", plan)):
         if value is not None:
-            raise ValueError(f"variant='wgmma' takes block_k alone (its block_q is {wgmma.BQ}: two warpgroups of "
-                             f"64 rows); got {name}={value!r}")
+            raise ValueError(f"variant='wgmma' takes block_k alone (its block_q is 64 rows per consumer warpgroup); "
+                             f"got {name}={value!r}")
     key = prepared.torch_key(q, k, v) if prepared.available() else None
     if key is not None:
         key = ("wgmma", key, causal, scale, block_k)
@@ -243,14 +243,14 @@ class PreparedWgmma:
         B, H, Nq, d = q.shape
         _, H_kv, Nk, _ = k.shape
         self.rows = (B * H * Nq, B * H_kv * Nk)
-        self.d, self.block_k, self.dtype = d, tile.block_k, q.dtype
+        self.d, self.block_q, self.block_k, self.dtype = d, tile.block_q, tile.block_k, q.dtype
         self.shapes = ((B, H, Nq, d), (B, H, Nq))
         maps = prepared.Spec((16,), (8,), np.dtype(np.uint64))
         args = [maps, maps, maps, prepared.Spec.contiguous((B, H, Nq, d // 2), np.uint32),
                 prepared.Spec.contiguous(self.shapes[1], np.float32), np.int64(Nq), np.int64(Nk), np.int64(H),
                 np.int64(H // H_kv), np.float32(scale * LOG2E)]
-        self.kernel = prepared.PreparedKernel(wgmma.build(d, dtype, causal, tile), wgmma.grid(B, H, Nq),
-                                              wgmma.THREADS, args, tile.shared_bytes(d))
+        self.kernel = prepared.PreparedKernel(wgmma.build(d, dtype, causal, tile), wgmma.grid(B, H, Nq, tile),
+                                              tile.threads, args, tile.shared_bytes(d))
 
     def __call__(self, q, k, v):
         import torch  # optional: only torch tensors come here
@@ -258,7 +258,7 @@ class PreparedWgmma:
         o = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
         lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
         (nq, nk), d, dev = self.rows, self.d, q.device
-        pointers = [wgmma.torch_map(q.data_ptr(), nq, d, wgmma.BQ, dev),
+        pointers = [wgmma.torch_map(q.data_ptr(), nq, d, self.block_q, dev),
                     wgmma.torch_map(k.data_ptr(), nk, d, self.block_k, dev),
                     wgmma.torch_map(v.data_ptr(), nk, d, self.block_k, dev), o.data_ptr(), lse.data_ptr()]
         self.kernel.launch(prepared.current_stream(q), pointers)

@@ -1,15 +1,15 @@
 """variant="wgmma": FlashAttention-3's forward on Hopper (sm_90), from pure-Python Numba.
 
 FlashAttention-3 (Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, arXiv 2407.08608) keeps FlashAttention-2's
-algorithm and changes who does what inside a thread block. A block owns BQ = 128 query rows of one (batch, head)
-and runs three warpgroups of 128 threads:
+algorithm and changes who does what inside a thread block. A block owns 64 query rows per consumer warpgroup
+(block_q = 128 with two consumers, 192 with three) of one (batch, head) and runs warpgroups of 128 threads:
 
     warpgroup 0, the producer: one thread issues TMA copies (kernels/hopper.py): Q's tile once, then K and V
         tile after tile into a ring of `stages` shared-memory slots. Each slot has three mbarriers: K landed,
         V landed (their transaction bytes count the copy), K released and V released (the consumers' 256 threads
         arrive when they are done with it: K once S = Q K^T is computed, V once P V is). The producer waits for
         a half-slot's release before it refills it, so the next K travels while this tile's softmax runs.
-    warpgroups 1 and 2, the consumers: 64 rows each. For key tile j:
+    warpgroups 1, 2 (and 3), the consumers: 64 rows each. For key tile j:
         1. wait until K_j and V_{j-1} have landed; issue S = Q K_j^T (d/16 wgmma m64n{block_k}k16, both operands
            read from 128-byte swizzled tiles through matrix descriptors), then O += P_{j-1} V_{j-1} (block_k/16
            wgmma m64n{d}k16 with A, P, from registers and V read "MN-major": row-major V is the transposed operand
@@ -20,9 +20,10 @@ and runs three warpgroups of 128 threads:
         3. wait for P V, release V_{j-1}, rescale O and pack P_j to 16 bits: S's accumulator fragment *is*
            wgmma's A fragment, as with mma.sync.
        The last tile's P V closes the loop.
-    Pingpong: the two consumers take turns issuing their GEMMs (named barriers 1 and 2), so that one's softmax
-    tends to run while the other's GEMMs occupy the tensor cores.
-    setmaxnreg moves registers from the producer (24 a thread) to the consumers (240), which hold S, P and O.
+    Pingpong: the consumers take turns issuing their GEMMs (named barriers 1, 2, 3, round robin), so that one's
+    softmax tends to run while another's GEMMs occupy the tensor cores.
+    setmaxnreg moves registers from the producer (24 a thread; 32 with three consumers) to the consumers (240;
+    160), which hold S, P and O.
 
 Where a block works: grid (query blocks, heads, batch), the last query blocks of a head first (under causal
 masking they have the most tiles). GQA: query head h reads K/V head h // (H / H_kv). Q, K and V are read by TMA
@@ -51,33 +52,44 @@ from .common import FASTMATH, LN2, LOG2E, NEG, U
 cuda = get_cuda()  # a module global: the simulator swaps it for its own fake module when a kernel runs
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
-BQ = 128  # query rows per block: two consumer warpgroups of 64 (wgmma's M)
-THREADS = 384  # a producer warpgroup and two consumers
 BOX = 64  # columns of one TMA box: 128 bytes of 16-bit values, the 128-byte swizzle's row
 SWIZZLE = 128
-REGISTERS = 168  # at launch: 65536 registers / 384 threads, rounded down to a multiple of 8
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240  # after setmaxnreg: 24 * 128 + 240 * 256 <= 65536
+# registers a thread: at launch (65536 / threads, a multiple of 8), then after setmaxnreg the producer's and the
+# consumers' (FlashAttention-3's split: 24 * 128 + 240 * 256 and 32 * 128 + 160 * 384, each at most 65536)
+REGISTERS = {2: (168, 24, 240), 3: (128, 32, 160)}
 DTYPES = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
 class WgmmaTile:
     """block_k keys per K/V tile (wgmma's N of S = Q K^T: a multiple of 16 up to 256), the ring's stages (at
-    least 2), and pingpong (the two consumers take turns issuing their GEMMs)."""
+    least 2), pingpong (the consumers take turns issuing their GEMMs) and the consumer warpgroups (2 or 3)."""
 
     block_k: int = 128
     stages: int = 2
     pingpong: bool = True
+    consumers: int = 2
+
+    @property
+    def block_q(self) -> int:
+        """Query rows of a block: 64 (wgmma's M) per consumer warpgroup."""
+        return 64 * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
 
     def shared_bytes(self, d: int) -> int:
         """Dynamic shared memory: Q, then each stage's K and V, plus 1 KB to align the start to 1024 bytes."""
-        return 2 * d * (BQ + 2 * self.stages * self.block_k) + 1024
+        return 2 * d * (self.block_q + 2 * self.stages * self.block_k) + 1024
 
     def check(self, d: int):
         if d not in (64, 128):
             raise ValueError(f"variant='wgmma' supports d in (64, 128); got d={d}")
         if self.block_k % 16 or not 16 <= self.block_k <= 256:
             raise ValueError(f"block_k must be a multiple of 16 in [16, 256] (wgmma's N); got {self.block_k}")
+        if self.consumers not in REGISTERS:
+            raise ValueError(f"consumers must be 2 or 3 warpgroups; got {self.consumers}")
         if self.stages < 2:  # tile j's K is waited for before tile j - 1's slot is released
             raise ValueError(f"stages must be at least 2; got {self.stages}")
         limit = 227 * 1024
@@ -88,11 +100,11 @@ class WgmmaTile:
 
 def choose_tile(d: int, causal: bool = False, block_k=None) -> WgmmaTile:
     """The default tile, from the sweep of scripts/gpu_check_wgmma_forward.py (H200, 2026-11-29, B = 1, H = 16,
-    float16; benchmarks/results/h200/wgmma_tiles.txt): d = 64, two stages of 192 keys (112 KB of shared memory;
-    419-423 TFLOP/s at N = 16384 against 393-402 with 128 keys); d = 128, two stages of 128 keys (160 KB; 572-623
-    at N = 16384, the best or within 2% of it). block_k overrides the keys. causal is not used today: the same
-    tiles won with and without the mask."""
-    tile = WgmmaTile(block_k or (192 if d == 64 else 128), 2)
+    float16; benchmarks/results/h200/wgmma_tiles.txt): d = 64, three consumer warpgroups (192 query rows) and two
+    stages of 128 keys (88 KB of shared memory; 440-510 TFLOP/s at N = 16384 against 392-424 with two consumers);
+    d = 128, two consumers and two stages of 128 keys (160 KB; 560-624 at N = 16384, the best or within 5% of it).
+    block_k overrides the keys. causal is not used today: the same tiles won with and without the mask."""
+    tile = WgmmaTile(block_k or 128, 2, True, 3 if d == 64 else 2)
     tile.check(d)
     return tile
 
@@ -111,8 +123,8 @@ def build(d: int, dtype: str, causal: bool, tile: WgmmaTile = WgmmaTile()):
         (q_map, k_map, v_map, o, lse, n_q, n_k, n_heads, group, scale_log2)
 
     q_map, k_map, v_map: hopper.tensor_map_2d of Q (B * H * Nq, d), K and V (B * H_kv * Nk, d) as uint16, boxes
-    of (BQ or block_k) x 64 with 128-byte swizzle; o: (B, H, Nq, d / 2) uint32 (pairs of 16-bit values); lse:
-    (B, H, Nq) float32; group = H / H_kv. Grid (ceil(Nq / BQ), H, B), THREADS threads, tile.shared_bytes(d) bytes
+    of (block_q or block_k) x 64 with 128-byte swizzle; o: (B, H, Nq, d / 2) uint32 (pairs of 16-bit values);
+    lse: (B, H, Nq) float32; group = H / H_kv. grid(B, H, Nq, tile), tile.threads threads, tile.shared_bytes(d) bytes
     of dynamic shared memory."""
     key = (d, dtype, causal, tile)
     if key not in _BUILDS:
@@ -124,7 +136,9 @@ def build(d: int, dtype: str, causal: bool, tile: WgmmaTile = WgmmaTile()):
 
 
 def _kernel(d, dtype, causal, tile):
-    BK, ST = tile.block_k, tile.stages
+    BK, ST, BQ, CONSUMERS = tile.block_k, tile.stages, tile.block_q, tile.consumers
+    LAUNCH_REGISTERS, PRODUCER_REGISTERS, CONSUMER_REGISTERS = REGISTERS[CONSUMERS]
+    CONSUMER_THREADS = 128 * CONSUMERS
     CAUSAL = causal
     BOXES = d // BOX
     Q_BOX, K_BOX = BQ * 2 * BOX, BK * 2 * BOX  # bytes of one 64-column box of a Q or K/V tile
@@ -230,24 +244,26 @@ def _kernel(d, dtype, causal, tile):
         for i in range(NP):
             p[i] = pack(sacc[2 * i], sacc[2 * i + 1])
 
+    LAST_CW = CONSUMERS - 1
+
     @_step
     def first_turn(cw):
-        """Pingpong: the second consumer lets the first one issue its GEMMs first."""
-        if cw == U(1):
+        """Pingpong: the last consumer lets the first one issue its GEMMs first."""
+        if cw == U(LAST_CW):
             hopper.named_barrier_arrive(1, 256)
 
     @_step
     def my_turn(cw):
-        """Pingpong: wait until the other consumer has issued its GEMMs (named barrier 1 + cw: this warpgroup's
-        128 threads and the other's arrival)."""
+        """Pingpong: wait until the previous consumer (round robin) has issued its GEMMs (named barrier 1 + cw:
+        this warpgroup's 128 threads and the previous one's arrival)."""
         hopper.named_barrier_sync(int32(1) + int32(cw), int32(256))
 
     @_step
     def your_turn(cw, last):
-        """Pingpong: let the other consumer issue its GEMMs (the second consumer's last arrival would have no one
-        to wait for it)."""
-        if not (cw == U(1) and last):
-            hopper.named_barrier_arrive(int32(2) - int32(cw), int32(256))
+        """Pingpong: let the next consumer issue its GEMMs (the last consumer's last arrival would have no one to
+        wait for it)."""
+        if not (cw == U(LAST_CW) and last):
+            hopper.named_barrier_arrive(int32(1) + int32((cw + U(1)) % U(CONSUMERS)), int32(256))
 
     @_step
     def no_turns(cw):
@@ -275,7 +291,7 @@ def _kernel(d, dtype, causal, tile):
                 if t == U(0):
                     lse[bh_b, bh_h, row] = (m[r] * scale_log2 + math.log2(total)) * LN2
 
-    jit = cuda.jit(fastmath=FASTMATH) if SIMULATOR else cuda.jit(fastmath=FASTMATH, max_registers=REGISTERS)
+    jit = cuda.jit(fastmath=FASTMATH) if SIMULATOR else cuda.jit(fastmath=FASTMATH, max_registers=LAUNCH_REGISTERS)
 
     @jit
     def flash_fwd_wgmma(q_map, k_map, v_map, o, lse, n_q, n_k, n_heads, group, scale_log2):
@@ -291,7 +307,7 @@ def _kernel(d, dtype, causal, tile):
         at = (U(1024) - U(base) % U(1024)) % U(1024)  # bytes to the first 1024-byte boundary (the swizzle's)
         if tid == U(0):
             for i in range(N_BARRIERS):
-                hopper.mbarrier_init(bar, i, 1 if i < EMPTY_K else 2 * 128)
+                hopper.mbarrier_init(bar, i, 1 if i < EMPTY_K else CONSUMER_THREADS)
         cuda.syncthreads()
         if wg == U(0):
             hopper.setmaxnreg_dec(PRODUCER_REGISTERS)
@@ -400,8 +416,8 @@ def torch_map(address: int, rows: int, cols: int, box_rows: int, device) -> int:
     return tmap.data_ptr()
 
 
-def grid(B: int, H: int, Nq: int) -> tuple:
-    return (-(-Nq // BQ), H, B)
+def grid(B: int, H: int, Nq: int, tile: WgmmaTile) -> tuple:
+    return (-(-Nq // tile.block_q), H, B)
 
 
 def forward(q_words, k_words, v_words, o_words, lse, scale, causal, dtype, tile: WgmmaTile | None = None):
@@ -413,9 +429,9 @@ def forward(q_words, k_words, v_words, o_words, lse, scale, causal, dtype, tile:
     tile = tile or choose_tile(d, causal)
     kernel = build(d, dtype, bool(causal), tile)
     as_rows = lambda x, n: x.reshape(x.shape[0] * x.shape[1] * n, w).view(np.uint16)  # noqa: E731
-    q_map = tensor_map(as_rows(q_words, Nq), BQ)
+    q_map = tensor_map(as_rows(q_words, Nq), tile.block_q)
     k_map = tensor_map(as_rows(k_words, Nk), tile.block_k)
     v_map = tensor_map(as_rows(v_words, Nk), tile.block_k)
-    launch_with_shared(kernel, grid(B, H, Nq), THREADS, tile.shared_bytes(d), q_map, k_map, v_map, o_words, lse,
+    launch_with_shared(kernel, grid(B, H, Nq, tile), tile.threads, tile.shared_bytes(d), q_map, k_map, v_map, o_words, lse,
                        np.int64(Nq), np.int64(Nk), np.int64(H), np.int64(H // H_kv),
                        np.float32(scale * LOG2E))
