@@ -5,8 +5,9 @@
     y.sum().backward()                         # gradients from flashlab's FA2 backward
 
 CPU tensors run the NumPy FA2 (`flash_attention_v2` / `flash_attention_v2_backward`); CUDA tensors run the
-Numba kernels (`flashlab.kernels`): the forward on tensor cores (variant "tensor": float16, bfloat16, and
-float32 through 3xTF32) on GPUs that have them for the dtype, else the register kernel; the backward on
+Numba kernels (`flashlab.kernels`): the forward on Hopper's wgmma (variant "wgmma", FlashAttention-3: float16 and
+bfloat16 at d = 64 or 128, without the library's options), else on tensor cores (variant "tensor": float16,
+bfloat16, and float32 through 3xTF32) on GPUs that have them for the dtype, else the register kernel; the backward on
 tensor cores for float16 and bfloat16 (kernels/tensor_backward.py), on the FP32 units for float32. Under
 `torch.autocast`, q, k and v are cast to the autocast dtype first, as PyTorch's own attention is. The
 forward saves q, k, v, o and the log-sum-exp lse (one number per query row) for the backward, which
@@ -145,9 +146,11 @@ def _forward(q, k, v, causal, scale, options=None):
         # (B, N, d) as (1, B, N, d): the NumPy code reads the leading dim as heads of batch 0 (the dropout key's
         # head, ALiBi's (H,) slopes), so CUDA draws the CPU's mask
         q4, k4, v4 = (x if four else x.unsqueeze(0) for x in (q, k, v))
-        variant = _cuda_variant(q)  # both variants take every option
+        variant = _cuda_variant(q, bool(options))  # tensor and register take every option
         if variant == "tensor":  # the tensor kernel reads 16-byte chunks of rows: the last dim must be contiguous
             q4, k4, v4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4))
+        elif variant == "wgmma":  # TMA reads (B, H, N, d) as one matrix of rows
+            q4, k4, v4 = (x.contiguous() for x in (q4, k4, v4))
         o, lse = flash_attention(q4.detach(), k4.detach(), v4.detach(), causal=causal, scale=scale, variant=variant,
                                  **options)
         return (o, lse) if four else (o.squeeze(0), lse.squeeze(0))
@@ -157,10 +160,12 @@ def _forward(q, k, v, causal, scale, options=None):
     return torch.from_numpy(o), torch.from_numpy(lse)
 
 
-def _cuda_variant(q) -> str:
-    """"tensor" where this GPU has tensor-core mma for q's dtype (fp16: sm_75+; bf16 and fp32 via tf32: sm_80+)
-    and the tensor kernel supports the head dim, else "register". On an H100 the tensor variant is also the
-    faster one for float32 (flashlab/data/h100_tensor.csv)."""
+def _cuda_variant(q, options: bool = False) -> str:
+    """"wgmma" (FlashAttention-3) on Hopper for float16 / bfloat16 at d = 64 or 128 without the library's options:
+    it was faster than the tensor kernel at every shape measured on an H200 (N 256 to 16384,
+    benchmarks/results/h200/wgmma_forward.csv). Else "tensor" where this GPU has tensor-core mma for q's dtype
+    (fp16: sm_75+; bf16 and fp32 via tf32: sm_80+) and the tensor kernel supports the head dim, else "register".
+    On an H100 the tensor variant is also the faster one for float32 (flashlab/data/h100_tensor.csv)."""
     from .device import device_limits
     from .kernels import SUPPORTED_D
 
@@ -168,6 +173,8 @@ def _cuda_variant(q) -> str:
     dtype = str(q.dtype).replace("torch.", "")
     if q.shape[-1] not in SUPPORTED_D:
         return "register"
+    if cc >= (9, 0) and dtype in ("float16", "bfloat16") and q.shape[-1] in (64, 128) and not options:
+        return "wgmma"
     if dtype == "bfloat16" or cc >= ((7, 5) if dtype == "float16" else (8, 0)):
         return "tensor"  # bf16 on a GPU without bf16 mma gets the tensor kernel's clear error
     return "register"

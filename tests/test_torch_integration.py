@@ -367,7 +367,8 @@ def test_cuda_float16(rng):
 
 
 @pytest.mark.parametrize("cc,dtype,d,want", [
-    ((9, 0), torch.float16, 64, "tensor"), ((9, 0), torch.bfloat16, 128, "tensor"), ((9, 0), torch.float32, 64, "tensor"),
+    ((9, 0), torch.float16, 64, "wgmma"), ((9, 0), torch.bfloat16, 128, "wgmma"), ((9, 0), torch.float32, 64, "tensor"),
+    ((9, 0), torch.float16, 32, "tensor"), ((8, 0), torch.bfloat16, 128, "tensor"),
     ((7, 5), torch.float16, 64, "tensor"), ((7, 5), torch.float32, 64, "register"),  # a T4: no tf32 mma
     ((9, 0), torch.float32, 48, "register"),  # a head dim the kernels do not take: the register path says so
 ])
@@ -377,6 +378,8 @@ def test_cuda_variant_follows_the_gpu_and_dtype(monkeypatch, cc, dtype, d, want)
 
     monkeypatch.setattr(flashlab.device, "device_limits", lambda: {"cc": cc})
     assert ft._cuda_variant(torch.zeros(1, 2, 3, d, dtype=dtype)) == want
+    if want == "wgmma":  # the library's options run on the tensor kernel
+        assert ft._cuda_variant(torch.zeros(1, 2, 3, d, dtype=dtype), options=True) == "tensor"
 
 
 @pytest.mark.gpu
@@ -385,7 +388,7 @@ def test_cuda_bfloat16_on_tensor_cores_with_autograd(rng):
     import flashlab.torch as ft
 
     q, k, v = qkv(rng, (2, 4, 100, 64), 90, dtype=torch.bfloat16, device="cuda")
-    assert ft._cuda_variant(q) == "tensor"
+    assert ft._cuda_variant(q) == ("wgmma" if torch.cuda.get_device_capability() >= (9, 0) else "tensor")
     ours, ref = cuda_vs_float64(q, k, v, True)
     assert ours[0].dtype == torch.bfloat16 and rel(ours[0], ref[0]) < 2e-2
     assert all(g.dtype == torch.bfloat16 and rel(g, r) < 5e-2 for g, r in zip(ours[1:], ref[1:]))
