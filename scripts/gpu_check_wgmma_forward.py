@@ -215,13 +215,56 @@ def small(log, repeats):
         log(f"host time of one call, {name}: {host * 1e6:.1f} us")
 
 
+def timeline(log, out_dir):
+    """The timeline build on one shape per head dim: when each warpgroup of the grid's first block reaches each step
+    of each tile (%globaltimer), written as JSON for lesson 20's figure, beside the plain build's time."""
+    import json
+
+    import torch
+
+    from flashlab.device import get_cuda
+    from flashlab.kernels import wgmma
+    from flashlab.kernels.forward import PreparedWgmma
+
+    cuda = get_cuda()
+    record = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "events": wgmma.EVENTS,
+              "runs": []}
+    for d in (64, 128):
+        N, causal = 4096, False
+        q, k, v = (torch.randn(1, 16, N, d, device="cuda", dtype=torch.float16) for _ in range(3))
+        plain = wgmma.choose_tile(d, causal)
+        tile = wgmma.WgmmaTile(plain.block_k, plain.stages, plain.pingpong, plain.consumers, timeline=True)
+        n_tiles = -(-N // tile.block_k)
+        stamps = cuda.to_device(np.zeros((1 + tile.consumers, n_tiles + 1, len(wgmma.EVENTS)), np.uint64))
+        as_words = [cuda.as_cuda_array(x.view(torch.int32)).view(np.uint32) for x in (q, k, v)]
+        o = cuda.device_array((1, 16, N, d // 2), np.uint32)
+        lse = cuda.device_array((1, 16, N), np.float32)
+        for _ in range(3):  # the last run's stamps are kept (compiled and warm)
+            wgmma.forward(*as_words, o, lse, d ** -0.5, causal, "float16", tile, stamps)
+        cuda.synchronize()
+        st = stamps.copy_to_host().astype(np.int64)
+        t0 = st[st > 0].min()
+        call = PreparedWgmma(q, k, v, causal, d ** -0.5, "float16", plain)
+        ms = timed(lambda: call(q, k, v), 10) * 1e3
+        per_tile = np.diff(st[1, 1:n_tiles, 0]).mean() / 1e3
+        log(f"d {d}: {tile.consumers} consumers, {n_tiles} tiles of {tile.block_k} keys; the first block took "
+            f"{(st.max() - t0) / 1e3:.1f} us, {per_tile:.2f} us a tile; the whole call {ms:.3f} ms")
+        record["runs"].append(dict(B=1, H=16, N=N, d=d, causal=causal, dtype="float16", block_q=tile.block_q,
+                                   block_k=tile.block_k, stages=tile.stages, consumers=tile.consumers,
+                                   call_ms=round(ms, 4), stamps_ns=np.where(st > 0, st - t0, -1).tolist()))
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "wgmma_timeline.json").write_text(json.dumps(record))
+        log(f"wrote {out_dir / 'wgmma_timeline.json'}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="B = 1, N 4096 and 16384, float16 only")
     ap.add_argument("--small", action="store_true", help="two small accuracy cases (for compute-sanitizer)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None, help="CSV of the speed table")
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: accuracy, speed, small, tiles, registers")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: accuracy, speed, small, tiles, timeline, registers")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
 
@@ -240,6 +283,9 @@ def main():
         log(f"[{time.time() - start:.0f} s]")
     if "tiles" not in skip:
         tiles(log, args.repeats)
+        log(f"[{time.time() - start:.0f} s]")
+    if "timeline" not in skip:
+        timeline(log, args.out.parent if args.out else None)
         log(f"[{time.time() - start:.0f} s]")
     if "registers" not in skip:
         registers(log)

@@ -248,7 +248,9 @@ class PreparedWgmma:
         maps = prepared.Spec((16,), (8,), np.dtype(np.uint64))
         args = [maps, maps, maps, prepared.Spec.contiguous((B, H, Nq, d // 2), np.uint32),
                 prepared.Spec.contiguous(self.shapes[1], np.float32), np.int64(Nq), np.int64(Nk), np.int64(H),
-                np.int64(H // H_kv), np.float32(scale * LOG2E)]
+                np.int64(H // H_kv), np.float32(scale * LOG2E),
+                prepared.Spec.contiguous((1, 1, len(wgmma.EVENTS)), np.uint64)]
+        self.no_stamps = wgmma.no_stamps().device_ctypes_pointer.value  # the build without a timeline ignores it
         self.kernel = prepared.PreparedKernel(wgmma.build(d, dtype, causal, tile), wgmma.grid(B, H, Nq, tile),
                                               tile.threads, args, tile.shared_bytes(d))
 
@@ -260,6 +262,7 @@ class PreparedWgmma:
         (nq, nk), d, dev = self.rows, self.d, q.device
         pointers = [wgmma.torch_map(q.data_ptr(), nq, d, self.block_q, dev),
                     wgmma.torch_map(k.data_ptr(), nk, d, self.block_k, dev),
-                    wgmma.torch_map(v.data_ptr(), nk, d, self.block_k, dev), o.data_ptr(), lse.data_ptr()]
+                    wgmma.torch_map(v.data_ptr(), nk, d, self.block_k, dev), o.data_ptr(), lse.data_ptr(),
+                    self.no_stamps]
         self.kernel.launch(prepared.current_stream(q), pointers)
         return o, lse

@@ -19,6 +19,7 @@ arrivals and bytes, so that threads wait for a copy to land). As in mma.py, each
     tma_load_2d(tile, i, tmap, col, row, bar, j)         # tmap = tensor_map_2d(matrix, box_rows, box_cols, swizzle)
     bulk_copy(tile, i, src, k, nbytes, bar, j)           # nbytes contiguous bytes from src[k:], completing on bar[j]
     fence_proxy_async()                                  # after threads write shared memory that wgmma/TMA reads
+    t = globaltimer()                                    # nanoseconds (uint64), the same clock for every SM
     setmaxnreg_inc(240); setmaxnreg_dec(40)              # a warpgroup's register budget (literal counts; the
                                                          # kernel needs cuda.jit(max_registers=...), or ptxas
                                                          # ignores them: "unable to determine register count")
@@ -84,6 +85,7 @@ TMA_LOAD_2D = ("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::co
 BULK_COPY = ("{ .reg .u64 g; cvta.to.global.u64 g, $1; "
              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [g], $2, [$3]; }")
 BAR_SYNC, BAR_ARRIVE = "bar.sync $0, $1;", "bar.arrive $0, $1;"
+GLOBALTIMER = "mov.u64 $0, %globaltimer;"
 
 
 def wgmma_ptx(n, dtype, a_major="K", b_major="K", a_in_registers=False) -> str:
@@ -227,6 +229,12 @@ def _gpu_functions():
         return types.boolean(bar, types.intp, types.int32), codegen
 
     @intrinsic
+    def globaltimer(typingctx):
+        def codegen(context, builder, sig, args):
+            return asm(builder, i64, [], GLOBALTIMER, "=l,~{memory}")
+        return types.uint64(), codegen
+
+    @intrinsic
     def tma_load_2d(typingctx, dst, dst_index, tmap, col, row, bar, bar_index):
         def codegen(context, builder, sig, args):
             a = sig.args
@@ -256,7 +264,7 @@ def _gpu_functions():
 
     fns = dict(smem_address=smem_address, wgmma_fence=statement(FENCE), wgmma_commit=statement(COMMIT),
                wgmma_wait=literal_statement(WAIT, _check_pending),
-               fence_proxy_async=statement(FENCE_PROXY_ASYNC),
+               fence_proxy_async=statement(FENCE_PROXY_ASYNC), globaltimer=globaltimer,
                setmaxnreg_inc=literal_statement(SETMAXNREG_INC, _check_registers),
                setmaxnreg_dec=literal_statement(SETMAXNREG_DEC, _check_registers),
                mbarrier_init=barrier_op(MBAR_INIT, 1), mbarrier_arrive=barrier_op(MBAR_ARRIVE, 0),
@@ -567,6 +575,9 @@ def _sim_functions():
     def fence_proxy_async():
         pass
 
+    def globaltimer():
+        return np.uint64(time.perf_counter_ns())
+
     def setmaxnreg(kind):
         def set_registers(n):
             _check_registers(int(n))
@@ -699,7 +710,7 @@ def _sim_functions():
         return bar
 
     fns = dict(smem_address=smem_address, wgmma_fence=wgmma_fence, wgmma_commit=wgmma_commit, wgmma_wait=wgmma_wait,
-               fence_proxy_async=fence_proxy_async, setmaxnreg_inc=setmaxnreg("inc"),
+               fence_proxy_async=fence_proxy_async, globaltimer=globaltimer, setmaxnreg_inc=setmaxnreg("inc"),
                setmaxnreg_dec=setmaxnreg("dec"), mbarrier_init=mbarrier_init, mbarrier_arrive=mbarrier_arrive,
                mbarrier_arrive_expect_tx=mbarrier_arrive_expect_tx,
                mbarrier_try_wait_parity=mbarrier_try_wait_parity, mbarrier_wait_parity=mbarrier_wait_parity,
@@ -845,6 +856,7 @@ def make_descriptor(address, lbo, sbo, swizzle):
 smem_address = _FNS["smem_address"]
 wgmma_fence, wgmma_commit, wgmma_wait = _FNS["wgmma_fence"], _FNS["wgmma_commit"], _FNS["wgmma_wait"]
 fence_proxy_async = _FNS["fence_proxy_async"]
+globaltimer = _FNS["globaltimer"]
 setmaxnreg_inc, setmaxnreg_dec = _FNS["setmaxnreg_inc"], _FNS["setmaxnreg_dec"]
 mbarrier_init, mbarrier_arrive = _FNS["mbarrier_init"], _FNS["mbarrier_arrive"]
 mbarrier_arrive_expect_tx = _FNS["mbarrier_arrive_expect_tx"]

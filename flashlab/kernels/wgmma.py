@@ -58,6 +58,11 @@ SWIZZLE = 128
 # consumers' (FlashAttention-3's split: 24 * 128 + 240 * 256 and 32 * 128 + 160 * 384, each at most 65536)
 REGISTERS = {2: (168, 24, 240), 3: (128, 32, 160)}
 DTYPES = ("float16", "bfloat16")
+# the timeline build's events (stamps[warpgroup, tile, event], %globaltimer nanoseconds; warpgroup 0 the producer):
+# ready to issue (a consumer's tile has landed; the producer's slot is free), GEMMs issued (the producer: K and V's
+# copies), S ready, softmax done, P V (of the tile before) done
+EVENTS = ("ready", "issued", "S ready", "softmax done", "PV done")
+READY, ISSUED, S_READY, SOFTMAX_DONE, PV_DONE = range(5)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class WgmmaTile:
     stages: int = 2
     pingpong: bool = True
     consumers: int = 2
+    timeline: bool = False  # a build that records when each warpgroup reaches each step (the `stamps` argument)
 
     @property
     def block_q(self) -> int:
@@ -155,7 +161,7 @@ def _kernel(d, dtype, causal, tile):
     ZERO, ONE, NEG32 = float32(0.0), float32(1.0), float32(NEG)
 
     @_step
-    def produce(sm, at, bar, q_map, k_map, v_map, q_row, kv_row, n_tiles):
+    def produce(sm, at, bar, q_map, k_map, v_map, q_row, kv_row, n_tiles, stamps):
         """One thread: Q's tile, then K and V tile by tile into the ring, each half of a slot refilled once the
         consumers released it (K as soon as S = Q K^T is done, V once P V is)."""
         hopper.mbarrier_arrive_expect_tx(bar, 0, Q_BYTES)
@@ -166,6 +172,7 @@ def _kernel(d, dtype, causal, tile):
             row = int32(kv_row + j * BK)
             if j >= ST:  # fill j // ST of slot s: wait until the consumers released fill j // ST - 1
                 hopper.mbarrier_wait_parity(bar, EMPTY_K + s, int32((j // ST - 1) & 1))
+            stamp(stamps, 0, j, READY)
             hopper.mbarrier_arrive_expect_tx(bar, FULL_K + s, KV_BYTES)
             for x in range(BOXES):
                 hopper.tma_load_2d(sm, at + (K_AT + s * KV_BYTES + x * K_BOX) // 2, k_map, int32(BOX * x), row,
@@ -176,6 +183,7 @@ def _kernel(d, dtype, causal, tile):
             for x in range(BOXES):
                 hopper.tma_load_2d(sm, at + (V_AT + s * KV_BYTES + x * K_BOX) // 2, v_map, int32(BOX * x), row,
                                    bar, FULL_V + s)
+            stamp(stamps, 0, j, ISSUED)
 
     @_step
     def issue_scores(sacc, q_tile, k_tile):
@@ -247,19 +255,33 @@ def _kernel(d, dtype, causal, tile):
     LAST_CW = CONSUMERS - 1
 
     @_step
-    def first_turn(cw):
+    def stamp_time(stamps, who, j, event):
+        """The timeline build: warpgroup `who`'s first thread records %globaltimer at an event of tile j, in the
+        grid's first block (the heaviest, launched first)."""
+        if cuda.threadIdx.x % 128 == 0 and cuda.blockIdx.x == 0 and cuda.blockIdx.y == 0 and cuda.blockIdx.z == 0:
+            if U(j) < U(stamps.shape[1]):
+                stamps[who, j, event] = hopper.globaltimer()
+
+    @_step
+    def no_stamp(stamps, who, j, event):
+        return
+
+    stamp = stamp_time if tile.timeline else no_stamp
+
+    @_step
+    def first_turn_pingpong(cw):
         """Pingpong: the last consumer lets the first one issue its GEMMs first."""
         if cw == U(LAST_CW):
             hopper.named_barrier_arrive(1, 256)
 
     @_step
-    def my_turn(cw):
+    def my_turn_pingpong(cw):
         """Pingpong: wait until the previous consumer (round robin) has issued its GEMMs (named barrier 1 + cw:
         this warpgroup's 128 threads and the previous one's arrival)."""
         hopper.named_barrier_sync(int32(1) + int32(cw), int32(256))
 
     @_step
-    def your_turn(cw, last):
+    def your_turn_pingpong(cw, last):
         """Pingpong: let the next consumer issue its GEMMs (the last consumer's last arrival would have no one to
         wait for it)."""
         if not (cw == U(LAST_CW) and last):
@@ -273,8 +295,9 @@ def _kernel(d, dtype, causal, tile):
     def no_turn_to_give(cw, last):
         return
 
-    if not tile.pingpong:  # each consumer issues its GEMMs when it is ready
-        first_turn, my_turn, your_turn = no_turns, no_turns, no_turn_to_give
+    # without pingpong each consumer issues its GEMMs when it is ready
+    first_turn, my_turn, your_turn = (first_turn_pingpong, my_turn_pingpong, your_turn_pingpong) if tile.pingpong \
+        else (no_turns, no_turns, no_turn_to_give)
 
     @_step
     def finish(o, lse, oacc, m, l, bh_b, bh_h, row0, t, n_q, scale_log2):
@@ -294,7 +317,7 @@ def _kernel(d, dtype, causal, tile):
     jit = cuda.jit(fastmath=FASTMATH) if SIMULATOR else cuda.jit(fastmath=FASTMATH, max_registers=LAUNCH_REGISTERS)
 
     @jit
-    def flash_fwd_wgmma(q_map, k_map, v_map, o, lse, n_q, n_k, n_heads, group, scale_log2):
+    def flash_fwd_wgmma(q_map, k_map, v_map, o, lse, n_q, n_k, n_heads, group, scale_log2, stamps):
         sm = cuda.shared.array(0, uint16)  # Q, K stages, V stages (dynamic: up to 227 KB)
         bar = cuda.shared.array(N_BARRIERS, uint64)
         tid = U(cuda.threadIdx.x)
@@ -313,7 +336,7 @@ def _kernel(d, dtype, causal, tile):
             hopper.setmaxnreg_dec(PRODUCER_REGISTERS)
             if tid == U(0):
                 produce(sm, at // U(2), bar, q_map, k_map, v_map, (b * U(n_heads) + h) * U(n_q) + q0,
-                        (b * U(n_heads // group) + h // U(group)) * U(n_k), n_tiles)
+                        (b * U(n_heads // group) + h // U(group)) * U(n_k), n_tiles, stamps)
             return
         hopper.setmaxnreg_inc(CONSUMER_REGISTERS)
         lane = tid % U(32)
@@ -336,37 +359,48 @@ def _kernel(d, dtype, causal, tile):
         first_turn(cw)
         hopper.mbarrier_wait_parity(bar, 0, 0)  # Q has landed
         hopper.mbarrier_wait_parity(bar, FULL_K, 0)
+        stamp(stamps, wg, 0, READY)
         my_turn(cw)
         hopper.wgmma_fence()
         issue_scores(sacc, q_tile, start + U(K_AT))
         your_turn(cw, n_tiles == U(1))
+        stamp(stamps, wg, 0, ISSUED)
         hopper.wgmma_wait(0)
+        stamp(stamps, wg, 0, S_READY)
         hopper.mbarrier_arrive(bar, EMPTY_K)
         mask(sacc, U(0), row0, g, t, U(n_k))
         softmax(sacc, m, l, alpha, scale_log2)
+        stamp(stamps, wg, 0, SOFTMAX_DONE)
         rescale_and_pack(oacc, p, sacc, alpha)
         for j in range(1, n_tiles):
             # S of tile j is computed while P V of tile j - 1 is; the softmax of tile j runs under P V
             s, prev = j % ST, (j - 1) % ST
             hopper.mbarrier_wait_parity(bar, FULL_K + s, int32((j // ST) & 1))
             hopper.mbarrier_wait_parity(bar, FULL_V + prev, int32(((j - 1) // ST) & 1))
+            stamp(stamps, wg, j, READY)
             my_turn(cw)
             hopper.wgmma_fence()
             issue_scores(sacc, q_tile, start + U(K_AT + s * KV_BYTES))
             issue_pv(oacc, p, start + U(V_AT + prev * KV_BYTES))
             your_turn(cw, U(j) + U(1) == n_tiles)
+            stamp(stamps, wg, j, ISSUED)
             hopper.wgmma_wait(1)  # S is ready (P V may still run: it reads p, and softmax writes only sacc)
+            stamp(stamps, wg, j, S_READY)
             hopper.mbarrier_arrive(bar, EMPTY_K + s)  # K_j is read: its half of the slot may be refilled
             mask(sacc, U(j) * U(BK), row0, g, t, U(n_k))
             softmax(sacc, m, l, alpha, scale_log2)
+            stamp(stamps, wg, j, SOFTMAX_DONE)
             hopper.wgmma_wait(0)  # P V is done: V_{j-1}'s half of the slot is free, and O and p may change
+            stamp(stamps, wg, j, PV_DONE)
             hopper.mbarrier_arrive(bar, EMPTY_V + prev)
             rescale_and_pack(oacc, p, sacc, alpha)
         last = (n_tiles - U(1)) % U(ST)
         hopper.mbarrier_wait_parity(bar, FULL_V + last, int32(((n_tiles - U(1)) // U(ST)) & U(1)))
+        stamp(stamps, wg, n_tiles, READY)
         hopper.wgmma_fence()
         issue_pv(oacc, p, start + U(V_AT) + last * U(KV_BYTES))
         hopper.wgmma_wait(0)
+        stamp(stamps, wg, n_tiles, PV_DONE)
         hopper.mbarrier_arrive(bar, EMPTY_V + last)
         finish(o, lse, oacc, m, l, b, h, row0, t, U(n_q), scale_log2)
 
@@ -416,13 +450,25 @@ def torch_map(address: int, rows: int, cols: int, box_rows: int, device) -> int:
     return tmap.data_ptr()
 
 
+_NO_STAMPS = []
+
+
+def no_stamps():
+    """The stamps argument of a build without a timeline (one element, never written)."""
+    if not _NO_STAMPS:
+        _NO_STAMPS.append(cuda.to_device(np.zeros((1, 1, len(EVENTS)), np.uint64)))
+    return _NO_STAMPS[0]
+
+
 def grid(B: int, H: int, Nq: int, tile: WgmmaTile) -> tuple:
     return (-(-Nq // tile.block_q), H, B)
 
 
-def forward(q_words, k_words, v_words, o_words, lse, scale, causal, dtype, tile: WgmmaTile | None = None):
+def forward(q_words, k_words, v_words, o_words, lse, scale, causal, dtype, tile: WgmmaTile | None = None,
+            stamps=None):
     """Launch the kernel on numba device arrays: q_words (B, H, Nq, d/2) uint32, k_words and v_words
-    (B, H_kv, Nk, d/2), o_words like q_words, lse (B, H, Nq) float32."""
+    (B, H_kv, Nk, d/2), o_words like q_words, lse (B, H, Nq) float32. stamps: the timeline build's record, a
+    uint64 device array (1 + consumers, tiles + 1, len(EVENTS)) (tile.timeline; else not needed)."""
     B, H, Nq, w = q_words.shape
     _, H_kv, Nk, _ = k_words.shape
     d = 2 * w
@@ -434,4 +480,4 @@ def forward(q_words, k_words, v_words, o_words, lse, scale, causal, dtype, tile:
     v_map = tensor_map(as_rows(v_words, Nk), tile.block_k)
     launch_with_shared(kernel, grid(B, H, Nq, tile), tile.threads, tile.shared_bytes(d), q_map, k_map, v_map, o_words, lse,
                        np.int64(Nq), np.int64(Nk), np.int64(H), np.int64(H // H_kv),
-                       np.float32(scale * LOG2E))
+                       np.float32(scale * LOG2E), stamps if stamps is not None else no_stamps())
