@@ -46,16 +46,21 @@ flashlab.check("ds_source", ds_source)
 # %% [markdown]
 # ## 2. Will the tile fit? The backward's shared memory
 #
-# A block of the tensor backward (lesson 17, section 1) keeps five regions in shared memory, counted in 32-bit
-# words. In 16-bit precisions two values share a word; in float32 (3xTF32) each value takes one:
+# A block of the tensor backward (lesson 17, section 1) owns `block_k` keys and loops over the query tiles. Work
+# out what it must hold in shared memory, from what the kernel does, and count it in 32-bit words:
 #
-# - K_j: `block_k` rows of d values. Every row is padded by 4 words (16 bytes), the padding lesson 16's
-#   exercise 2 derives for the kernel's head dimensions;
-# - V_j, the same, but only with `v_shared` (otherwise its fragments stay in registers);
-# - Q_i and dO_i: `block_q` padded rows each, once per stage (2 stages: the next tile is copied while this one
-#   is used);
-# - dSᵀ: `block_k` rows (keys) of `block_q` values (queries), packed like the inputs, plus 4 words of padding;
-# - lse_i and D_i: `block_q` float32 each, once per stage.
+# - what every warp reads on every query tile and the block keeps for the whole loop: the key-side operands of
+#   the five products. V is among them only with `v_shared`; otherwise each warp holds V's fragments in
+#   registers;
+# - what arrives anew with each query tile, in `stages` buffers (two: the next tile is copied while this one is
+#   used): the query-side operands of the products, and the per-row float32 statistics that recompute P and dS
+#   (lesson 06);
+# - the one product result that must change lanes before it is used again: lesson 17 section 1 sends it through
+#   shared memory, one row per key.
+#
+# Every row of a tile takes d values (or `block_q`, for the result), two to a word in 16-bit precisions and one
+# in float32, plus lesson 16's 4 words of padding; the statistics are unpadded. dQ needs no room here: it goes
+# to global memory with atomics.
 #
 # Write `backward_tile_bytes(d, block_q, block_k, stages, v_shared, wide)`, the bytes a block needs (`wide`:
 # float32 inputs). Then see which of the default tiles fit in 48 KB of static shared memory and which need

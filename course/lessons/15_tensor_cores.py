@@ -93,11 +93,11 @@ if "fp16 m16n8k16" in ceiling and "3xTF32 (3 tf32 mma per product)" in ceiling:
 # that reads B (and optionally A) straight from shared memory. Without it, `mma.sync` reaches about two
 # thirds of the peak (FlashAttention-3 blog post, July 2024, note 1, citing Luo et al., arXiv 2402.13499).
 # That figure comes from other code on other inputs, so it is no check of ours; the next paragraph is about
-# why two ceilings measured in two ways need not agree. FlashAttention-3 is built on `wgmma`. A Numba
-# `@intrinsic` could emit it too, but it finds its shared-memory operands through *matrix descriptors* that
-# encode a swizzled layout, and runs asynchronously between fences and commit/wait groups: more machinery than
-# this course builds. We stay with `mma.sync`, which every GPU since Ampere has (and, in its m16n8k8 form,
-# Colab's T4).
+# why two ceilings measured in two ways need not agree. FlashAttention-3 is built on `wgmma`. It finds its
+# shared-memory operands through *matrix descriptors* that encode a swizzled layout, and runs asynchronously
+# between fences and commit/wait groups; lesson 20 builds FlashAttention-3 on it, from the same kind of Numba
+# `@intrinsic` this lesson uses. Lessons 15–17 stay with `mma.sync`: every GPU since Ampere has it (and, in its
+# m16n8k8 form, Colab's T4), and its fragments are the ones `wgmma` keeps.
 #
 # **Measuring a ceiling honestly.** A tensor core's power draw depends on the data: multiplying zeros, or the
 # same few bits again and again, toggles few transistors, and a GPU held at its power limit lowers its clock
