@@ -445,38 +445,14 @@ class _Warpgroup(_Warp):
         super().__init__(F.WG_THREADS, 4 * wg)  # _Warp._lanes_gone counts its threads from 32 * warp
         self.wg = wg
 
-    def collective(self, rank, op, value, combine):
-        me = threading.current_thread()
-        with self.cond:
-            self.slots[rank] = (op, value)
-            self.count += 1
-            gen = self.gen
-            if self.count == self.n:
-                ops = {s[0] for s in self.slots}
-                try:
-                    if len(ops) > 1:
-                        raise WarpDivergence(f"threads of warpgroup {self.wg} reached different warpgroup "
-                                             f"instructions at once ({', '.join(sorted(ops))})")
-                    self.result = combine([s[1] for s in self.slots])
-                except Exception as exc:  # every thread reports it
-                    self.result = exc
-                self.count, self.gen = 0, self.gen + 1
-                self.cond.notify_all()
-            else:
-                start = time.monotonic()
-                while self.gen == gen:
-                    self.cond.wait(0.05)
-                    if getattr(me, "abort", False):
-                        raise RuntimeError("another thread of this block failed")
-                    waited = time.monotonic() - start
-                    if self.gen == gen and (waited > WAIT_LIMIT or (waited > 0.5 and self._lanes_gone(me))):
-                        raise WarpDivergence(
-                            f"{op}: thread {rank} of warpgroup {self.wg} waited for the others, but only "
-                            f"{self.count} of 128 arrived. A warpgroup instruction is executed by all 128 threads "
-                            "(4 warps) together: no thread may return early or skip it inside an `if`.")
-            if isinstance(self.result, Exception):
-                raise type(self.result)(str(self.result))
-            return self.result[rank]
+    def diverged(self, ops) -> str:
+        return (f"threads of warpgroup {self.wg} reached different warpgroup instructions at once "
+                f"({', '.join(sorted(ops))})")
+
+    def missing(self, op, rank) -> str:
+        return (f"{op}: thread {rank} of warpgroup {self.wg} waited for the others, but only {self.count} of 128 "
+                "arrived. A warpgroup instruction is executed by all 128 threads (4 warps) together: no thread may "
+                "return early or skip it inside an `if`.")
 
 
 def _warpgroup(op):

@@ -305,7 +305,17 @@ class _Warp:
         missing = [tid for tid in range(32 * self.warp, 32 * self.warp + self.n) if tid not in running]
         return bool(missing) and (any(rank(tid) < latest for tid in missing) or now - self.seen[1] > CREATION_QUIET)
 
+    def diverged(self, ops) -> str:
+        return (f"lanes of warp {self.warp} reached different warp instructions at once ({', '.join(sorted(ops))}): "
+                "every lane must run the same ones")
+
+    def missing(self, op, lane) -> str:
+        return (f"{op}: lane {lane} of warp {self.warp} waited for the other lanes, but only {self.count} of "
+                f"{self.n} arrived. A warp instruction must be executed by all 32 lanes together: no lane may "
+                "return early or skip it inside an `if`.")
+
     def collective(self, lane, op, value, combine):
+        """Deposit this lane's value for `op`; the last lane computes combine(values) -> every lane's result."""
         me = threading.current_thread()
         with self.cond:
             self.slots[lane] = (op, value)
@@ -315,8 +325,7 @@ class _Warp:
                 ops = {s[0] for s in self.slots}
                 try:
                     if len(ops) > 1:
-                        raise WarpDivergence(f"lanes of warp {self.warp} reached different warp instructions "
-                                             f"at once ({', '.join(sorted(ops))}): every lane must run the same ones")
+                        raise WarpDivergence(self.diverged(ops))
                     self.result = combine([s[1] for s in self.slots])
                 except Exception as exc:  # every lane reports it, not only the one that computed
                     self.result = exc
@@ -330,10 +339,7 @@ class _Warp:
                         raise RuntimeError("another thread of this block failed")
                     waited = time.monotonic() - start
                     if self.gen == gen and (waited > WAIT_LIMIT or (waited > 0.5 and self._lanes_gone(me))):
-                        raise WarpDivergence(
-                            f"{op}: lane {lane} of warp {self.warp} waited for the other lanes, but only "
-                            f"{self.count} of {self.n} arrived. A warp instruction must be executed by all 32 lanes "
-                            "together: no lane may return early or skip it inside an `if`.")
+                        raise WarpDivergence(self.missing(op, lane))
             if isinstance(self.result, Exception):
                 raise type(self.result)(str(self.result))
             return self.result[lane]
