@@ -185,6 +185,13 @@ def pack16(lo_bits, hi_bits):
     return np.asarray(lo_bits, np.uint32) | (np.asarray(hi_bits, np.uint32) << np.uint32(16))
 
 
+def registers16(values, dtype="float16"):
+    """(threads, 2n) 16-bit values per thread -> (threads, n) uint32 registers, element 2r in the low half of
+    register r: the registers mma.sync (and wgmma's A from registers) read."""
+    bits = to_bits16(values, dtype)
+    return np.ascontiguousarray(pack16(bits[..., 0::2], bits[..., 1::2]))
+
+
 def unpack16(reg):
     """(lo, hi) 16-bit halves of 32-bit registers."""
     reg = np.asarray(reg, np.uint32)

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 from flashlab import fragments as F  # noqa: E402
 from flashlab import viz  # noqa: E402
 from flashlab.device import get_cuda  # noqa: E402
-from flashlab.kernels import mma  # noqa: E402
+from flashlab.kernels.demo import ldmatrix_both  # noqa: E402
 from flashlab.viz import tensor as T  # noqa: E402
 from test_explorers import drive  # noqa: E402,F401  (the fixture that runs an explorer's widget callback)
 
@@ -108,26 +108,12 @@ def test_p_stays_in_registers_for_16_bit_and_is_renumbered_for_tf32():
     assert "column t as key 2t" in T.plot_p_in_registers("tf32").axes[1].get_title()
 
 
-@cuda.jit
-def _load_both(rows, plain, trans):
-    sh = cuda.shared.array(128, np.uint32)
-    lane = cuda.threadIdx.x
-    for w in range(4):
-        sh[lane * 4 + w] = rows[lane, w]
-    cuda.syncthreads()
-    p, q = mma.ldmatrix_x4(sh, np.intp(lane * 4)), mma.ldmatrix_x4_trans(sh, np.intp(lane * 4))
-    for i in range(4):
-        plain[lane, i] = p[i]
-        trans[lane, i] = q[i]
-
-
 def test_ldmatrix_figure_matches_the_instruction():
     """In the simulator: its emulation of ldmatrix; on a GPU (sm_75+): the hardware."""
     values = np.add.outer(10 * np.arange(32), np.arange(8)).astype(np.float32)  # row r, column j: 10 r + j
-    bits = F.to_bits16(values, "float16")
-    words = np.ascontiguousarray(F.pack16(bits[:, 0::2], bits[:, 1::2]))
+    words = F.registers16(values)
     plain, trans = np.zeros((32, 4), np.uint32), np.zeros((32, 4), np.uint32)
-    _load_both[1, 32](words, plain, trans)
+    ldmatrix_both[1, 32](words, plain, trans)
     axes = T.plot_ldmatrix().axes
     for ax, regs in zip(axes, (plain, trans)):
         got = sorted(float(F.from_bits16(h, "float16")) for h in F.unpack16(regs[5, 0]))

@@ -197,17 +197,11 @@ def one_mma(a, b, c, d):
         d[lane, i] = r[i]
 
 
-def registers16(frags):
-    """(32, 2n) 16-bit values per lane -> (32, n) uint32 registers, element 2r in the low half of register r."""
-    bits = F.to_bits16(frags, "float16")
-    return np.ascontiguousarray(F.pack16(bits[:, 0::2], bits[:, 1::2]))
-
-
 A = F.round_f16(rng.standard_normal((16, 16)))  # values float16 can hold exactly
 B = F.round_f16(rng.standard_normal((16, 8)))
 C = rng.standard_normal((16, 8)).astype(np.float32)
-a = registers16(F.to_fragments(A, "m16n8k16", "A"))
-b = registers16(F.to_fragments(B, "m16n8k16", "B"))
+a = F.registers16(F.to_fragments(A, "m16n8k16", "A"))  # two 16-bit values per register
+b = F.registers16(F.to_fragments(B, "m16n8k16", "B"))
 c = np.ascontiguousarray(F.to_fragments(C, "m16n8k16", "C"))
 d = np.zeros((32, 4), np.float32)
 one_mma[1, 32](a, b, c, d)
@@ -247,25 +241,14 @@ kernel_tiles.plot_ldmatrix_x4_addresses()
 plt.show()
 
 
-@cuda.jit
-def load_both(rows, plain, trans):
-    sh = cuda.shared.array(128, np.uint32)  # 32 rows of 8 halves = 4 words
-    lane = cuda.threadIdx.x
-    for w in range(4):
-        sh[lane * 4 + w] = rows[lane, w]
-    cuda.syncthreads()
-    start = np.intp(lane * 4)  # lane 8m + r points at row r of matrix m
-    p = mma.ldmatrix_x4(sh, start)
-    q = mma.ldmatrix_x4_trans(sh, start)
-    for i in range(4):
-        plain[lane, i] = p[i]
-        trans[lane, i] = q[i]
+from flashlab.kernels.demo import kernel_source, ldmatrix_both
 
+print(kernel_source(ldmatrix_both))  # one warp, 32 rows of 16 bytes, read back both ways
 
 values = np.add.outer(10 * np.arange(32), np.arange(8)).astype(np.float32)  # row r, col j holds 10 r + j
-words = registers16(values)
+words = F.registers16(values)
 plain, trans = np.zeros((32, 4), np.uint32), np.zeros((32, 4), np.uint32)
-load_both[1, 32](words, plain, trans)
+ldmatrix_both[1, 32](words, plain, trans)
 for name, regs in (("ldmatrix", plain), ("ldmatrix.trans", trans)):
     lo, hi = F.unpack16(regs[5, 0])
     print(f"{name:15s} lane 5, matrix 0: ({F.from_bits16(lo, 'float16'):g}, {F.from_bits16(hi, 'float16'):g})"

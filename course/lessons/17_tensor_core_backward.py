@@ -86,31 +86,11 @@ print(f"{moved:.1%} of the A fragment's values sit in another lane's C fragment"
 # neighbouring queries of one key, so they go out as one packed 32-bit word. The block synchronises, and
 # `ldmatrix.trans` reads the stored 8 x 8 blocks back transposed: query-major, which is exactly dS's A
 # fragment, the same instruction that turns V around in the forward. Here is that round trip for one
-# warp's 16 keys x 16 queries, with lesson 15's `load_both` kernel doing the reading (the simulator's
+# warp's 16 keys x 16 queries, with lesson 15's `ldmatrix_both` kernel doing the reading (the simulator's
 # `ldmatrix`, or the real one on a GPU):
 
 # %%
-@cuda.jit
-def load_both(rows, plain, trans):
-    """Lesson 15, section 3: 32 rows of 16 bytes in shared memory, read by ldmatrix.x4 and by its .trans form."""
-    sh = cuda.shared.array(128, np.uint32)
-    lane = cuda.threadIdx.x
-    for w in range(4):
-        sh[lane * 4 + w] = rows[lane, w]
-    cuda.syncthreads()
-    start = np.intp(lane * 4)  # lane 8m + r points at row r of matrix m
-    p = mma.ldmatrix_x4(sh, start)
-    q = mma.ldmatrix_x4_trans(sh, start)
-    for i in range(4):
-        plain[lane, i] = p[i]
-        trans[lane, i] = q[i]
-
-
-def registers16(frags):
-    """(32, 2n) 16-bit values per lane -> (32, n) uint32 registers, element 2r in the low half of register r."""
-    bits = F.to_bits16(frags, "float16")
-    return np.ascontiguousarray(F.pack16(bits[:, 0::2], bits[:, 1::2]))
-
+from flashlab.kernels.demo import ldmatrix_both  # lesson 15, section 3
 
 dS_T = F.round_f16(rng.standard_normal((16, 16)))  # one warp's dSᵀ: 16 keys x 16 queries
 c_tiles = [F.to_fragments(dS_T[:, 8 * n:8 * n + 8], "m16n8k16", "C") for n in range(2)]  # n-tile n: queries 8n..
@@ -127,8 +107,8 @@ for n, c in enumerate(c_tiles):
 # Read: ldmatrix.x4.trans, register r from the 8 x 8 block of keys 8 (r // 2).. and query words 4 (r % 2)..
 blocks = np.concatenate([stored[8 * (r // 2):8 * (r // 2) + 8, 4 * (r % 2):4 * (r % 2) + 4] for r in range(4)])
 plain, trans = np.zeros((32, 4), np.uint32), np.zeros((32, 4), np.uint32)
-load_both[1, 32](np.ascontiguousarray(blocks), plain, trans)
-want = registers16(F.to_fragments(dS_T.T, "m16n8k16", "A"))  # dS (rows = queries) as dQ's A operand
+ldmatrix_both[1, 32](np.ascontiguousarray(blocks), plain, trans)
+want = F.registers16(F.to_fragments(dS_T.T, "m16n8k16", "A"))  # dS (rows = queries) as dQ's A operand
 print("ldmatrix.trans of the stored dSᵀ is dS's A fragment:", np.array_equal(trans, want))
 print("plain ldmatrix of the same words is not:", not np.array_equal(plain, want))
 

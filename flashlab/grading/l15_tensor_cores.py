@@ -102,11 +102,6 @@ def _pairs(rc):
 
 
 # -------------------------------------------------------------------------------------- warp mma
-def _registers16(values):
-    bits = F.to_bits16(values, "float16")
-    return np.ascontiguousarray(F.pack16(bits[:, 0::2], bits[:, 1::2]))
-
-
 def _exact(a_vals, b_vals, c):
     return F.warp_mma(a_vals, b_vals, c, "m16n8k16", "float16")
 
@@ -124,7 +119,7 @@ def check_warp_mma(t, fn):
         C = t.normal((16, 8), np.float32, c_scale) if c_scale else np.zeros((16, 8), np.float32)
         a_vals, b_vals = F.to_fragments(A, "m16n8k16", "A"), F.to_fragments(B, "m16n8k16", "B")
         c = np.ascontiguousarray(F.to_fragments(C, "m16n8k16", "C"))
-        a, b = _registers16(a_vals), _registers16(b_vals)
+        a, b = F.registers16(a_vals), F.registers16(b_vals)
         t.case(label, a="(32, 4) uint32", b="(32, 2) uint32", c="(32, 4) float32")
         out = t.call(a, b, c)
         want = _exact(a_vals, b_vals, c).astype(np.float64)

@@ -1,4 +1,4 @@
-"""Small demonstration kernels that lessons 07 and 09 run, and benchmarks/generators/lesson_facts.py measures.
+"""Small demonstration kernels that lessons 07, 09, 15 and 17 run, and benchmarks/generators/lesson_facts.py measures.
 
     empty                      a kernel that does nothing: its launch cost is all there is (lesson 07)
     sums_unrolled, sums_dynamic  R running sums per thread, indexed by a constant or a run-time loop (lesson 09)
@@ -7,6 +7,8 @@
     torch_launch_cost()        the same for one small kernel launched by torch (C++), and `empty` given a tensor
     local_memory_cost()        registers, local memory and time of the two sums kernels (GPU only)
     kernel_source(kernel)      the Python source of a kernel, for printing in a lesson
+    ldmatrix_both              one warp reads 32 rows of shared memory with ldmatrix.x4 and ldmatrix.x4.trans
+                               (lessons 15 and 17)
 
 The lesson and the script call the same functions, so the numbers a lesson quotes without a GPU
 (flashlab/data/lesson_facts.json, read by flashlab.bench.load_lesson_facts) are measured the way the
@@ -21,6 +23,7 @@ import numpy as np
 from numba import float32
 
 from ..device import get_cuda
+from . import mma
 
 cuda = get_cuda()  # a module global, so the simulator can swap in its fake module
 
@@ -58,6 +61,23 @@ def sums_dynamic(x, w, out, r):
     if i < out.shape[0]:
         for j in range(r):
             out[i, j] = acc[j]
+
+
+@cuda.jit
+def ldmatrix_both(rows, plain, trans):
+    """32 rows of 16 bytes (rows: (32, 4) uint32) into shared memory, then read back by one warp with
+    ldmatrix.x4 and with ldmatrix.x4.trans: plain and trans get each lane's 4 registers."""
+    sh = cuda.shared.array(128, np.uint32)  # 32 rows of 8 halves = 4 words
+    lane = cuda.threadIdx.x
+    for w in range(4):
+        sh[lane * 4 + w] = rows[lane, w]
+    cuda.syncthreads()
+    start = np.intp(lane * 4)  # lane 8m + r points at row r of matrix m
+    p = mma.ldmatrix_x4(sh, start)
+    q = mma.ldmatrix_x4_trans(sh, start)
+    for i in range(4):
+        plain[lane, i] = p[i]
+        trans[lane, i] = q[i]
 
 
 def kernel_source(kernel) -> str:
