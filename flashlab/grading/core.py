@@ -368,6 +368,28 @@ def fail_on_slip(t: "Checker", got, answers, slips):
             raise t.fail(why)
 
 
+def int_answers(t: "Checker", cases, what="a byte offset") -> list:
+    """The learner's answer for each argument tuple of `cases`, each checked to be an int (as a Python int)."""
+    got = []
+    for args in cases:
+        out = t.call(*args)
+        if isinstance(out, bool) or not isinstance(out, (int, np.integer)):
+            raise t.fail(f"return {what} as an int; for arguments {tuple(args)} you returned {out!r:.60}")
+        got.append(int(out))
+    return got
+
+
+def judge_answers(t: "Checker", got, model, slips, mismatch):
+    """Exact answers: return when got == model() (a list, one answer per case); else fail with the diagnosis of
+    the first slip that model(**keywords) replays, or with mismatch(i, want) for the first wrong case i."""
+    want = model()
+    if got == want:
+        return
+    fail_on_slip(t, got, model, slips)
+    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    raise t.fail(mismatch(i, want[i]))
+
+
 def noise_floor(magnitude, dtype, tol, terms=1) -> float:
     """The `floor` for `Checker.compare` of an output whose rounding noise is about eps * ||magnitude||.
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import fragments as F
-from .core import exercise
+from .core import exercise, int_answers, judge_answers
 
 LESSON = "15_tensor_cores"
 LAYOUTS = {"f16": ("m16n8k16", "float16"), "tf32": ("m16n8k8", "tf32")}
@@ -314,23 +314,12 @@ _LDMATRIX_SLIPS = [
 def check_ldmatrix_address(t, fn):
     strides = [32, 48, 144, 256, int(16 * t.rng.integers(3, 20))]
     t.case(f"every lane, row strides {strides} bytes")
-    got, want = [], []
-    for stride in strides:
-        for lane in range(32):
-            a = t.call(lane, stride)
-            if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
-                raise t.fail(f"return a byte offset as an int; for lane={lane} you returned {a!r:.60}")
-            got.append(int(a))
-            want.append(ldmatrix_address(lane, stride))
-    if got == want:
-        return
-    for keywords, why in _LDMATRIX_SLIPS:
-        if got == [ldmatrix_address(lane, s, **keywords) for s in strides for lane in range(32)]:
-            raise t.fail(why)
-    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
-    stride, lane = strides[i // 32], i % 32
-    raise t.fail(f"lane {lane}, row_stride {stride}: you said byte {got[i]}; it must point at row "
-                 f"{lane % 8 + 8 * (lane // 8 % 2)}, column {8 * (lane // 16)}: byte {want[i]}")
+    cases = [(lane, stride) for stride in strides for lane in range(32)]
+    got = int_answers(t, cases)
+    judge_answers(t, got, lambda **slip: [ldmatrix_address(*c, **slip) for c in cases], _LDMATRIX_SLIPS,
+                  lambda i, want: f"lane {cases[i][0]}, row_stride {cases[i][1]}: you said byte {got[i]}; it must "
+                                  f"point at row {cases[i][0] % 8 + 8 * (cases[i][0] // 8 % 2)}, column "
+                                  f"{8 * (cases[i][0] // 16)}: byte {want}")
 
 
 # ----------------------------------------------------------------------- a tensor core's truncating sum

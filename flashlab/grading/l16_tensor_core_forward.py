@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from .. import fragments as F
-from .core import NotImplementedYet, exercise, fail_on_slip
+from .core import NotImplementedYet, exercise, fail_on_slip, int_answers, judge_answers
 from .simcheck import kernel_of, launch, not_implemented, require_kernel
 
 LESSON = "16_tensor_core_forward"
@@ -741,25 +741,11 @@ _SWIZZLE_SLIPS = [
 def check_swizzled_offset(t, fn):
     shapes = [(16, 64, 128), (8, 64, 128), (24, 64, 128), (8, 128, 256)]
     t.case(f"every value of tiles (rows, columns, row bytes) {shapes}")
-    got, want, where = [], [], []
-    for rows, cols, row_bytes in shapes:
-        for r in range(rows):
-            for c in range(cols):
-                a = t.call(r, c, row_bytes)
-                if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
-                    raise t.fail(f"return a byte offset as an int; for row={r}, col={c} you returned {a!r:.60}")
-                got.append(int(a))
-                want.append(swizzled_offset(r, c, row_bytes))
-                where.append((r, c, row_bytes))
-    if got == want:
-        return
-    for keywords, why in _SWIZZLE_SLIPS:
-        if got == [swizzled_offset(*w, **keywords) for w in where]:
-            raise t.fail(why)
-    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
-    r, c, row_bytes = where[i]
-    raise t.fail(f"row {r}, col {c}, {row_bytes}-byte rows: you said byte {got[i]}, the swizzled layout puts it at "
-                 f"{want[i]}")
+    where = [(r, c, row_bytes) for rows, cols, row_bytes in shapes for r in range(rows) for c in range(cols)]
+    got = int_answers(t, where)
+    judge_answers(t, got, lambda **slip: [swizzled_offset(*w, **slip) for w in where], _SWIZZLE_SLIPS,
+                  lambda i, want: f"row {where[i][0]}, col {where[i][1]}, {where[i][2]}-byte rows: you said byte "
+                                  f"{got[i]}, the swizzled layout puts it at {want}")
 
 
 # ------------------------------------------------------------------------------------- copy plan

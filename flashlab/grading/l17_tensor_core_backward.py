@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import fragments as F
-from .core import exercise, fail_on_slip
+from .core import exercise, int_answers, judge_answers
 
 LESSON = "17_tensor_core_backward"
 
@@ -140,20 +140,14 @@ def check_backward_tile_bytes(t, fn):
     cases = _tile_cases(t.rng)
     t.case(f"{len(cases)} tiles: d 16-128, block_q 16-64, block_k 16-128, 1 or 2 stages, V in shared memory or "
            "not, 16-bit or float32")
-    got = []
-    for d, bq, bk, stages, v_shared, wide in cases:
-        out = t.call(d, bq, bk, stages, v_shared, wide)
-        if isinstance(out, bool) or not isinstance(out, (int, np.integer)):
-            raise t.fail(f"return the bytes as an int; for d={d}, block_q={bq}, block_k={bk} you returned {out!r:.60}")
-        got.append(int(out))
-    want = [4 * tile_words(*c) for c in cases]
-    if got == want:
-        return
-    if got == [w // 4 for w in want]:
+    got = int_answers(t, cases, "the bytes")
+    if got == [tile_words(*c) for c in cases]:
         raise t.fail("you returned 32-bit words; return bytes (4 per word)")
-    fail_on_slip(t, got, lambda **slip: [4 * tile_words(*c, **slip) for c in cases], _TILE_SLIPS)
-    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
-    d, bq, bk, stages, v_shared, wide = cases[i]
-    raise t.fail(f"{sum(g != w for g, w in zip(got, want))} of {len(cases)} tiles are wrong; e.g. d={d}, "
-                 f"block_q={bq}, block_k={bk}, stages={stages}, v_shared={v_shared}, wide={wide}: you said {got[i]} "
-                 f"bytes, the kernel takes {want[i]}")
+
+    def mismatch(i, want):
+        d, bq, bk, stages, v_shared, wide = cases[i]
+        wrong = sum(g != 4 * tile_words(*c) for g, c in zip(got, cases))
+        return (f"{wrong} of {len(cases)} tiles are wrong; e.g. d={d}, block_q={bq}, block_k={bk}, stages={stages}, "
+                f"v_shared={v_shared}, wide={wide}: you said {got[i]} bytes, the kernel takes {want}")
+
+    judge_answers(t, got, lambda **slip: [4 * tile_words(*c, **slip) for c in cases], _TILE_SLIPS, mismatch)

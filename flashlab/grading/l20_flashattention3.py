@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import fragments as F
 from .. import pipeline as P
-from .core import exercise, fail_on_slip
+from .core import exercise, int_answers, judge_answers
 
 LESSON = "20_flashattention3"
 
@@ -63,23 +63,16 @@ def check_wgmma_descriptor(t, fn):
         cases.append((1024 * int(t.rng.integers(1, 150)), rows, str(t.rng.choice(["K", "MN"])),
                       16 * int(t.rng.integers(0, 8))))
     t.case(f"{len(cases)} (address, rows, major, k0) of Q, K and V tiles, d = 128")
-    got = []
-    for address, rows, major, k0 in cases:
-        out = t.call(address, rows, major, k0)
-        if isinstance(out, bool) or not isinstance(out, (int, np.integer)):
-            raise t.fail(f"return the descriptor as an int; for {(address, rows, major, k0)} you returned "
-                         f"{out!r:.60}", hint="build it with | and << on Python ints")
-        got.append(int(out))
-    want = [descriptor(*c) for c in cases]
-    if got == want:
-        return
-    fail_on_slip(t, got, lambda **kw: [descriptor(*c, **kw) for c in cases], _DESCRIPTOR_SLIPS)
-    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
-    fields = lambda x: {**F.decode_descriptor(x & ~(7 << 49)), "mode bits": x >> 62}  # noqa: E731
-    wrong = {k: (fields(got[i])[k], v) for k, v in fields(want[i]).items() if fields(got[i])[k] != v}
-    raise t.fail(f"for (address, rows, major, k0) = {cases[i]} the descriptor is 0x{want[i]:016x}; you returned "
-                 f"0x{got[i]:016x}",
-                 details=[f"{name}: yours decodes as {g}, expected {w}" for name, (g, w) in wrong.items()])
+    got = int_answers(t, cases, "the descriptor")
+
+    def mismatch(i, want):
+        fields = lambda x: {**F.decode_descriptor(x & ~(7 << 49)), "mode bits": x >> 62}  # noqa: E731
+        wrong = [f"{name}: yours decodes as {fields(got[i])[name]}, expected {value}"
+                 for name, value in fields(want).items() if fields(got[i])[name] != value]
+        return (f"for (address, rows, major, k0) = {cases[i]} the descriptor is 0x{want:016x}; you returned "
+                f"0x{got[i]:016x} ({'; '.join(wrong)})")
+
+    judge_answers(t, got, lambda **kw: [descriptor(*c, **kw) for c in cases], _DESCRIPTOR_SLIPS, mismatch)
 
 
 # ----------------------------------------------------------------------------------------------------- the ring
@@ -118,17 +111,14 @@ def check_ring_parities(t, fn):
     got = []
     for j, s in cases:
         out = t.call(j, s)
-        if not isinstance(out, tuple) or len(out) != 3:
-            raise t.fail(f"return a tuple (slot, full_parity, empty_parity); for j={j}, stages={s} you returned "
-                         f"{out!r:.60}")
+        if not isinstance(out, tuple) or len(out) != 3 or not all(
+                x is None or (isinstance(x, (int, np.integer)) and not isinstance(x, bool)) for x in out):
+            raise t.fail(f"return a tuple (slot, full_parity, empty_parity) of ints (empty_parity may be None); for "
+                         f"j={j}, stages={s} you returned {out!r:.60}")
         got.append(tuple(None if x is None else int(x) for x in out))
-    want = [ring(j, s) for j, s in cases]
-    if got == want:
-        return
-    fail_on_slip(t, got, lambda **kw: [ring(j, s, **kw) for j, s in cases], _RING_SLIPS)
-    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
-    raise t.fail(f"tile j={cases[i][0]} with {cases[i][1]} stages: (slot, full, empty) is {want[i]}; you returned "
-                 f"{got[i]}")
+    judge_answers(t, got, lambda **kw: [ring(j, s, **kw) for j, s in cases], _RING_SLIPS,
+                  lambda i, want: f"tile j={cases[i][0]} with {cases[i][1]} stages: (slot, full, empty) is {want}; "
+                                  f"you returned {got[i]}")
 
 
 # ---------------------------------------------------------------------------------------- a two-box tile
@@ -168,23 +158,11 @@ _BOX_SLIPS = [
 def check_box_offset(t, fn):
     tiles = [64, 128, 176]
     t.case(f"every value of (rows x 128) tiles, rows in {tiles}")
-    got, want, where = [], [], []
-    for rows in tiles:
-        for r in range(rows):
-            for c in range(0, 128, 3 if rows > 64 else 1):
-                out = t.call(r, c, rows)
-                if isinstance(out, bool) or not isinstance(out, (int, np.integer)):
-                    raise t.fail(f"return a byte offset as an int; for r={r}, c={c}, rows={rows} you returned "
-                                 f"{out!r:.60}")
-                got.append(int(out))
-                want.append(box_offset(r, c, rows))
-                where.append((r, c, rows))
-    if got == want:
-        return
-    fail_on_slip(t, got, lambda **kw: [box_offset(*w, **kw) for w in where], _BOX_SLIPS)
-    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
-    raise t.fail(f"value (r, c) = {where[i][:2]} of a {where[i][2]}-row tile: TMA puts it at byte {want[i]}; you "
-                 f"said {got[i]}")
+    where = [(r, c, rows) for rows in tiles for r in range(rows) for c in range(0, 128, 3 if rows > 64 else 1)]
+    got = int_answers(t, where)
+    judge_answers(t, got, lambda **kw: [box_offset(*w, **kw) for w in where], _BOX_SLIPS,
+                  lambda i, want: f"value (r, c) = {where[i][:2]} of a {where[i][2]}-row tile: TMA puts it at byte "
+                                  f"{want}; you said {got[i]}")
 
 
 # --------------------------------------------------------------------------------------- a consumer's iteration
