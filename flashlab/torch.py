@@ -162,8 +162,9 @@ def _forward(q, k, v, causal, scale, options=None):
 
 def _cuda_variant(q, options: bool = False) -> str:
     """"wgmma" (FlashAttention-3) on Hopper for float16 / bfloat16 at d = 64 or 128 without the library's options:
-    it was faster than the tensor kernel at every shape measured on an H200 (N 256 to 16384,
-    benchmarks/results/h200/wgmma_forward.csv). Else "tensor" where this GPU has tensor-core mma for q's dtype
+    on an H200 (2026-11-29, benchmarks/results/h200/wgmma_forward.csv) it was faster than the tensor kernel at 47
+    of the 48 bar shapes (N 4096 to 16384) and at every shorter one timed (N 256 to 2048, B = 1, float16); the
+    exception, B = 1, N = 4096, d = 64, causal, bfloat16, measured 0.85x in one run. Else "tensor" where this GPU has tensor-core mma for q's dtype
     (fp16: sm_75+; bf16 and fp32 via tf32: sm_80+) and the tensor kernel supports the head dim, else "register".
     On an H100 the tensor variant is also the faster one for float32 (flashlab/data/h100_tensor.csv)."""
     from .device import device_limits
