@@ -50,7 +50,9 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
         return _tensor_backward(q, k, v, o, lse, do, causal=causal, scale=scale, precision=precision, block_q=block_q,
                         block_k=block_k, **library)
     if variant != "register":
-        raise ValueError(f"variant must be 'register' or 'tensor' for the backward; got {variant!r}")
+        raise ValueError(f"variant must be 'register' or 'tensor' for the backward; got {variant!r}"
+                         + (" (wgmma is a forward kernel so far: its lse feeds either backward)" if variant == "wgmma"
+                            else ""))
     if precision is not None:
         raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
     if _dtype_name(q) == "bfloat16":

@@ -118,7 +118,9 @@ def _check(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, varia
                          f"v_cache d = {v_cache.shape[-1]}")
     G = H // H_kv
     if variant not in (None, "register", "tensor"):
-        raise ValueError(f"variant must be None, 'register' or 'tensor'; got {variant!r}")
+        raise ValueError(f"variant must be None, 'register' or 'tensor'; got {variant!r}"
+                         + (" (the wgmma kernel has no paged build: variant='tensor' reads a paged cache on tensor "
+                            "cores)" if variant == "wgmma" else ""))
     tensor_ok = str(qs.dtype) == "float16" and (Nq == 1 or not causal)
     if variant == "tensor" and not tensor_ok:
         raise ValueError(f"variant='tensor' takes float16 inputs with Nq = 1 or causal=False; got {qs.dtype}, "

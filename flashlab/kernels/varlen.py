@@ -122,7 +122,9 @@ def _setup(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen
     override the tile."""
     variant = default_variant(q) if variant is None else variant
     if variant not in ("register", "tensor"):
-        raise ValueError(f"variant must be 'register' or 'tensor' for varlen; got {variant!r}")
+        raise ValueError(f"variant must be 'register' or 'tensor' for varlen; got {variant!r}"
+                         + (" (the wgmma kernel reads whole (B, H, N, d) inputs through TMA and has no varlen build: "
+                            "variant='tensor' runs 16-bit varlen batches on tensor cores)" if variant == "wgmma" else ""))
     if variant == "tensor":
         (q_d, k_d, v_d), kind, dtype = all_to_device_words((("q", q), ("k", k), ("v", v)), "(total, heads, d)")
         words = 1 if dtype == "float32" else 2  # values per 32-bit word of the last axis
