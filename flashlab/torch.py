@@ -161,24 +161,12 @@ def _forward(q, k, v, causal, scale, options=None):
 
 
 def _cuda_variant(q, options: bool = False) -> str:
-    """"wgmma" (FlashAttention-3) on Hopper for float16 / bfloat16 at d = 64 or 128 without the library's options:
-    on an H200 (2026-11-29, benchmarks/results/h200/wgmma_forward.csv) it was faster than the tensor kernel at 47
-    of the 48 bar shapes (N 4096 to 16384) and at every shorter one timed (N 256 to 2048, B = 1, float16); the
-    exception, B = 1, N = 4096, d = 64, causal, bfloat16, measured 0.85x in one run. Else "tensor" where this GPU has tensor-core mma for q's dtype
-    (fp16: sm_75+; bf16 and fp32 via tf32: sm_80+) and the tensor kernel supports the head dim, else "register".
-    On an H100 the tensor variant is also the faster one for float32 (flashlab/data/h100_tensor.csv)."""
+    """The forward kernel for q on this GPU: flashlab.kernels.plan.forward_variant decides (wgmma on Hopper for
+    16-bit inputs without options, the tensor kernel where the GPU has the dtype's mma, else the register one)."""
     from .device import device_limits
-    from .kernels import SUPPORTED_D
+    from .kernels.plan import forward_variant
 
-    cc = device_limits()["cc"] or (8, 0)  # the simulator runs every instruction
-    dtype = str(q.dtype).replace("torch.", "")
-    if q.shape[-1] not in SUPPORTED_D:
-        return "register"
-    if cc >= (9, 0) and dtype in ("float16", "bfloat16") and q.shape[-1] in (64, 128) and not options:
-        return "wgmma"
-    if dtype == "bfloat16" or cc >= ((7, 5) if dtype == "float16" else (8, 0)):
-        return "tensor"  # bf16 on a GPU without bf16 mma gets the tensor kernel's clear error
-    return "register"
+    return forward_variant(str(q.dtype).replace("torch.", ""), q.shape[-1], device_limits()["cc"], options)
 
 
 def _backward(q, k, v, o, lse, do, causal, scale, options=None):

@@ -638,6 +638,29 @@ def planner_configs(devices=(T4, A100, H100)):
     return list(out)
 
 
+def forward_variant(dtype: str, d: int, cc, options: bool = False) -> str:
+    """The forward kernel a library call (flashlab.torch) runs for inputs of `dtype` and head size d on a GPU of
+    compute capability cc (None: the simulator, which runs every instruction; planned as an sm_80 GPU), with or
+    without the library's options:
+
+    - "wgmma" (FlashAttention-3, kernels/wgmma.py) on Hopper for float16 / bfloat16 at d = 64 or 128 without
+      options: on an H200 (2026-11-29, benchmarks/results/h200/wgmma_forward.csv) it was faster than the tensor
+      kernel at 47 of the 48 bar shapes (N 4096 to 16384) and at every shorter one timed (N 256 to 2048, B = 1,
+      float16); the exception, B = 1, N = 4096, d = 64, causal, bfloat16, measured 0.85x in one run;
+    - else "tensor" where the GPU has tensor-core mma for the dtype (float16: sm_75+; bfloat16, and float32 through
+      tf32: sm_80+; bfloat16 below that gets the tensor kernel's clear error) and the kernels take d; on an H100
+      the tensor kernel is also the faster one for float32 (flashlab/data/h100_tensor.csv);
+    - else "register"."""
+    cc = tuple(cc) if cc is not None else (8, 0)
+    if d not in SUPPORTED_D:
+        return "register"
+    if cc >= (9, 0) and dtype in ("float16", "bfloat16") and d in (64, 128) and not options:
+        return "wgmma"
+    if dtype == "bfloat16" or cc >= ((7, 5) if dtype == "float16" else (8, 0)):
+        return "tensor"
+    return "register"
+
+
 def resolve_config(variant: str, d: int, block_q=None, block_k=None, precision=None):
     """The launch configuration a call would use: a register.Tile, a tensor.TensorTile, or (block_q, block_k)
     for "shared"."""
