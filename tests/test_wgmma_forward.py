@@ -161,3 +161,13 @@ def test_entry_points_without_a_wgmma_build_name_the_variant_that_serves(call, m
         else:
             q = np.zeros((1, 2, 8, 64), np.float16)
             flash_attention_backward(q, q, q, q, np.zeros((1, 2, 8), np.float32), q, variant="wgmma")
+
+
+def test_kernel_info_describes_the_wgmma_tile():
+    from flashlab.kernels import kernel_info
+
+    info = kernel_info(64, variant="wgmma", dtype="bfloat16")
+    assert (info["consumers"], info["block_q"], info["threads_per_block"]) == (3, 192, 512)
+    assert info["shared_bytes_per_block"] == wgmma.choose_tile(64).shared_bytes(64)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        kernel_info(64, variant="wgmma")  # float32, the default dtype

@@ -3,6 +3,7 @@
     kernel_info(64)                                  # register variant, default tile, d = 64
     kernel_info(64, variant="shared", block_q=128)
     kernel_info(64, asm=True)["ptx"]                 # the PTX (and "sass" where nvdisasm is installed)
+    kernel_info(128, variant="wgmma", dtype="float16")   # FlashAttention-3's forward (Hopper)
 
 Registers and spills come from the compiler, so they need a real GPU (numba-cuda compiles for the device
 it finds); in the simulator those entries are None and "note" says so. Shared memory and threads per block
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..device import device_limits, get_cuda, has_gpu
-from . import register, shared, tensor
+from . import register, shared, tensor, wgmma
 from ._launch import check_d
 from .devices import occupancy
 from .plan import kernel_and_signature, resolve_config
@@ -29,6 +30,8 @@ def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k
     registers, spills and assembly; the simulator reports what the tile shape determines.
     """
     check_d(d)
+    if variant == "wgmma":
+        return _wgmma_info(d, block_k, bool(causal), dtype if dtype == "bfloat16" else np.dtype(dtype).name, asm)
     if tile is not None:
         variant = "register"
         config = tile.check(d, device_limits()["shared_per_block"])
@@ -76,4 +79,37 @@ def kernel_info(d: int = 64, *, variant: str = "register", block_q=None, block_k
     occ.pop("bounds")
     info.update(occ)
     get_cuda()  # keep the import explicit: info is meaningless before the backend is chosen
+    return info
+
+
+def _wgmma_info(d, block_k, causal, dtype, asm):
+    """kernel_info for variant="wgmma": its tile, warpgroups and dynamic shared memory, and on a Hopper GPU what
+    the compiler made of it."""
+    from numba import types
+
+    if dtype not in wgmma.DTYPES:
+        raise ValueError(f"variant='wgmma' takes float16 or bfloat16 (dtype=...); got {dtype}")
+    config = wgmma.choose_tile(d, causal, block_k)
+    info = {"variant": "wgmma", "dtype": dtype, "block_q": config.block_q, "block_k": config.block_k,
+            "stages": config.stages, "consumers": config.consumers, "pingpong": config.pingpong, "d": d,
+            "threads_per_block": config.threads, "shared_bytes_per_block": config.shared_bytes(d),
+            "registers_per_thread": None, "local_bytes_per_thread": None}
+    limits = device_limits()
+    if has_gpu() and limits["cc"] is not None and tuple(limits["cc"]) >= (9, 0):
+        kernel = wgmma.build(d, dtype, causal, config)
+        maps = types.Array(types.uint64, 1, "C")
+        sig = (maps, maps, maps, types.Array(types.uint32, 4, "C"), types.Array(types.float32, 3, "C"),
+               types.int64, types.int64, types.int64, types.int64, types.float32, types.Array(types.uint64, 3, "C"))
+        kernel.compile(sig)
+        compiled = kernel.overloads[sig]
+        info["registers_per_thread"] = int(compiled.regs_per_thread)
+        info["local_bytes_per_thread"] = int(compiled.local_mem_per_thread)
+        if asm:
+            info["ptx"] = compiled.inspect_asm(limits["cc"])
+        info["device"] = limits["name"]
+    else:
+        info["note"] = ("wgmma needs a Hopper GPU (compute capability 9.0) for registers and assembly; the tile, "
+                        "threads and shared memory come from the tile alone. Registers at launch are capped at "
+                        f"{wgmma.REGISTERS[config.consumers][0]} a thread, then setmaxnreg gives the consumers "
+                        f"{wgmma.REGISTERS[config.consumers][2]}.")
     return info
