@@ -83,8 +83,9 @@ if "fp16 m16n8k16" in ceiling and "3xTF32 (3 tf32 mma per product)" in ceiling:
     print(f"measured fp16 mma.sync: {fp16 / PUBLISHED_FP32['H100']:.1f} times an H100's FP32 units' peak, "
           f"{fp16 / PUBLISHED['H100'].peak_flops:.0%} of its datasheet's dense FP16 number")
     three = ceiling["3xTF32 (3 tf32 mma per product)"] * 1e12
-    print(f"3xTF32 (three tf32 mma per product, section 5): {three / PUBLISHED_FP32['H100']:.1f} times the FP32 "
-          "units' peak")
+    print(f"3xTF32 (three tf32 mma per product, section 5; derived as the tf32 ceiling / 3, not measured, and an "
+          f"upper bound: it leaves out the split's own instructions): {three / PUBLISHED_FP32['H100']:.1f} times "
+          "the FP32 units' peak")
 
 # %% [markdown]
 # Two things to read off. Tensor cores are in another league than the FP32 units, so moving attention's
@@ -99,17 +100,18 @@ if "fp16 m16n8k16" in ceiling and "3xTF32 (3 tf32 mma per product)" in ceiling:
 # `@intrinsic` this lesson uses. Lessons 15–17 stay with `mma.sync`: every GPU since Ampere has it (and, in its
 # m16n8k8 form, Colab's T4), and its fragments are the ones `wgmma` keeps.
 #
-# **Measuring a ceiling honestly.** A tensor core's power draw depends on the data: multiplying zeros, or the
-# same few bits again and again, toggles few transistors, and a GPU held at its power limit lowers its clock
-# when the bits toggle more (Horace He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given
+# **Measuring a ceiling honestly.** A tensor core's speed can depend on the data: multiplying zeros, or the
+# same few bits again and again, toggles few transistors, and a GPU that has reached its power limit lowers its
+# clock when the bits toggle more (Horace He, "Strangely, Matrix Multiplications on GPUs Run Faster When Given
 # 'Predictable' Data!", 2024). A kernel that feeds its `mma` constants, as a benchmark without input data is
-# tempted to, measures a ceiling no real product reaches. Three habits:
+# tempted to, can measure a ceiling no real product reaches. Three habits:
 # - feed random operands, different for each independent chain, loaded from memory so that the compiler
 #   cannot fold them;
 # - compare two variants in one run, alternating them, with the same compiled kernels where possible (here
 #   only the data differ), so that a difference between runs, a warmer GPU or another clock, is not read as
 #   a difference between the variants;
-# - record the SM clock and the power beside each number, which says whether the power limit was in play.
+# - record the SM clock and the power beside each number: a reading near the board's power limit says the limit
+#   may be in play, one well below it says it was not.
 #
 # The script does all three: by default it measures random operands and, in the same run, the constant
 # 0/1-bit words a kernel without data would use. The cell prints whatever A/B the committed file holds.
@@ -134,8 +136,12 @@ if {"fp16 m16n8k16", "bf16 m16n8k16"} <= set(f16_bf16):
 # the hardware did not run both at the same rate, not that one format is cheaper. The same bits mean different
 # numbers in the two formats, so even "constant" operands toggle different circuits; and two numbers from one
 # run, one after the other, can differ by clock. Where the file records the clock and the power, compare them:
-# the same clock with a lower rate points at the instruction itself, a lower clock at the power limit. Where it
-# records neither, the honest statement is that the gap is unexplained.
+# the same clock with a lower rate points at the instruction itself, a lower clock at something that throttled
+# it. In the committed H200 run, random operands ran at a lower clock than constant ones, *and* at a lower
+# average board power, every reading well under the H200's 700 W limit: the clock drop is real, but these
+# readings do not show the power limit as its cause (the board's power is averaged over about a second, and the
+# GPU may throttle on other grounds). Where the file records neither clock nor power, the honest statement is
+# that a gap is unexplained.
 
 # %% [markdown]
 # ## 2. Fragments: who holds what
@@ -313,7 +319,8 @@ plt.show()
 #
 # $$a\,b \approx a_{big}\,b_{big} + a_{big}\,b_{small} + a_{small}\,b_{big},$$
 #
-# dropping $a_{small} b_{small}$, which is below fp32's resolution. Three `mma` per product: section 1 printed
+# dropping $a_{small} b_{small}$, which is at or below fp32's rounding level (so 3xTF32 lands close to fp32's
+# accuracy, not exactly on it). Three `mma` per product: section 1 printed
 # how that rate compares with the FP32 units' peak. torch's SDPA uses the same trick for float32.
 #
 # The figure measures all of this in NumPy, with `flashlab.fragments`' rounding: C = A B computed the way a
@@ -365,8 +372,8 @@ print(f"largest x with exp(x) finite in float32: {np.log(np.finfo(np.float32).ma
 # ## Summary
 #
 # - One `mma.sync` is a matrix product of the whole warp; each lane brings its fragment of A, B and C.
-# - A ceiling is measured on random operands, in one run for an A/B, with the clock beside it: a tensor core's
-#   power, and so its clock, depends on the bits it multiplies.
+# - A ceiling is measured on random operands, in one run for an A/B, with the clock and power beside it: the bits a
+#   tensor core multiplies can change its speed, and the clock and power say what can and cannot explain it.
 # - The fragment layouts decide the code: a quad of lanes shares rows, so row reductions need two shuffles;
 #   C's layout is A's, so P stays in registers; B runs down columns, so V comes through `ldmatrix.trans`.
 # - tf32 has float16's precision and float32's range; 3xTF32 buys back fp32 accuracy with three products, as

@@ -10,8 +10,8 @@
 # - follow the tensor kernel step by step: Q's fragments, the double-buffered K/V copies, S = QKᵀ, the mask,
 #   the online softmax on C fragments with two shuffles, O += PV with P from registers, and the finish;
 # - say why shared-memory rows are padded (or swizzled), from the 8-lane phases of a 16-byte access;
-# - read a kernel's instruction mix from Nsight Compute's counters, say why a kernel can be bound by issue
-#   slots while its tensor cores wait, and keep address arithmetic out of the loop;
+# - read a kernel's instruction mix from Nsight Compute's counters, check whether issue slots can be what keeps
+#   its tensor cores waiting (here they are not), and keep address arithmetic out of the loop;
 # - skip O's rescale when no row's max grew, or (as FlashAttention-4 does) until it grew past a threshold, say
 #   why the result stays exact, and estimate how often each rescales;
 # - run the kernel in the CUDA simulator, read its measured speed against PyTorch, the FP32 kernels and the
@@ -139,7 +139,7 @@ print(tensor.float16_source("copy_tile"))
 # goes further (it computes part of its exponentials with polynomials on the FP32 units and skips rescales).
 #
 # Nsight Compute counts how often each SASS instruction ran; `benchmarks/profiling/sass_mix.py` turns that
-# into the mix of the loop body, per warp and key tile, of the float16 forward at d = 64, for three builds of
+# into the mix of the loop body, per warp and key tile, of the float16 forward at d = 64, for three variants of
 # the same code that differ only in their address arithmetic and in the rescale of step 4:
 
 # %%
@@ -155,9 +155,32 @@ if mix:
               f"{groups['integer: addresses, indices, compares']} integer, {groups['softmax arithmetic']} softmax")
 
 # %% [markdown]
+# Is that budget what limits this kernel? Count how long one HMMA keeps a partition's tensor core busy: at the
+# `mma.sync` ceiling of lesson 15, with the clock recorded beside it, each partition finishes so many FLOPs a
+# cycle, and one m16n8k16 is 2 · 16 · 8 · 16 of them. (The ceiling was measured on an H200, whose SM is the H100's.)
+
+# %%
+ceil_row = next((r for r in tviz.mma_ceiling_rows() if r["instruction"] == "fp16 m16n8k16"
+                 and r["operands"] == "random" and isinstance(r.get("sm_clock_mhz"), float)), None)
+if mix and ceil_row:
+    per_partition = ceil_row["tflops"] * 1e12 / (ceil_row["sm_clock_mhz"] * 1e6 * GPUS["H100"].sms * 4)
+    hmma_cycles = 2 * 16 * 8 * 16 / per_partition
+    now = mix["loop_body"]["now"]
+    needed = sum(now.values()) / now["HMMA"]
+    print(f"one HMMA keeps a partition's tensor core busy {hmma_cycles:.1f} cycles at the ceiling; the loop issues "
+          f"{needed:.1f} instructions per HMMA (the HMMA included): "
+          + ("the issue budget has room for the whole mix" if needed < hmma_cycles else "the mix overflows it"))
+
+# %% [markdown]
+# So issue slots are not this kernel's limit. Nsight Compute's scheduler statistics for an earlier build
+# (`benchmarks/results/h100/`) show fewer than three warps per scheduler and, in about half of all cycles, no
+# warp ready to issue: latency. Each warp's softmax is a chain of dependent instructions, `ldmatrix` and `mma`
+# have latencies of their own, and registers and shared memory keep the warps too few to hide them. The mix
+# still matters: every instruction in a dependent chain adds its latency.
+#
 # The biggest bar beside the HMMAs is the softmax: hundreds of instructions (max, exponentials, sums, the
-# rescale) against 128 HMMA per tile. Address arithmetic was the second biggest in the first build, and it
-# teaches a rule that carries over to any kernel:
+# rescale) against 128 HMMA per tile. Address arithmetic is the second biggest in the variant that computes
+# 64-bit addresses in the loop, and it teaches a rule that carries over to any kernel:
 #
 # - **Hoist 64-bit address arithmetic out of the loop.** A global address is 64 bits, and multiplying a row
 #   index by a stride in 64 bits costs several 32-bit instructions. A thread copies the same chunk of every K
@@ -177,9 +200,9 @@ if mix and "ldsm_sass" in mix:
         print(f"{label}:\n    " + "\n    ".join(lines))
 
 # %% [markdown]
-# The HMMA and softmax bars are the same in the first two builds; the integer bar fell by more than half. The
-# third build also skips O's rescale in tiles where no row's max grew (step 4), which lowers the softmax bar
-# (its count is an average over tiles). FA2's CUDA C++ gets the same effect from CuTe's layouts: each thread's
+# The HMMA and softmax bars are the same in the first two variants; the integer bar is less than half as tall in
+# the second. The third variant also skips O's rescale in tiles where no row's max grew (step 4), which lowers
+# the softmax bar (its count is an average over tiles). FA2's CUDA C++ gets the same effect from CuTe's layouts: each thread's
 # pointers into K and V are computed once and advanced by one tile of rows per iteration (`flash_fwd_kernel.h`).
 
 # **Step 3. S = QKᵀ on tensor cores.** For each k-step of d and each 8-key n-tile: the lane's A registers
@@ -382,19 +405,34 @@ print("(no T4 run is recorded: the figures above are the H100's)")
 
 # %% [markdown]
 # And against the instruction's own ceiling from lesson 15's section 1: how much of what `mma.sync` can do from Numba
-# does the whole kernel get? Attention's FLOPs counted as 4·N²·d, as everywhere in the course. Where the ceiling
-# was measured on an H200 and the kernel timed on an H100, the comparison still holds: the H200 is the same chip
-# with more and faster memory, and NVIDIA's datasheets give both the same tensor-core rates.
+# does the whole kernel get? Attention's FLOPs counted as 4·N²·d, as everywhere in the course. Lesson 15's rule
+# applies here too: compare numbers from one machine. The ceiling was measured on an H200, so the shares below
+# take the same kernel timed on an H200 too (the `mma.sync` column of lesson 20's benchmark, random data; two
+# runs a day apart, so read them to a few percent).
 
 # %%
-tviz.plot_ceiling_shares(rows, ceiling)
+import csv
+
+h200 = [r for r in csv.DictReader(open(tviz.DATA / "wgmma_forward.csv"))
+        if r["B"] == "1" and r["causal"] == "0" and r["N"] == "16384"]
+ceil = {r["instruction"].split()[0]: r for r in tviz.mma_ceiling_rows() if r["operands"] == "random"}
+fig, ax = plt.subplots(figsize=(6, 2.8))
+for i, r in enumerate(h200):
+    fmt = "fp16" if r["dtype"] == "float16" else "bf16"
+    share = float(r["tensor_tflops"]) / ceil[fmt]["tflops"]
+    ax.bar(i, share, color="#4c72b0" if fmt == "fp16" else "#dd8452")
+    ax.text(i, share, f"{share:.0%}", ha="center", va="bottom", fontsize=8)
+ax.set_xticks(range(len(h200)), [f"{r['dtype']}\nd = {r['d']}" for r in h200])
+ax.set(ylim=(0, 1.05), ylabel="kernel / mma.sync ceiling",
+       title=f"{h200[0]['gpu']}: the tensor kernel's share of its ceiling (N = 16384, not causal)")
+plt.tight_layout()
 plt.show()
-print(f"ceiling: {ceiling['gpu']}, {ceiling['operands']} operands; kernels: an H100 (flashlab/data/h100_tensor.csv)")
 
 # %% [markdown]
-# On lesson 10's roofline, with the measured `mma.sync` ceilings as roofs. The kernel's intensity comes from
-# lesson 10's traffic model: Q read and O written once, K and V read from HBM once per query block. Before you
-# run the cell: left or right of the ridge points?
+# On lesson 10's roofline of the H100, where these kernels ran. (The measured `mma.sync` roof of lesson 15 was an
+# H200's, whose memory is faster: its ridge would sit elsewhere, so it is not drawn on the H100's roofline.) The
+# kernel's intensity comes from lesson 10's traffic model: Q read and O written once, K and V read from HBM once
+# per query block. Before you run the cell: left or right of the ridge point?
 
 # %%
 from flashlab.viz import gpu as gviz
@@ -405,14 +443,13 @@ points = tviz.tensor_roofline_points(rows, N=N_roof, d=d_roof)
 reg = [r for r in fwd if r.get("N") == N_roof and r.get("d") == d_roof and r.get("impl") == "flashlab register fp32"]
 if reg:
     points["flashlab register fp32"] = (gviz.kernel_intensity(N_roof, d_roof, 128), reg[0]["tflops"] * 1e12)
-gviz.plot_kernel_roofline(points, roofs=tviz.mma_roofs(ceiling))
+gviz.plot_kernel_roofline(points)  # the H100's roofs: its datasheet, the machine these kernels ran on
 plt.show()
-if "flashlab tensor f16" in points and "fp16 m16n8k16" in ceiling:
+if "flashlab tensor f16" in points:
     intensity, achieved = points["flashlab tensor f16"]
     bw = PUBLISHED["H100"].bandwidth
     print(f"float16 kernel: {intensity:.0f} FLOP/byte by the model, {achieved / 1e12:.0f} TFLOP/s measured")
-    print(f"ridge points: measured mma.sync roof {ceiling['fp16 m16n8k16'] * 1e12 / bw:.0f} FLOP/byte, "
-          f"datasheet {PUBLISHED['H100'].peak_flops / bw:.0f}")
+    print(f"ridge point of the H100's datasheet: {PUBLISHED['H100'].peak_flops / bw:.0f} FLOP/byte")
     print(f"what HBM allows at that intensity: {bw / 1e12:.2f} TB/s x {intensity:.0f} = {bw * intensity / 1e12:.0f} TFLOP/s")
     kv_bytes = 16 * 2 * N_roof * d_roof * 2  # K and V of all 16 heads, float16
     print(f"K and V of all 16 heads: {kv_bytes / 2**20:.0f} MiB, against {GPUS['H100'].l2_bytes / 2**20:.0f} MiB of L2; "
@@ -420,22 +457,20 @@ if "flashlab tensor f16" in points and "fp16 m16n8k16" in ceiling:
           f"{gviz.kernel_intensity(N_roof, d_roof, N_roof, bytes_per_element=2):.0f} FLOP/byte")
 
 # %% [markdown]
-# By the model's count the float16 kernel sits *left* of both ridge points, on the sloped part of the roofline
+# By the model's count the float16 kernel sits *left* of the ridge point, on the sloped part of the roofline
 # where a kernel is memory-bound. Yet memory is not what holds it back, for two reasons the cell prints. First,
 # even if every byte of the model came from HBM, the bandwidth would allow more than the kernel reaches.
 # Second, the count is pessimistic: the thread blocks that run at the same time include many query blocks of
 # one head, and they all walk the same K and V tiles in the same order, tile 0 first, at about the same time;
 # the first block to read a tile brings it into L2 and the others find it there. At N = 4096 the K and V of
 # all heads fit in L2 together, so HBM sees each of them about once, and counted that way the intensity is far
-# right of every ridge. What separates the kernel from its roof happens inside the SM: the instruction mix of
-# section 1.
+# right of the ridge. What separates the kernel from its roof happens inside the SM: not the issue budget, which
+# section 1 showed has room, but latency with few warps per scheduler.
 #
 # What the measurements say, and what they do not:
 #
-# - The speed and the ratios come from one benchmark file on one H100; rerun the script for your GPU, and
-#   always compare with torch measured in the same run. The scripts are in the course's repository, not in
-#   the installed package: in Colab, `!git clone` the repository named in the setup cell at the top, and run
-#   the same command from inside the clone.
+# - The speed and the ratios come from one benchmark file on one H100; rerun the script (in the course's
+#   repository, not the installed package) for your GPU, and compare with torch measured in the same run.
 # - In float32, SDPA also runs 3xTF32 on tensor cores: the printed ratios say how close the kernel gets.
 #   1xTF32 is faster than 3xTF32 because it gives up accuracy; a fair comparison names its precision.
 # - In float16 and bfloat16, SDPA's kernels are FlashAttention-2's (and cuDNN's): compiled C++ tuned over
@@ -444,16 +479,13 @@ if "flashlab tensor f16" in points and "fp16 m16n8k16" in ceiling:
 # %% [markdown]
 # ## 3. Where this kernel differs from FlashAttention-2 and -3
 #
-# - **Tile sizes.** FA2's d = 64 forward gives a block of 4 warps 128 query rows and 128 keys per tile
-#   (`Flash_fwd_kernel_traits<64, 128, 128, 4>`), so each warp has two m-tiles, as ours has for 16-bit inputs;
-#   ours takes 64 keys per tile at d = 64, because it keeps to 48 KB and its registers run out sooner. FA2 does
-#   not keep two m-tiles at every head dimension: at d = 192 and 256 its tiles are 128 rows for 8 warps or 64
-#   rows for 4 (`Flash_fwd_kernel_traits<256, 64, 64, 4>`, in `flash_fwd_launch_template.h`), one m-tile of 16
-#   rows per warp, because a warp's O accumulators grow with d and the registers run out. In float32 ours keeps
-#   one m-tile per warp for the same reason: 3xTF32's extra fragments need the registers.
+# - **Tile sizes.** FA2's d = 64 forward gives 4 warps 128 query rows and 128 keys per tile
+#   (`Flash_fwd_kernel_traits<64, 128, 128, 4>`): two m-tiles per warp, as ours has for 16-bit inputs, but ours
+#   takes 64 keys, within 48 KB and its registers. At d = 192 and 256 FA2 drops to one m-tile per warp
+#   (`flash_fwd_launch_template.h`), as our float32 builds do: the accumulators grow with d.
 # - **Shared memory.** This forward uses static shared memory, which caps a block at 48 KB; an H100 block may
-#   use up to 227 KB with the dynamic opt-in (`flashlab.hardware`), which only our backward uses (lesson 17).
-#   FA2 and FA3 use that room for bigger tiles and deeper pipelines.
+#   use up to 227 KB with the dynamic opt-in (`flashlab.hardware`), which our backward (lesson 17) and lesson
+#   20's wgmma forward use. FA2 and FA3 use that room for bigger tiles and deeper pipelines.
 # - **Layouts.** FA2 (through CUTLASS's CuTe) *swizzles* its shared-memory layouts, permuting 16-byte chunks
 #   by XOR so that neither the copies nor `ldmatrix` conflict on banks; we pad each row by 16 bytes, which
 #   costs a little memory.
@@ -461,11 +493,12 @@ if "flashlab tensor f16" in points and "fp16 m16n8k16" in ceiling:
 #   ours is compiled by Numba when first called, specialised per (d, tile, causal, precision).
 # - **Hopper.** FlashAttention-3 replaces `mma.sync` with `wgmma` (a warpgroup of 4 warps, operands read
 #   from shared memory, asynchronous) and `cp.async` with TMA (one thread copies a whole tile), and splits
-#   warps into producers and consumers (lesson 11). That is how it gets past `mma.sync`'s ceiling.
+#   warps into producers and consumers (lesson 11). That is how it gets past `mma.sync`'s ceiling; lesson 20
+#   builds it.
 
 # %%
 print(f"shared memory per block: H100 {GPUS['H100'].shared_per_block // 1024} KB with the opt-in, "
-      f"{GPUS['H100'].static_shared_per_block // 1024} KB static (what the forward kernels use)")
+      f"{GPUS['H100'].static_shared_per_block // 1024} KB static (what this forward uses)")
 
 # %% [markdown]
 # ## Summary
@@ -475,12 +508,9 @@ print(f"shared memory per block: H100 {GPUS['H100'].shared_per_block // 1024} KB
 #   fragments, O += PV with P from registers, and the finish.
 # - Shared-memory conflicts count among the 8 lanes of a 16-byte access's phase: pad (or swizzle) rows so
 #   those 8 rows start in different banks.
-# - A kernel's instructions are a budget: one issue per cycle per scheduler, shared by the softmax, the address
-#   arithmetic and the HMMAs. Hoist 64-bit address work out of the loop; skip rescales that change nothing, or
-#   that a threshold says can wait.
+# - Instructions are a budget, one issue per cycle per scheduler: count it before blaming it. This kernel's mix
+#   fits; latency with few warps holds it back. Hoist address work out of the loop; skip rescales that can wait.
 # - A roofline point is only as good as its byte count: bytes that L2 serves are not HBM's.
-# - The measured speed shows both how far tensor cores go past FP32 units and how far a first kernel stays
-#   from the instruction's ceiling.
 #
 # Next, lesson 17 runs the backward's five products on the same instructions.
 #

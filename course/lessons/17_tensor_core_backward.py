@@ -173,7 +173,7 @@ else:
 # SDPA's speed at N = 4096 (more under causal masking), and 3xTF32 at d = 64 at about SDPA's own float32
 # speed (less at d = 128). These are whole calls, host included: the checks, the plan and numba's typing of
 # three kernels' arguments happen once per shape and options, and later calls only allocate the gradients
-# and launch (`kernels/prepared.py`; `docs/runs/tensor-backward.md` shows what that saved).
+# and launch (`kernels/prepared.py`).
 #
 # **Bigger tiles need more than 48 KB.** The kernel's shared memory is one *dynamic* array (lesson 7), sized
 # at launch, and the kernel opts in to more than 48 KB where the device allows it. That is what lets a block
@@ -242,7 +242,8 @@ for (name, *_), k in zip(tiles, kib):
 #
 # - **Triton** (`triton.language.dot`, triton-lang.org) hides everything this course made explicit, and is
 #   the fastest way to a working kernel. Its `input_precision="tf32x3"` for float32 inputs is lesson 15's
-#   3xTF32: the big and the two small products as separate `tl.dot`s, added in fp32. Read its fused-attention
+#   3xTF32: the two small products and then the big one chained in one tensor-core accumulator, the block's
+#   result then added in fp32 (CUTLASS's order, the one lesson 15 contrasts with fp32 adds). Read its fused-attention
 #   tutorial next to lesson 16: the loop is the same list of steps.
 # - **CuTe** keeps the structure visible but computes it: an MMA atom is one instruction with its fragment
 #   layouts, a `TiledMMA` repeats it over warps and m-/n-tiles (lesson 16's tile hierarchy), and copy atoms such
@@ -281,9 +282,9 @@ for threshold in (0.0, 8.0):
 
 # %% [markdown]
 # **And on Hopper.** Lesson 11 told FlashAttention-3's ideas as a model: warp specialization, pingpong, `wgmma`
-# and TMA. The FA3 paper (Shah et al. 2024, arXiv 2407.08608) and its `hopper/` directory are the next read
-# after these lessons; every object in it has a counterpart here (a warpgroup's `wgmma` fragment is four warps'
-# worth of lesson 15's C fragments).
+# and TMA; lesson 20 builds its forward from Python. The FA3 paper (Shah et al. 2024, arXiv 2407.08608) and its
+# `hopper/` directory are the next read after these lessons; every object in them has a counterpart here (a
+# warpgroup's `wgmma` fragment is four warps' worth of lesson 15's C fragments).
 
 # %% [markdown]
 # ## Summary

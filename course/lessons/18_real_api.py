@@ -371,7 +371,8 @@ if runs and short and speed:
               f"loop / packed {ms['flashlab loop'] / ms['flashlab varlen']:4.2f}")
 
 # %% [markdown]
-# The model gets the order and the rough size right. Over many short sequences the loop pays t_launch (or idle
+# t_launch was fitted on the short batch's loop, so that one number agrees by construction; the packed times and
+# the mixed batch are the model's real test, and it gets their order and rough size right. Over many short sequences the loop pays t_launch (or idle
 # SMs) hundreds of times and packing wins by a wide margin. Over mixed lengths up to 4096, most of the work is
 # in long sequences whose own launches fill the GPU: packing saves only the short sequences' launches and idle
 # SMs, a modest gain. No speed-up of the kernel changes that much, because it shortens the loop's long
@@ -384,6 +385,7 @@ if runs and short and speed:
 fig.plot_varlen_speed(runs)
 plt.show()
 
+# %% [markdown]
 # ## 7. A paged KV cache: a block table
 
 # %%
