@@ -13,7 +13,7 @@ LAYERS = [
     ("constants, PTX intrinsics, host arrays", {"common", "mma", "_launch", "hopper"}),
     ("the library's options and split-KV, as device functions", {"options", "split_kv"}),
     ("kernels: build and launch", {"shared", "register", "register_backward", "tensor", "tensor_backward", "wgmma",
-                                    "decoding"}),
+                                    "wgmma_backward", "decoding"}),
     ("planning: device facts, tiles, the plan", {"devices", "plan"}),
     ("prepared launches", {"prepared"}),
     ("entry points", {"forward", "backward", "varlen", "varlen_backward", "paged", "info", "demo", "__init__"}),

@@ -21,7 +21,8 @@ The modules, in layers; each imports only from its own layer or those below (tes
 - prepared.py: the generic prepared launch (argument lists built once, pointers filled in per call);
 - planning: devices.py (what a GPU has, occupancy) and plan.py (tile, split-KV, block order, explain());
 - kernels that build and launch: shared.py, register.py, register_backward.py, tensor.py, tensor_backward.py,
-  wgmma.py, decoding.py;
+  wgmma.py, wgmma_backward.py (FlashAttention-3's backward on wgmma: simulator-checked, not yet run on a GPU),
+  decoding.py;
 - device functions shared by the kernels: options.py (the library's options), split_kv.py (key chunks, the
   grid, the merge kernel);
 - at the bottom: common.py (constants), mma.py (PTX intrinsics, emulated in the simulator), hopper.py (Hopper's

@@ -1,0 +1,316 @@
+"""FlashAttention-3's backward on Hopper (sm_90) from pure-Python Numba: every product on wgmma (a first version).
+
+FlashAttention-3 (arXiv 2407.08608, Section 3 and Appendix B) splits the backward over keys, as FlashAttention-2
+does: a thread block owns BK = 64 keys of one (batch, head), keeps K_j and V_j in shared memory, and walks the
+query tiles i of BQ = 64 rows. Two warpgroups of 128 threads:
+
+    warpgroup 0, the producer: one thread copies K_j and V_j once with TMA, then Q_i and dO_i tile after tile
+        into a ring of `stages` slots (a full mbarrier per slot, counting the bytes; an empty one, released by
+        the consumer when the slot's last product is done).
+    warpgroup 1, the consumer, for each query tile:
+        1. S^T = K_j Q_i^T and dP^T = V_j dO_i^T (wgmma, both operands from shared memory), issued together;
+        2. P^T = exp(S^T * scale - lse_i) from the forward's lse (masked where the key is past Nk, the query past
+           Nq, or causal and after the query), then dS^T = P^T * (dP^T - D_i);
+        3. dV_j += P^T dO_i and dK_j += dS^T Q_i, with P^T and dS^T as wgmma's A operand straight from registers
+           (an accumulator fragment is an A fragment) and dO_i, Q_i read MN-major;
+        4. dS^T goes to shared memory (128-byte swizzled rows of keys), and dQ_i's share of this key block,
+           dS K_j, runs on wgmma with dS read MN-major: the transposition is in the descriptor, not in data
+           movement. Its fp32 fragments are added to dQ's accumulator with atomics (other key blocks add theirs).
+    D = rowsum(dO * O) comes first and dQ's float32 accumulator is cast to the inputs' type last, by the tensor
+    backward's preprocess and cast kernels (kernels/tensor_backward.py).
+
+Status: checked against float64 in the simulator (tests/test_wgmma_backward.py), where every Hopper instruction
+is emulated exactly; not yet run on a GPU (scripts/gpu_check_wgmma_backward.py is the check to run), and not yet
+an option of flash_attention_backward. ptxas: 194 registers at d = 64, no spills; at d = 128 all 255 and 64-72
+bytes of spills.
+
+Where it stops short of FlashAttention-3 so far: one consumer warpgroup of 64 keys (FA3 runs two, 128 keys, with
+more registers each), no overlap between one tile's softmax and the next tile's products, no GQA (H_kv must be
+H), d = 64 and 128, float16 and bfloat16, causal or not.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import config, float32, int32, uint16, uint32, uint64
+
+from ..device import get_cuda
+from . import hopper, mma, tensor_backward
+from ._launch import launch_with_shared
+from .common import FASTMATH, LOG2E, U
+
+cuda = get_cuda()
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+BK = 64  # keys per block: one consumer warpgroup (wgmma's M)
+BQ = 64  # queries per tile
+THREADS = 256  # a producer warpgroup and a consumer
+BOX = 64  # 16-bit values per 128-byte swizzled row
+SWIZZLE = 128
+SBO = 8 * 128  # 8 rows of 128 bytes
+DTYPES = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class BackwardTile:
+    stages: int = 2
+
+    def shared_bytes(self, d: int) -> int:
+        """K, V (BK x d each), the ring's Q and dO (BQ x d each per stage), dS^T (BK x BQ), 1 KB of alignment."""
+        return 2 * (2 * BK * d + 2 * self.stages * BQ * d + BK * BQ) + 1024
+
+
+def _step(fn):
+    return cuda.jit(device=True, inline="always", fastmath=FASTMATH)(fn)
+
+
+_BUILDS = {}
+
+
+def build(d: int, dtype: str, causal: bool, tile: BackwardTile = BackwardTile()):
+    """The main kernel. Arguments:
+
+        (k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, n_q, n_k, scale, scale_log2)
+
+    maps: hopper.tensor_map_2d of K, V (B * H * Nk, d) and Q, dO (B * H * Nq, d) as uint16, 64 x 64 boxes,
+    128-byte swizzle; lse, D: (B, H, Nq) float32; dq_acc (B, H, Nq, d) float32 (added to); dk, dv (B, H, Nk, d/2)
+    uint32 pairs. Grid (ceil(Nk / BK), H, B), THREADS threads, tile.shared_bytes(d) bytes of dynamic shared memory."""
+    key = (d, dtype, causal, tile)
+    if key not in _BUILDS:
+        if d not in (64, 128) or dtype not in DTYPES:
+            raise ValueError(f"the wgmma backward takes d in (64, 128) and dtype in {DTYPES}; got d={d}, {dtype!r}")
+        _BUILDS[key] = _kernel(d, dtype, causal, tile)
+    return _BUILDS[key]
+
+
+def _kernel(d, dtype, causal, tile):
+    ST, CAUSAL = tile.stages, causal
+    BOXES = d // BOX
+    KV_BOX, QD_BOX = BK * 128, BQ * 128  # bytes of one 64-column box of a key tile and of a query tile
+    KV_BYTES, QD_BYTES = BOXES * KV_BOX, BOXES * QD_BOX
+    K_AT, V_AT, Q_AT = 0, KV_BYTES, 2 * KV_BYTES
+    DO_AT = Q_AT + ST * QD_BYTES
+    DS_AT = DO_AT + ST * QD_BYTES  # dS^T: BK rows (keys) of BQ values (queries), 128 bytes, swizzled
+    KV_FULL, FULL, EMPTY, N_BARRIERS = 0, 1, 1 + ST, 1 + 2 * ST
+    NS, ND, NP = BQ // 2, d // 2, BQ // 4  # registers of S^T (and dP^T), of a d-wide accumulator, of packed P^T
+    QK_STEPS, Q_STEPS, K_STEPS = d // 16, BQ // 16, BK // 16
+    S_TILES, D_TILES = BQ // 8, d // 8
+    mma_s = hopper.wgmma_ss(BQ, dtype)  # S^T, dP^T (64 x BQ) = K or V (64 x d) @ Q^T or dO^T
+    mma_kv = hopper.wgmma_rs(d, dtype, b_major="MN")  # dV += P^T dO, dK += dS^T Q (A from registers)
+    mma_q = hopper.wgmma_ss(d, dtype, a_major="MN", b_major="MN")  # dQ share = dS (from dS^T, MN-major) @ K
+    pack = mma.pack_bf16x2 if dtype == "bfloat16" else mma.pack_f16x2
+    ZERO = float32(0.0)
+
+    @_step
+    def produce(sm, at, bar, k_map, v_map, q_map, do_map, kv_row, q_row, i0, n_tiles):
+        hopper.mbarrier_arrive_expect_tx(bar, KV_FULL, 2 * KV_BYTES)
+        for x in range(BOXES):
+            hopper.tma_load_2d(sm, at + (K_AT + x * KV_BOX) // 2, k_map, int32(BOX * x), int32(kv_row), bar, KV_FULL)
+            hopper.tma_load_2d(sm, at + (V_AT + x * KV_BOX) // 2, v_map, int32(BOX * x), int32(kv_row), bar, KV_FULL)
+        for j in range(n_tiles):
+            s = j % ST
+            if j >= ST:
+                hopper.mbarrier_wait_parity(bar, EMPTY + s, int32((j // ST - 1) & 1))
+            row = int32(q_row + (i0 + j) * BQ)
+            hopper.mbarrier_arrive_expect_tx(bar, FULL + s, 2 * QD_BYTES)
+            for x in range(BOXES):
+                hopper.tma_load_2d(sm, at + (Q_AT + s * QD_BYTES + x * QD_BOX) // 2, q_map, int32(BOX * x), row,
+                                   bar, FULL + s)
+                hopper.tma_load_2d(sm, at + (DO_AT + s * QD_BYTES + x * QD_BOX) // 2, do_map, int32(BOX * x), row,
+                                   bar, FULL + s)
+
+    @_step
+    def issue_scores(sacc, dpacc, k_tile, v_tile, q_tile, do_tile):
+        """S^T = K Q^T and dP^T = V dO^T: K-major operands, 32 bytes further along the rows each k16 step."""
+        for kk in range(QK_STEPS):
+            step = (kk // 4) * KV_BOX + (kk % 4) * 32
+            qstep = (kk // 4) * QD_BOX + (kk % 4) * 32
+            mma_s(sacc, hopper.make_descriptor(k_tile + step, 16, SBO, SWIZZLE),
+                  hopper.make_descriptor(q_tile + qstep, 16, SBO, SWIZZLE), min(kk, 1))
+        hopper.wgmma_commit()
+        for kk in range(QK_STEPS):
+            step = (kk // 4) * KV_BOX + (kk % 4) * 32
+            qstep = (kk // 4) * QD_BOX + (kk % 4) * 32
+            mma_s(dpacc, hopper.make_descriptor(v_tile + step, 16, SBO, SWIZZLE),
+                  hopper.make_descriptor(do_tile + qstep, 16, SBO, SWIZZLE), min(kk, 1))
+        hopper.wgmma_commit()
+
+    @_step
+    def probabilities(sacc, lse, b, h, key0, q0, g, t, n_q, n_k, scale_log2):
+        """P^T in place: lane (g, t) holds keys key0 + g (+ 8) and queries q0 + 8n + 2t (+ 1)."""
+        for n in range(S_TILES):
+            for c in range(2):
+                query = q0 + U(8 * n + c) + U(2) * t
+                inside = query < n_q
+                offset = lse[b, h, query] * LOG2E if inside else ZERO
+                for r in range(2):
+                    key = key0 + U(8 * r)
+                    i = 4 * n + 2 * r + c
+                    keep = inside and key < n_k and not (CAUSAL and key > query)
+                    sacc[i] = math.exp2(sacc[i] * scale_log2 - offset) if keep else ZERO
+
+    @_step
+    def ds_from_dp(dpacc, sacc, D, b, h, q0, t, n_q):
+        """dS^T = P^T * (dP^T - D_query), in dpacc."""
+        for n in range(S_TILES):
+            for c in range(2):
+                query = q0 + U(8 * n + c) + U(2) * t
+                dq = D[b, h, query] if query < n_q else ZERO
+                for r in range(2):
+                    i = 4 * n + 2 * r + c
+                    dpacc[i] = sacc[i] * (dpacc[i] - dq)
+
+    @_step
+    def pack_a(regs, acc):
+        """An accumulator (64 x BQ) as wgmma's A operand from registers: k16 step kk is registers 4kk..4kk+3."""
+        for i in range(NP):
+            regs[i] = pack(acc[2 * i], acc[2 * i + 1])
+
+    @_step
+    def issue_grads(dvacc, dkacc, p_regs, ds_regs, do_tile, q_tile):
+        """dV += P^T dO and dK += dS^T Q: B is read MN-major (16 query rows further down each k16 step; LBO steps
+        over the 64-column boxes along d)."""
+        for kk in range(Q_STEPS):
+            dv = hopper.make_descriptor(do_tile + kk * 16 * 128, QD_BOX, SBO, SWIZZLE)
+            mma_kv(dvacc, p_regs[4 * kk], p_regs[4 * kk + 1], p_regs[4 * kk + 2], p_regs[4 * kk + 3], dv, 1)
+        for kk in range(Q_STEPS):
+            dq = hopper.make_descriptor(q_tile + kk * 16 * 128, QD_BOX, SBO, SWIZZLE)
+            mma_kv(dkacc, ds_regs[4 * kk], ds_regs[4 * kk + 1], ds_regs[4 * kk + 2], ds_regs[4 * kk + 3], dq, 1)
+        hopper.wgmma_commit()
+
+    @_step
+    def store_ds(sm32, at, ds_regs, warp, g, t):
+        """dS^T to shared memory as 16-bit pairs: row (key) 16 warp + g (+ 8), 128 bytes, 128-byte swizzle."""
+        for n in range(S_TILES):
+            for r in range(2):
+                row = U(16) * warp + g + U(8 * r)
+                byte = row * U(128) + U(16 * n) + U(4) * t
+                byte = byte ^ ((byte >> U(3)) & U(0x70))
+                sm32[(at + U(DS_AT) + byte) // U(4)] = ds_regs[2 * n + r]
+
+    @_step
+    def issue_dq(dqacc, ds_tile, k_tile):
+        """dQ share (BQ x d) = dS (BQ x BK) @ K (BK x d): dS^T read as A, MN-major (its rows are keys, the
+        product's K dimension), K as B, MN-major; k16 step kk is 16 key rows further down both."""
+        for kk in range(K_STEPS):
+            da = hopper.make_descriptor(ds_tile + kk * 16 * 128, BK * 128, SBO, SWIZZLE)
+            db = hopper.make_descriptor(k_tile + kk * 16 * 128, KV_BOX, SBO, SWIZZLE)
+            mma_q(dqacc, da, db, min(kk, 1))
+        hopper.wgmma_commit()
+
+    @_step
+    def add_dq(dq_acc, dqacc, b, h, q0, warp, g, t, n_q, scale):
+        """dQ's fragment (rows q0 + 16 warp + g (+ 8), columns 8n + 2t (+ 1)) added to the accumulator."""
+        for r in range(2):
+            query = q0 + U(16) * warp + g + U(8 * r)
+            if query < n_q:
+                for n in range(D_TILES):
+                    for c in range(2):
+                        cuda.atomic.add(dq_acc, (b, h, query, U(8 * n + c) + U(2) * t),
+                                        dqacc[4 * n + 2 * r + c] * scale)
+
+    @_step
+    def store_kv(dk, dv, dkacc, dvacc, b, h, key0, g, t, n_k, scale):
+        for r in range(2):
+            key = key0 + U(8 * r)
+            if key < n_k:
+                for n in range(D_TILES):
+                    i = 4 * n + 2 * r
+                    dk[b, h, key, U(4 * n) + t] = pack(dkacc[i] * scale, dkacc[i + 1] * scale)
+                    dv[b, h, key, U(4 * n) + t] = pack(dvacc[i], dvacc[i + 1])
+
+    @cuda.jit(fastmath=FASTMATH)
+    def flash_bwd_wgmma(k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, n_q, n_k, scale, scale_log2):
+        sm = cuda.shared.array(0, uint16)
+        sm32 = cuda.shared.array(0, uint32)  # the same memory, as 32-bit words (dS^T's stores)
+        bar = cuda.shared.array(N_BARRIERS, uint64)
+        tid = U(cuda.threadIdx.x)
+        b, h = U(cuda.blockIdx.z), U(cuda.blockIdx.y)
+        k0 = U(cuda.blockIdx.x) * U(BK)
+        n_heads = U(cuda.gridDim.y)
+        i0 = k0 // U(BQ) if CAUSAL else U(0)  # causal: query tiles before the block's first key see none of it
+        n_tiles = (U(n_q) + U(BQ - 1)) // U(BQ) - i0 if U(n_q) > i0 * U(BQ) else U(0)
+        base = hopper.smem_address(sm, 0)
+        at = (U(1024) - U(base) % U(1024)) % U(1024)
+        if tid == U(0):
+            for i in range(N_BARRIERS):
+                hopper.mbarrier_init(bar, i, 1 if i < EMPTY else 128)
+        cuda.syncthreads()
+        if tid < U(128):
+            if tid == U(0):
+                produce(sm, at // U(2), bar, k_map, v_map, q_map, do_map, (b * n_heads + h) * U(n_k) + k0,
+                        (b * n_heads + h) * U(n_q), i0, n_tiles)
+            return
+        ct = tid - U(128)
+        warp, lane = ct // U(32), ct % U(32)
+        g, t = lane // U(4), lane % U(4)
+        key0 = k0 + U(16) * warp + g
+        start = U(base) + at
+        sacc = cuda.local.array(NS, float32)
+        dpacc = cuda.local.array(NS, float32)
+        dvacc = cuda.local.array(ND, float32)
+        dkacc = cuda.local.array(ND, float32)
+        dqacc = cuda.local.array(ND, float32)
+        p_regs = cuda.local.array(NP, uint32)
+        ds_regs = cuda.local.array(NP, uint32)
+        for i in range(ND):
+            dvacc[i] = ZERO
+            dkacc[i] = ZERO
+        hopper.mbarrier_wait_parity(bar, KV_FULL, 0)
+        for j in range(n_tiles):
+            s = j % ST
+            q0 = (i0 + U(j)) * U(BQ)
+            q_tile, do_tile = start + U(Q_AT + s * QD_BYTES), start + U(DO_AT + s * QD_BYTES)
+            hopper.mbarrier_wait_parity(bar, FULL + s, int32((j // ST) & 1))
+            hopper.wgmma_fence()
+            issue_scores(sacc, dpacc, start + U(K_AT), start + U(V_AT), q_tile, do_tile)
+            hopper.wgmma_wait(1)  # S^T is ready; dP^T may still run
+            probabilities(sacc, lse, b, h, key0, q0, g, t, U(n_q), U(n_k), scale_log2)
+            hopper.wgmma_wait(0)
+            ds_from_dp(dpacc, sacc, D, b, h, q0, t, U(n_q))
+            pack_a(p_regs, sacc)
+            pack_a(ds_regs, dpacc)
+            hopper.wgmma_fence()
+            issue_grads(dvacc, dkacc, p_regs, ds_regs, do_tile, q_tile)
+            store_ds(sm32, at, ds_regs, warp, g, t)
+            hopper.fence_proxy_async()  # the threads' stores, then wgmma's reads of them
+            hopper.named_barrier_sync(1, 128)  # every warp's rows of dS^T are in place
+            issue_dq(dqacc, start + U(DS_AT), start + U(K_AT))
+            hopper.wgmma_wait(0)  # dV, dK and dQ's share are done: the slot and dS^T may be reused
+            hopper.mbarrier_arrive(bar, EMPTY + s)
+            add_dq(dq_acc, dqacc, b, h, q0, warp, g, t, U(n_q), scale)
+            hopper.named_barrier_sync(1, 128)  # nobody overwrites dS^T before every warp's dQ wgmma read it
+        store_kv(dk, dv, dkacc, dvacc, b, h, key0, g, t, U(n_k), scale)
+
+    return flash_bwd_wgmma
+
+
+def backward(q_words, k_words, v_words, o_words, lse, do_words, dq_words, dk_words, dv_words, scale, causal, dtype,
+             tile: BackwardTile = BackwardTile()):
+    """The three launches on numba device arrays (16-bit values as uint32 pairs, (B, H, N, d/2)): D and a zeroed
+    dQ accumulator (the tensor backward's preprocess), the main kernel, dQ cast to the inputs' type."""
+    B, H, Nq, w = q_words.shape
+    _, H_kv, Nk, _ = k_words.shape
+    if H_kv != H:
+        raise ValueError(f"the wgmma backward needs as many K/V heads as query heads so far; got H={H}, H_kv={H_kv}")
+    d = 2 * w
+    precision = "bf16" if dtype == "bfloat16" else "f16"
+    preprocess, _, cast = tensor_backward.build(d, tensor_backward.choose_tile(d, precision), bool(causal),
+                                                precision)
+    D = cuda.device_array((B, H, Nq), np.float32)
+    dq_acc = cuda.device_array((B, H, Nq, d), np.float32)
+    preprocess[(-(-Nq // tensor_backward.PREPROCESS_ROWS), B * H), 32 * tensor_backward.PREPROCESS_WARPS](
+        o_words, do_words, D, dq_acc, H)
+    rows = lambda x, n: x.reshape(x.shape[0] * x.shape[1] * n, w).view(np.uint16)  # noqa: E731
+    maps = [hopper.tensor_map_2d(rows(k_words, Nk), BK, BOX, SWIZZLE), hopper.tensor_map_2d(rows(v_words, Nk), BK,
+                                                                                          BOX, SWIZZLE),
+            hopper.tensor_map_2d(rows(q_words, Nq), BQ, BOX, SWIZZLE),
+            hopper.tensor_map_2d(rows(do_words, Nq), BQ, BOX, SWIZZLE)]
+    kernel = build(d, dtype, bool(causal), tile)
+    launch_with_shared(kernel, (-(-Nk // BK), H, B), THREADS, tile.shared_bytes(d), *maps, lse, D, dq_acc,
+                       dk_words, dv_words, np.int64(Nq), np.int64(Nk), np.float32(scale),
+                       np.float32(scale * LOG2E))
+    n = B * H * Nq * d
+    cast[-(-(n // 2) // 256), 256](dq_acc.reshape(n), dq_words.reshape(n // 2))

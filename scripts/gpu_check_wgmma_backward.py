@@ -1,0 +1,97 @@
+"""The wgmma backward (kernels/wgmma_backward.py) on a Hopper GPU: gradients against float64 beside torch's own
+error, and a first timing against torch's SDPA backward and flashlab's mma.sync backward, in the same run.
+
+    python scripts/gpu_check_wgmma_backward.py
+
+Timing: CUDA events, the median of 10 after two warm-ups; the backward's TFLOP/s count 2.5x the forward's FLOPs
+(4 B H N^2 d, causal: half). The wgmma backward runs through its general launch path (tensor maps made each call).
+"""
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def words(x):
+    import torch
+
+    from flashlab.device import get_cuda
+
+    return get_cuda().as_cuda_array(x.view(torch.int32)).view(np.uint32)
+
+
+def run_wgmma(q, k, v, o, lse, do, causal):
+    import torch
+
+    from flashlab.kernels import wgmma_backward
+
+    dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+    wgmma_backward.backward(words(q), words(k), words(v), words(o), lse, words(do), words(dq), words(dk), words(dv),
+                            q.shape[-1] ** -0.5, causal, str(q.dtype).replace("torch.", ""))
+    return dq, dk, dv
+
+
+def main():
+    import torch
+    import torch.nn.functional as Fn
+
+    from flashlab.device import get_cuda
+    from flashlab.kernels import flash_attention, flash_attention_backward
+
+    cuda = get_cuda()
+    print(torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
+    for B, H, Nq, Nk, d, causal, dtype in [(1, 2, 300, 250, 64, True, "float16"), (2, 2, 500, 777, 128, False,
+                                                                                    "bfloat16"),
+                                           (1, 4, 1024, 1024, 128, True, "float16")]:
+        dt = getattr(torch, dtype)
+        g = torch.Generator(device="cuda").manual_seed(Nq)
+        q, do = (torch.randn(B, H, Nq, d, device="cuda", generator=g).to(dt) for _ in range(2))
+        k, v = (torch.randn(B, H, Nk, d, device="cuda", generator=g).to(dt) for _ in range(2))
+        o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+        got = run_wgmma(q, k, v, o, cuda.as_cuda_array(lse), do, causal)
+        q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+        o64 = Fn.scaled_dot_product_attention(q64, k64, v64, is_causal=causal)
+        want = torch.autograd.grad(o64, (q64, k64, v64), do.double())
+        qt, kt, vt = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        theirs = torch.autograd.grad(ot, (qt, kt, vt), do)
+        line = []
+        for name, a, b, c in zip(("dq", "dk", "dv"), got, want, theirs):
+            e, et = ((x.double() - b).abs().max().item() for x in (a, c))
+            line.append(f"{name} {e:.2e} (torch {et:.2e}, ratio {e / max(et, 1e-12):.2f})")
+        print(f"B{B} H{H} Nq{Nq} Nk{Nk} d{d} {'causal' if causal else 'full'} {dtype}: " + "; ".join(line),
+              flush=True)
+
+    def timed(fn):
+        fn(), fn()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(10):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) * 1e-3)
+        return float(np.median(ts))
+
+    print(f"{'shape':28s} {'wgmma':>6s} {'tensor':>6s} {'sdpa':>6s}  (backward TFLOP/s)")
+    for N, d, causal in [(4096, 64, False), (4096, 128, False), (4096, 128, True)]:
+        q, k, v, do = (torch.randn(1, 16, N, d, device="cuda", dtype=torch.float16) for _ in range(4))
+        o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+        lse_n = cuda.as_cuda_array(lse)
+        flops = 2.5 * 4 * 16 * N * N * d / (2 if causal else 1)
+        qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
+        ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        t = [timed(lambda: run_wgmma(q, k, v, o, lse_n, do, causal)),
+             timed(lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal, variant="tensor")),
+             timed(lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True))]
+        print(f"N {N} d {d} {'causal' if causal else 'full':6s}{'':10s} " + " ".join(f"{flops / x / 1e12:6.0f}"
+                                                                              for x in t), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""kernels/wgmma_backward.py: the FA3-style backward on wgmma, against float64 gradients, in the simulator (every
+Hopper instruction emulated exactly). Small launches: a few blocks of 256 threads. On a GPU,
+scripts/gpu_check_wgmma_backward.py runs the same check beside torch's error and times it."""
+import numpy as np
+import pytest
+
+from flashlab import fragments as F
+from flashlab.device import get_cuda, has_gpu
+
+cuda = get_cuda()
+wb = pytest.importorskip("flashlab.kernels.wgmma_backward")
+pytestmark = pytest.mark.skipif(has_gpu() and cuda.get_current_device().compute_capability < (9, 0),
+                                reason="wgmma needs compute capability 9.0")
+UNIT = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
+def gradients(q, k, v, do, scale, causal):
+    """(o, lse, dq, dk, dv) in float64; causal top-left."""
+    s = q @ k.transpose(0, 1, 3, 2) * scale
+    if causal:
+        s = np.where(np.arange(k.shape[2])[None, :] > np.arange(q.shape[2])[:, None], -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    l = p.sum(-1, keepdims=True)
+    p /= l
+    o = p @ v
+    dp = do @ v.transpose(0, 1, 3, 2)
+    ds = p * (dp - (do * o).sum(-1, keepdims=True))
+    return o, (m + np.log(l))[..., 0], ds @ k * scale, ds.transpose(0, 1, 3, 2) @ q * scale, \
+        p.transpose(0, 1, 3, 2) @ do
+
+
+@pytest.mark.parametrize("B,H,Nq,Nk,d,causal,dtype", [
+    (1, 1, 70, 64, 64, False, "float16"),  # Nq past one query tile, one key block
+    (1, 2, 150, 130, 64, True, "float16"),  # ragged, causal, three key blocks and three query tiles each
+    (1, 1, 1, 1, 64, False, "bfloat16"),  # N = 1: dq and dk are 0
+    (1, 1, 90, 70, 128, True, "bfloat16"),  # d = 128: two boxes per row; Nq > Nk under causal
+])
+def test_gradients_match_float64(B, H, Nq, Nk, d, causal, dtype):
+    rng = np.random.default_rng(Nq + Nk)
+    vals = lambda shape: F.from_bits16(F.to_bits16(rng.standard_normal(shape), dtype), dtype).astype(np.float64)  # noqa: E731
+    q, k, v, do = vals((B, H, Nq, d)), vals((B, H, Nk, d)), vals((B, H, Nk, d)), vals((B, H, Nq, d))
+    scale = d ** -0.5
+    o, lse, *want = gradients(q, k, v, do, scale, causal)
+    o16 = F.from_bits16(F.to_bits16(o, dtype), dtype).astype(np.float64)
+    words = lambda x: cuda.to_device(np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32))  # noqa: E731
+    out = [cuda.to_device(np.zeros(x.shape[:3] + (d // 2,), np.uint32)) for x in (q, k, v)]
+    wb.backward(words(q), words(k), words(v), words(o16), cuda.to_device(lse.astype(np.float32)), words(do), *out,
+                scale, causal, dtype)
+    for name, got, w in zip(("dq", "dk", "dv"), out, want):
+        got = F.from_bits16(got.copy_to_host().view(np.uint16), dtype)
+        # 16-bit operands of every product (P, dS rounded) and a 16-bit result: a few units of the dtype's rounding
+        bound = 8 * UNIT[dtype] * max(np.abs(w).max(), np.abs(v).max())
+        assert np.abs(got - w).max() <= bound, f"{name}: max error {np.abs(got - w).max():.3g} > {bound:.3g}"
+
+
+def test_a_dropped_ds_term_would_fail():
+    """The bound can fail: dropping D from dS (dS = P dP) moves dq far past it."""
+    rng = np.random.default_rng(0)
+    q, k, v, do = (rng.standard_normal((1, 1, 64, 64)) for _ in range(4))
+    o, _, dq, _, _ = gradients(q, k, v, do, 0.125, False)
+    s = q @ k.transpose(0, 1, 3, 2) * 0.125
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    wrong = (p * (do @ v.transpose(0, 1, 3, 2))) @ k * 0.125
+    assert np.abs(wrong - dq).max() > 8 * UNIT["float16"] * 10 * max(np.abs(dq).max(), np.abs(v).max())
+
+
+def test_gqa_is_refused_with_a_clear_error():
+    x = cuda.to_device(np.zeros((1, 2, 8, 32), np.uint32))
+    kv = cuda.to_device(np.zeros((1, 1, 8, 32), np.uint32))
+    with pytest.raises(ValueError, match="as many K/V heads"):
+        wb.backward(x, kv, kv, x, cuda.to_device(np.zeros((1, 2, 8), np.float32)), x, x, kv, kv, 0.125, False,
+                    "float16")
