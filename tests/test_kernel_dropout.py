@@ -131,7 +131,7 @@ def test_dropout_needs_the_register_variant(rng):
     with pytest.raises(ValueError, match=r"dropout_p=0\.1 needs variant='register' or 'tensor'.*got variant='shared'"):
         flash_attention(q, q, q, variant="shared", dropout_p=0.1)  # the tensor forward has dropout: test_tensor_dropout
     # the backward has dropout on both its variants (tests/test_tensor_backward_options.py for the tensor one)
-    with pytest.raises(ValueError, match="variant must be 'register' or 'tensor' for the backward"):
+    with pytest.raises(ValueError, match="variant must be 'register', 'tensor' or 'wgmma' for the backward"):
         flash_attention_backward(q, q, q, q, lse, q, variant="shared", dropout_p=0.1, seed=1)
     with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
         flash_attention(q, q, q, dropout_p=1.0)

@@ -98,5 +98,5 @@ def test_backward_options_need_a_backward_variant(rng):
 
     q = rng.standard_normal((1, 1, 16, 16)).astype(np.float32)
     lse = np.zeros((1, 1, 16), np.float32)
-    with pytest.raises(ValueError, match="variant must be 'register' or 'tensor' for the backward"):
+    with pytest.raises(ValueError, match="variant must be 'register', 'tensor' or 'wgmma' for the backward"):
         flash_attention_backward(q, q, q, q, lse, q, variant="shared", softcap=2.0)

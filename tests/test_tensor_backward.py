@@ -151,7 +151,7 @@ def test_clear_errors():
         flash_attention_backward(x, x, x, x, lse, x, variant="tensor", block_q=8)
     with pytest.raises(ValueError, match="threads= configures the register backward"):
         flash_attention_backward(x, x, x, x, lse, x, variant="tensor", threads=64)
-    with pytest.raises(ValueError, match="variant must be 'register' or 'tensor'"):
+    with pytest.raises(ValueError, match="variant must be 'register', 'tensor' or 'wgmma'"):
         flash_attention_backward(x, x, x, x, lse, x, variant="shared")
     with pytest.raises(ValueError, match="lse must be float32 of shape"):
         flash_attention_backward(x, x, x, x, lse[..., :4], x, variant="tensor")

@@ -72,3 +72,30 @@ def test_gqa_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match="as many K/V heads"):
         wb.backward(x, kv, kv, x, cuda.to_device(np.zeros((1, 2, 8), np.float32)), x, x, kv, kv, 0.125, False,
                     "float16")
+
+
+def test_flash_attention_backward_takes_variant_wgmma():
+    """The public call (float16 NumPy arrays), after the wgmma forward, against float64."""
+    from flashlab.kernels import flash_attention, flash_attention_backward
+
+    rng = np.random.default_rng(7)
+    q, k, v, do = (rng.standard_normal((1, 1, n, 64)).astype(np.float16) for n in (80, 100, 100, 80))
+    o, lse = flash_attention(q, k, v, causal=True, variant="wgmma", block_k=64)
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal=True, variant="wgmma")
+    want = gradients(*(x.astype(np.float64) for x in (q, k, v, do)), 0.125, True)[2:]
+    for name, got, w in zip(("dq", "dk", "dv"), grads, want):
+        assert got.dtype == np.float16
+        assert np.abs(got - w).max() <= 8 * UNIT["float16"] * max(np.abs(w).max(), 4.0), name
+
+
+@pytest.mark.parametrize("kwargs,error,match", [(dict(block_k=64), ValueError, "takes no block_k"),
+                                               (dict(softcap=5.0), NotImplementedError, "causal masking only")])
+def test_variant_wgmma_backward_refuses_what_it_does_not_do(kwargs, error, match):
+    from flashlab.kernels import flash_attention_backward
+
+    q = np.zeros((1, 1, 8, 64), np.float16)
+    with pytest.raises(error, match=match):
+        flash_attention_backward(q, q, q, q, np.zeros((1, 1, 8), np.float32), q, variant="wgmma", **kwargs)
+    with pytest.raises(TypeError, match="variant='tensor'"):
+        x = np.zeros((1, 1, 8, 64), np.float32)
+        flash_attention_backward(x, x, x, x, np.zeros((1, 1, 8), np.float32), x, variant="wgmma")

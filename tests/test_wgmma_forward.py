@@ -145,22 +145,19 @@ def test_gpu_wgmma_error_is_torchs(B, H, H_kv, Nq, Nk, d, causal, dtype):
 
 
 @pytest.mark.parametrize("call,match", [
-    ("varlen", "no varlen build"), ("paged", "no paged build"), ("backward", "forward kernel so far")])
+    ("varlen", "no varlen build"), ("paged", "no paged build")])
 def test_entry_points_without_a_wgmma_build_name_the_variant_that_serves(call, match):
-    from flashlab.kernels import flash_attention_backward, flash_attention_varlen, paged_decoding
+    from flashlab.kernels import flash_attention_varlen, paged_decoding
 
     x = np.zeros((10, 2, 64), np.float16)
     cu = np.array([0, 4, 10], np.int32)
     with pytest.raises(ValueError, match=match):
         if call == "varlen":
             flash_attention_varlen(x, x, x, cu, cu, variant="wgmma")
-        elif call == "paged":
+        else:
             cache = np.zeros((2, 16, 2, 64), np.float16)
             paged_decoding(np.zeros((2, 2, 1, 64), np.float16), cache, cache, np.zeros((2, 1), np.int32),
                            np.array([4, 4], np.int32), variant="wgmma")
-        else:
-            q = np.zeros((1, 2, 8, 64), np.float16)
-            flash_attention_backward(q, q, q, q, np.zeros((1, 2, 8), np.float32), q, variant="wgmma")
 
 
 def test_kernel_info_describes_the_wgmma_tile():

@@ -1,7 +1,8 @@
 """flash_attention_backward: check the inputs, plan, and launch a backward kernel; return (dq, dk, dv).
 
 Two variants: "register" (FP32 units, kernels/register_backward.py) and "tensor" (tensor cores,
-kernels/tensor_backward.py). Each kernel module describes its launches once (`launches`): the general path runs
+kernels/tensor_backward.py); and, opt-in, "wgmma" (FlashAttention-3's backward on Hopper, kernels/wgmma_backward.py:
+checked in the simulator, not yet run on a GPU). Each kernel module describes its launches once (`launches`): the general path runs
 them on numba arrays (_launch.run_all), and torch CUDA tensors take the prepared path (kernels/prepared.py) after
 the first call with their shapes: PreparedRegisterBackward and PreparedTensorBackward prepare the same
 descriptions once (prepared.PreparedLaunches).
@@ -14,7 +15,7 @@ import numpy as np
 
 from .._inputs import check_options, check_seed
 from ..device import device_limits, has_gpu
-from . import prepared, register_backward, tensor, tensor_backward
+from . import prepared, register_backward, tensor, tensor_backward, wgmma_backward
 from ._launch import (all_to_device_words, check_kernel_backward_inputs, check_kernel_inputs, empty, empty_words,
                       is_gqa, like_input, to_device)
 from .options import Extras, Features, plain_arguments
@@ -49,10 +50,17 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
             raise ValueError("threads= configures the register backward; the tensor backward takes block_q / block_k")
         return _tensor_backward(q, k, v, o, lse, do, causal=causal, scale=scale, precision=precision, block_q=block_q,
                         block_k=block_k, **library)
+    if variant == "wgmma":
+        if not plain:
+            raise NotImplementedError("window_size, align, alibi_slopes, softcap and dropout_p run on variant="
+                                      "'register' or 'tensor'; the wgmma backward has causal masking only so far")
+        for name, value in (("precision", precision), ("block_q", block_q), ("block_k", block_k),
+                            ("threads", threads)):
+            if value is not None:
+                raise ValueError(f"variant='wgmma' takes no {name} (its tile is fixed); got {name}={value!r}")
+        return _wgmma_backward(q, k, v, o, lse, do, causal, scale)
     if variant != "register":
-        raise ValueError(f"variant must be 'register' or 'tensor' for the backward; got {variant!r}"
-                         + (" (wgmma is a forward kernel so far: its lse feeds either backward)" if variant == "wgmma"
-                            else ""))
+        raise ValueError(f"variant must be 'register', 'tensor' or 'wgmma' for the backward; got {variant!r}")
     if precision is not None:
         raise ValueError(f"precision applies to variant='tensor' only; got precision={precision!r}")
     if _dtype_name(q) == "bfloat16":
@@ -88,6 +96,34 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     dk, dv = new((B, H_kv, Nk, d), dtype), new((B, H_kv, Nk, d), dtype)
     described.run(dict(dev, dq=dq, dk=dk, dv=dv), new, seed=np.int64(seed))
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
+
+
+def _wgmma_backward(q, k, v, o, lse, do, causal, scale):
+    """variant="wgmma" (kernels/wgmma_backward.py): opt-in, 16-bit inputs on Hopper (or the simulator), contiguous,
+    as many K/V heads as query heads, d 64 or 128. Checked in the simulator; not yet run on a GPU."""
+    (q_d, k_d, v_d, o_d, do_d), kind, dtype = all_to_device_words(
+        (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
+    if dtype not in wgmma_backward.DTYPES:
+        raise TypeError(f"variant='wgmma' takes float16 or bfloat16 inputs; got {dtype}. Use variant='tensor'")
+    cc = device_limits()["cc"]
+    if cc is not None and tuple(cc) < (9, 0):
+        raise RuntimeError(f"variant='wgmma' needs a Hopper GPU (compute capability 9.0); this one has "
+                           f"{cc[0]}.{cc[1]}. Use variant='tensor'")
+    for name, x in (("q", q_d), ("k", k_d), ("v", v_d), ("o", o_d), ("do", do_d)):
+        if not x.is_c_contiguous():
+            raise ValueError(f"variant='wgmma' reads {name} as one contiguous (B, H, N, d) array; pass a contiguous "
+                             f"copy, or use variant='tensor'")
+    B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale, words=True,
+                                                         gqa=True)
+    if d not in (64, 128):
+        raise ValueError(f"variant='wgmma' supports d in (64, 128); got d={d}")
+    lse_d, _ = to_device(lse, "lse")
+    if tuple(lse_d.shape) != (B, H, Nq) or np.dtype(lse_d.dtype) != np.float32:
+        raise ValueError(f"lse must be float32 of shape {(B, H, Nq)} (the forward's); got {np.dtype(lse_d.dtype)} "
+                         f"{tuple(lse_d.shape)}")
+    outs = [empty_words(x.shape[:3] + (d,), dtype, kind, like=q) for x in (q_d, k_d, v_d)]
+    wgmma_backward.backward(q_d, k_d, v_d, o_d, lse_d, do_d, *(w for _, w in outs), scale, causal, dtype)
+    return tuple(like_input(x, kind) for x, _ in outs)
 
 
 # The tensor backward is the default for 16-bit inputs on a GPU: its GPU tests passed on an H100
