@@ -4,6 +4,7 @@
     slips = schedule_slips(order)                  # what is wrong with a consumer's order of steps ([] = none)
     run = measured_timeline(d=128)                 # the H200's %globaltimer stamps of one block, as intervals
     plot_measured_timeline(run)                    # drawn as lesson 11 draws its model
+    BACKWARD_OPERANDS, dq_traffic(...)             # the backward: where each product's operands live, dQ's cost
 
 The ring. The producer copies K/V tile j into slot j % stages; it is that slot's fill number j // stages. An
 mbarrier counts phases: the first phase to complete has parity 0, the next parity 1, and so on, and
@@ -177,3 +178,24 @@ def phase_means(run) -> dict:
                  for phase, j, a, b in rows if phase == name and 2 <= j < max(r[1] for r in rows)]
         out[name] = float(np.mean(spans)) if spans else float("nan")
     return out
+
+
+# -------------------------------------------------------------------------------------------- the backward
+# Where each of the backward's five products finds its operands in kernels/wgmma_backward.py: (A's place, A's
+# major, B's place, B's major). "K" major: the summed dimension runs along the stored rows; "MN": down them.
+BACKWARD_OPERANDS = {
+    "S^T = K Q^T": ("shared", "K", "shared", "K"),
+    "dP^T = V dO^T": ("shared", "K", "shared", "K"),
+    "dV += P^T dO": ("registers", "K", "shared", "MN"),
+    "dK += dS^T Q": ("registers", "K", "shared", "MN"),
+    "dQ += dS K": ("shared", "MN", "shared", "MN"),
+}
+
+
+def dq_traffic(n_q: int, n_k: int, d: int, block_q: int, block_k: int, itemsize: int = 2):
+    """(bytes of dQ's float32 atomic adds, bytes a second pass would re-read instead), without a causal mask.
+    Atomics: every key block adds a float32 share of every query row's d values. A second pass (a kernel over query
+    blocks that recomputes dS and forms dQ itself) re-reads every K and V tile once per query block."""
+    atomics = -(-n_k // block_k) * n_q * d * 4
+    second_pass = -(-n_q // block_q) * n_k * d * 2 * itemsize
+    return atomics, second_pass

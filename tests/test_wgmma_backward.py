@@ -99,3 +99,19 @@ def test_variant_wgmma_backward_refuses_what_it_does_not_do(kwargs, error, match
     with pytest.raises(TypeError, match="variant='tensor'"):
         x = np.zeros((1, 1, 8, 64), np.float32)
         flash_attention_backward(x, x, x, x, np.zeros((1, 1, 8), np.float32), x, variant="wgmma")
+
+
+def test_the_kernel_reads_its_operands_as_the_lessons_table_says():
+    """pipeline.BACKWARD_OPERANDS (lesson 20's table, exercise 20.5) against the wgmma builds the kernel makes."""
+    import inspect
+
+    from flashlab import pipeline
+
+    source = inspect.getsource(wb._kernel)
+    assert 'mma_s = hopper.wgmma_ss(BQ, dtype)' in source  # S^T and dP^T: A and B K-major, from shared memory
+    assert 'mma_kv = hopper.wgmma_rs(d, dtype, b_major="MN")' in source  # dV, dK: A from registers, B MN-major
+    assert 'mma_q = hopper.wgmma_ss(d, dtype, a_major="MN", b_major="MN")' in source  # dQ: dS^T read MN-major
+    table = pipeline.BACKWARD_OPERANDS
+    assert table["S^T = K Q^T"] == table["dP^T = V dO^T"] == ("shared", "K", "shared", "K")
+    assert table["dV += P^T dO"] == table["dK += dS^T Q"] == ("registers", "K", "shared", "MN")
+    assert table["dQ += dS K"] == ("shared", "MN", "shared", "MN")

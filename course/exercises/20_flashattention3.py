@@ -1,11 +1,12 @@
 # %% [markdown]
 # # Exercises 20: FlashAttention-3 on Hopper
 #
-# Goes with lesson [20 FlashAttention-3](../notebooks/20_flashattention3.ipynb). Four pieces of the wgmma forward
-# (`flashlab/kernels/wgmma.py`): the descriptor that tells wgmma where a tile's k16 step is, the mbarrier parities
-# of the K/V ring, where TMA puts a value of a tile loaded as two swizzled boxes, and the order of a consumer's
-# steps under pingpong and intra-warpgroup overlap. Each checker compares with the model the kernel is tested
-# against (`flashlab.fragments`, `flashlab.pipeline`). No GPU is needed.
+# Goes with lesson [20 FlashAttention-3](../notebooks/20_flashattention3.ipynb). Six pieces of the wgmma kernels
+# (`flashlab/kernels/wgmma.py`, `wgmma_backward.py`): the descriptor that tells wgmma where a tile's k16 step is,
+# the mbarrier parities of the K/V ring, where TMA puts a value of a tile loaded as two swizzled boxes, the order of
+# a consumer's steps under pingpong and intra-warpgroup overlap, where the backward's products find their
+# operands, and what dQ's reduction costs. Each checker compares with the model the kernels are tested against
+# (`flashlab.fragments`, `flashlab.pipeline`). No GPU is needed.
 
 # %%
 import flashlab
@@ -132,3 +133,53 @@ def consumer_iteration():
 
 # %%
 flashlab.check("consumer_iteration", consumer_iteration)
+
+# %% [markdown]
+# ## 5. The backward's operands
+#
+# The backward (lesson section 8) runs five products per query tile on wgmma. For each, say where wgmma finds A
+# and B ("shared" memory or "registers"; B is always in shared memory) and which way each is read: "K"-major when
+# the dimension the product sums over runs along the operand's stored rows, "MN"-major when it runs down them.
+# K, V, Q and dO are stored as TMA left them: one row per key or query, d along the row. An accumulator can feed
+# the next product as A straight from registers only if its rows are that product's rows.
+
+# %%
+def backward_operands():
+    """{product: (A's place, A's major, B's place, B's major)} for the five products of the wgmma backward."""
+    ### BEGIN SOLUTION
+    return {"S^T = K Q^T": ("shared", "K", "shared", "K"),
+            "dP^T = V dO^T": ("shared", "K", "shared", "K"),
+            "dV += P^T dO": ("registers", "K", "shared", "MN"),
+            "dK += dS^T Q": ("registers", "K", "shared", "MN"),
+            "dQ += dS K": ("shared", "MN", "shared", "MN")}
+    ### END SOLUTION
+
+
+# %%
+flashlab.check("backward_operands", backward_operands)
+
+# %% [markdown]
+# ## 6. What dQ's reduction costs
+#
+# A block owns `block_k` keys, so it holds only its share of each query row's dQ. The wgmma backward adds that
+# share to a float32 accumulator in global memory with atomics. The alternative is a second pass: a kernel over
+# query blocks of `block_q` rows that recomputes dS and forms dQ itself, re-reading every K and V tile. Return
+# `(atomic_bytes, second_pass_bytes)` for n_q queries, n_k keys and head size d, without a causal mask: the bytes
+# of float32 adds that reach memory, and the bytes of K and V (`itemsize` each) the second pass reads.
+
+# %%
+def dq_traffic(n_q, n_k, d, block_q, block_k, itemsize):
+    """(bytes of dQ's float32 atomic adds, bytes of K and V a second pass re-reads)."""
+    ### BEGIN SOLUTION
+    atomics = -(-n_k // block_k) * n_q * d * 4
+    second_pass = -(-n_q // block_q) * n_k * d * 2 * itemsize
+    return atomics, second_pass
+    ### END SOLUTION
+
+
+# %%
+a, s = dq_traffic(16384, 16384, 128, 64, 64, 2)
+print(f"N = 16384, d = 128: atomics {a / 2**30:.1f} GiB, a second pass {s / 2**30:.1f} GiB")
+
+# %%
+flashlab.check("dq_traffic", dq_traffic)

@@ -8,6 +8,8 @@
 # - follow a tile from HBM to the tensor cores: a TMA copy, an mbarrier's phases, a ring of shared-memory slots;
 # - read the schedule of FlashAttention-3's consumer warpgroups (warp specialisation, intra-warpgroup overlap,
 #   pingpong) in a kernel written in Python, and in its measured timeline beside lesson 11's model;
+# - say why the backward splits over keys, where each of its products finds its operands, and what dQ's
+#   reduction costs;
 # - say where the course's kernel stops short of the real FlashAttention-3.
 #
 # Sources: Shah, Bikshandi, Zhang, Thakkar, Ramani and Dao, "FlashAttention-3: Fast and Accurate Attention with
@@ -315,11 +317,71 @@ for r, x in zip(rows, ratio_tensor):
 # - **The epilogue.** O goes from registers straight to global memory; FA3 stages it through shared memory and
 #   stores it with TMA.
 # - **Scope.** float16 and bfloat16, d = 64 and 128, causal, GQA and ragged lengths. No fp8 (lesson 11's block
-#   quantisation), no varlen, paged K/V or the library's other options (those run on `variant="tensor"`), and the
-#   backward is still lesson 17's `mma.sync` kernel.
+#   quantisation), no varlen, paged K/V or the library's other options (those run on `variant="tensor"`); the
+#   backward that training uses by default is still lesson 17's `mma.sync` kernel (section 8 has a first wgmma one).
 #
 # `flashlab.torch` uses this kernel on Hopper for 16-bit inputs at d = 64 and 128 without options: it beat the
 # `mma.sync` kernel at all but one of the shapes measured (the exception is in the cell below).
+#
+# ## 8. The backward on wgmma
+#
+# The backward (lesson 06's formulas, lesson 17's kernel on `mma.sync`) moves to `wgmma` the same way. A block owns
+# 64 keys: it keeps K_j and V_j in shared memory and accumulates dK_j and dV_j in registers while a producer streams
+# the query tiles Q_i and dO_i through the ring. dK and dV are indexed by keys, so each belongs to one block. dQ is
+# indexed by queries, and every key block contributes to every query row: that sum crosses blocks. Here is where
+# each of the five products finds its operands in `flashlab/kernels/wgmma_backward.py`:
+
+# %%
+print(f"{'product':16s} {'A':>22s} {'B':>22s}")
+for product, (a_place, a_major, b_place, b_major) in pipeline.BACKWARD_OPERANDS.items():
+    print(f"{product:16s} {a_place + ', ' + a_major + '-major':>22s} {b_place + ', ' + b_major + '-major':>22s}")
+
+# %% [markdown]
+# Three things to read off. P^T and dS^T never leave the registers for dV and dK: their accumulators are A
+# fragments, as P was in the forward. dO and Q are summed over their rows (the queries), so wgmma reads them
+# MN-major, with no transposed copy. And dQ = dS K needs dS with queries as rows, while the accumulator holds dS^T
+# with keys as rows: threads cannot swap rows for columns across the warpgroup, so dS^T goes once to shared memory
+# (swizzled, as TMA would have written it) and the next wgmma reads it MN-major: the transpose is in the
+# descriptor.
+#
+# dQ's shares are added to a float32 accumulator with atomics, one share per key block. The other way is a second
+# kernel over query blocks that recomputes dS and forms dQ itself. Count both (exercise 6):
+
+# %%
+for n in (4096, 16384):
+    atomic_bytes, second_bytes = pipeline.dq_traffic(n, n, 128, 64, 64)
+    print(f"N = {n}, d = 128, 64 x 64 tiles: atomics {atomic_bytes / 2**30:.2f} GiB, "
+          f"a second pass re-reads {second_bytes / 2**30:.2f} GiB of K and V")
+
+# %% [markdown]
+# With float16 inputs and square tiles the bytes come out equal: the second pass gains nothing there, and it
+# recomputes S and dP, two of the five products. Atomics cost something else: the order in which blocks add their
+# shares is not fixed, so dQ can differ in its last bits from one run to the next. FlashAttention's backward
+# offers a deterministic mode that pays for a fixed order.
+#
+# The same public call runs it, here in the simulator after the wgmma forward:
+
+# %%
+from flashlab.kernels import flash_attention_backward
+
+n_q, n_k = flashlab.size(130, 80), flashlab.size(150, 100)
+q, do = (rng.standard_normal((1, 1, n_q, 64)).astype(np.float16) for _ in range(2))
+k, v = (rng.standard_normal((1, 1, n_k, 64)).astype(np.float16) for _ in range(2))
+o, lse = flash_attention(q, k, v, causal=True, variant="wgmma", block_k=64)
+grads = flash_attention_backward(q, k, v, o, lse, do, causal=True, variant="wgmma")
+q64, k64, v64, do64 = (x.astype(np.float64) for x in (q, k, v, do))
+s_ = np.where(np.arange(n_k)[None, :] > np.arange(n_q)[:, None], -np.inf, q64[0, 0] @ k64[0, 0].T / 8)
+p_ = np.exp(s_ - s_.max(-1, keepdims=True))
+p_ /= p_.sum(-1, keepdims=True)
+dp_ = do64[0, 0] @ v64[0, 0].T
+ds_ = p_ * (dp_ - (do64[0, 0] * (p_ @ v64[0, 0])).sum(-1, keepdims=True))
+for name, got, want in zip(("dq", "dk", "dv"), grads, (ds_ @ k64[0, 0] / 8, ds_.T @ q64[0, 0] / 8, p_.T @ do64[0, 0])):
+    print(f"{name}: max |error| against float64 {np.abs(got[0, 0] - want).max():.1e}, largest value "
+          f"{np.abs(want).max():.1f}")
+
+# %% [markdown]
+# This backward is a first version: it has been checked in the simulator, not yet timed on a GPU, so the course
+# quotes no speed for it. It also runs one consumer warpgroup per block where FlashAttention-3 runs two.
 #
 # ## Summary
 #
@@ -330,6 +392,9 @@ for r, x in zip(rows, ratio_tensor):
 #   full and when it is free again.
 # - Consumers issue S of this tile and P V of the last one back to back, run the softmax while P V computes, and
 #   take turns on the tensor cores. Measured, the softmax is what remains on the critical path.
+# - The backward splits over keys: dK and dV stay in a block's registers, dQ's shares cross blocks through
+#   float32 atomics, and dS reaches dQ's product through shared memory, transposed by the descriptor.
 #
-# **Next:** build a descriptor, the ring's parities, a two-box swizzled address, and a consumer's schedule:
+# **Next:** build a descriptor, the ring's parities, a two-box swizzled address, a consumer's schedule, the
+# backward's operand table and dQ's traffic:
 # [exercises/20_flashattention3.ipynb](../exercises/20_flashattention3.ipynb).

@@ -178,3 +178,84 @@ def check_consumer_iteration(t, fn):
     slips = P.schedule_slips(out)
     if slips:
         raise t.fail(slips[0], details=slips[1:4])
+
+
+# ------------------------------------------------------------------------------------ the backward's operands
+_PLACES, _MAJORS = ("shared", "registers"), ("K", "MN")
+_OPERAND_SLIPS = {  # (product, wrong answer) -> why
+    ("dV += P^T dO", ("registers", "K", "shared", "K")):
+        "dO is stored with queries as rows, and dV's product sums over the queries: B runs down dO's rows, MN-major",
+    ("dK += dS^T Q", ("registers", "K", "shared", "K")):
+        "Q is stored with queries as rows, and dK's product sums over the queries: B runs down Q's rows, MN-major",
+    ("dQ += dS K", ("registers", "K", "shared", "MN")):
+        "dS^T's accumulator has keys as rows; dQ needs dS with queries as rows. Registers cannot transpose across "
+        "threads: dS^T goes to shared memory, and wgmma reads it MN-major",
+    ("dV += P^T dO", ("shared", "K", "shared", "MN")):
+        "P^T is S^T's accumulator, already in registers in the A layout: it never goes to shared memory",
+    ("dK += dS^T Q", ("shared", "K", "shared", "MN")):
+        "dS^T is computed in registers in the A layout: dK's product takes it from there",
+    ("S^T = K Q^T", ("shared", "K", "shared", "MN")):
+        "S^T = K Q^T sums over d, and both K and Q are stored with d along their rows: both operands are K-major",
+    ("dQ += dS K", ("shared", "MN", "shared", "K")):
+        "dQ = dS K sums over the keys, and K is stored with keys as rows: B runs down K's rows, MN-major",
+}
+
+
+@exercise("backward_operands", lesson=LESSON,
+          hint="For each product ask: which dimension is summed, and how is each operand stored? K, V, Q and dO are "
+               "stored with d along their rows (keys or queries down). An operand is K-major when the summed "
+               "dimension runs along its rows. An accumulator can be the next product's A from registers only "
+               "if its rows are that product's rows.")
+def check_backward_operands(t, fn):
+    t.case("the five products of the backward")
+    out = t.call()
+    if not isinstance(out, dict) or set(out) != set(P.BACKWARD_OPERANDS):
+        raise t.fail(f"return a dict with the keys {list(P.BACKWARD_OPERANDS)}; got "
+                     f"{sorted(out) if isinstance(out, dict) else type(out).__name__}")
+    for product, want in P.BACKWARD_OPERANDS.items():
+        got = out[product]
+        if not isinstance(got, tuple) or len(got) != 4 or got[0] not in _PLACES or got[2] not in _PLACES or \
+                got[1] not in _MAJORS or got[3] not in _MAJORS:
+            raise t.fail(f"{product}: give (A's place, A's major, B's place, B's major) with places in {_PLACES} "
+                         f"and majors in {_MAJORS}; got {got!r:.80}")
+        if got != want:
+            why = _OPERAND_SLIPS.get((product, got))
+            raise t.fail(why or f"{product}: ({', '.join(got)}) is not where the kernel finds these operands")
+
+
+# ---------------------------------------------------------------------------------------- dQ's reduction
+def _dq_model(n_q, n_k, d, bq, bk, itemsize, *, acc_bytes=4, per_key=False, k_only=False, blocks_of=None):
+    atomics = (n_k if per_key else -(-n_k // bk)) * n_q * d * acc_bytes
+    second = -(-n_q // (blocks_of or bq)) * n_k * d * (1 if k_only else 2) * itemsize
+    return atomics, second
+
+
+assert all(_dq_model(*c) == P.dq_traffic(*c) for c in ((4096, 4096, 64, 64, 128, 2), (1000, 300, 128, 64, 64, 2)))
+
+_DQ_SLIPS = [
+    (dict(acc_bytes=2), "dQ's shares are added in float32 (4 bytes a value), whatever the inputs' type: 16-bit sums "
+                        "of many shares would lose the small ones"),
+    (dict(per_key=True), "one share per key *block*: a block adds its block_k keys' contributions to each query "
+                         "row at once"),
+    (dict(k_only=True), "the second pass recomputes dS = P (dP - D), and dP = dO V^T needs V as well as K"),
+    (dict(blocks_of=1), "the second pass re-reads K and V once per query *block* of block_q rows, not per row"),
+]
+
+
+@exercise("dq_traffic", lesson=LESSON,
+          hint="Atomics: ceil(n_k / block_k) key blocks, each adding n_q x d float32 values (4 bytes). Second pass: "
+               "ceil(n_q / block_q) query blocks, each reading all of K and V (n_k x d values each, itemsize bytes).")
+def check_dq_traffic(t, fn):
+    cases = [(4096, 4096, 64, 64, 128, 2), (16384, 16384, 128, 64, 128, 2), (1000, 300, 128, 64, 64, 2),
+             (4096, 4096, 64, 128, 64, 4), (1, 1, 64, 64, 128, 2)]
+    t.case("sequences of 1 to 16384, d 64 and 128, 16- and 32-bit inputs")
+    got = []
+    for c in cases:
+        out = t.call(*c)
+        if not isinstance(out, tuple) or len(out) != 2 or not all(
+                isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in out):
+            raise t.fail(f"return (atomic bytes, second-pass bytes) as two ints; for {c} you returned {out!r:.60}")
+        got.append(tuple(int(x) for x in out))
+    judge_answers(t, got, lambda **kw: [_dq_model(*c, **kw) for c in cases], _DQ_SLIPS,
+                  lambda i, want: f"(n_q, n_k, d, block_q, block_k, itemsize) = {cases[i]}: expected {want}; you "
+                                  f"returned {got[i]}")

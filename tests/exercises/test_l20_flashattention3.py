@@ -6,7 +6,7 @@ import inspect
 from exercise_harness import Lesson
 
 from flashlab import pipeline as P
-from flashlab.grading.l20_flashattention3 import box_offset, descriptor, ring
+from flashlab.grading.l20_flashattention3 import _dq_model, box_offset, descriptor, ring
 
 LESSON = Lesson("20_flashattention3", min_alternatives=1)
 mutant, alternative = LESSON.mutant, LESSON.alternative
@@ -93,6 +93,44 @@ def iteration_with_the_waits_swapped():
     order = list(P.KERNEL_ORDER)
     order[0], order[1] = order[1], order[0]  # V_{j-1} before K_j: both land before the GEMMs are issued
     return order
+
+
+# -- backward_operands ---------------------------------------------------------------------------------------
+def _operands(**changes):
+    out = dict(P.BACKWARD_OPERANDS)
+    out.update(changes)
+    return lambda: out
+
+
+mutant("backward_operands", says="MN-major")(_operands(**{"dV += P^T dO": ("registers", "K", "shared", "K")}))
+mutant("backward_operands", says="cannot transpose")(_operands(**{"dQ += dS K": ("registers", "K", "shared", "MN")}))
+mutant("backward_operands", says="never goes to shared memory")(
+    _operands(**{"dV += P^T dO": ("shared", "K", "shared", "MN")}))
+mutant("backward_operands", says="both operands are K-major")(
+    _operands(**{"S^T = K Q^T": ("shared", "K", "shared", "MN")}))
+mutant("backward_operands", says="keys as rows")(_operands(**{"dQ += dS K": ("shared", "MN", "shared", "K")}))
+
+
+@alternative("backward_operands")
+def operands_built_by_rule():
+    kept = {"S^T = K Q^T": ("shared", "K", "shared", "K"), "dP^T = V dO^T": ("shared", "K", "shared", "K")}
+    for product in ("dV += P^T dO", "dK += dS^T Q"):  # an accumulator as A, a row-major input summed down its rows
+        kept[product] = ("registers", "K", "shared", "MN")
+    kept["dQ += dS K"] = ("shared", "MN", "shared", "MN")
+    return kept
+
+
+# -- dq_traffic ----------------------------------------------------------------------------------------------
+mutant("dq_traffic", says="float32")(lambda *c: _dq_model(*c, acc_bytes=2))
+mutant("dq_traffic", says="key *block*")(lambda *c: _dq_model(*c, per_key=True))
+mutant("dq_traffic", says="needs V as well")(lambda *c: _dq_model(*c, k_only=True))
+mutant("dq_traffic", says="query *block*")(lambda *c: _dq_model(*c, blocks_of=1))
+
+
+@alternative("dq_traffic")
+def dq_traffic_by_blocks(n_q, n_k, d, block_q, block_k, itemsize):
+    import math
+    return math.ceil(n_k / block_k) * (n_q * d * 4), math.ceil(n_q / block_q) * (2 * n_k * d * itemsize)
 
 
 def test_the_kernel_body_follows_the_models_order():
