@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def words(x):
@@ -40,6 +41,7 @@ def main():
 
     from flashlab.device import get_cuda
     from flashlab.kernels import flash_attention, flash_attention_backward
+    from gpu_check_wgmma_forward import timed  # CUDA events, median of repeats after two warm-ups
 
     cuda = get_cuda()
     print(torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
@@ -65,19 +67,6 @@ def main():
         print(f"B{B} H{H} Nq{Nq} Nk{Nk} d{d} {'causal' if causal else 'full'} {dtype}: " + "; ".join(line),
               flush=True)
 
-    def timed(fn):
-        fn(), fn()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(10):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e-3)
-        return float(np.median(ts))
-
     print(f"{'shape':28s} {'wgmma':>6s} {'tensor':>6s} {'sdpa':>6s}  (backward TFLOP/s)")
     for N, d, causal in [(4096, 64, False), (4096, 128, False), (4096, 128, True)]:
         q, k, v, do = (torch.randn(1, 16, N, d, device="cuda", dtype=torch.float16) for _ in range(4))
@@ -86,9 +75,9 @@ def main():
         flops = 2.5 * 4 * 16 * N * N * d / (2 if causal else 1)
         qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
         ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-        t = [timed(lambda: run_wgmma(q, k, v, o, lse_n, do, causal)),
-             timed(lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal, variant="tensor")),
-             timed(lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True))]
+        t = [timed(lambda: run_wgmma(q, k, v, o, lse_n, do, causal), 10),
+             timed(lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal, variant="tensor"), 10),
+             timed(lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True), 10)]
         print(f"N {N} d {d} {'causal' if causal else 'full':6s}{'':10s} " + " ".join(f"{flops / x / 1e12:6.0f}"
                                                                               for x in t), flush=True)
 

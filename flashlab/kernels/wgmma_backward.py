@@ -122,20 +122,20 @@ def _kernel(d, dtype, causal, tile):
                                    bar, FULL + s)
 
     @_step
+    def issue_transposed_scores(acc, key_tile, query_tile):
+        """acc = (a key tile) (a query tile)^T, both K-major: 32 bytes further along the rows each k16 step, box
+        kk // 4; committed as one group."""
+        for kk in range(QK_STEPS):
+            a = hopper.make_descriptor(key_tile + (kk // 4) * KV_BOX + (kk % 4) * 32, 16, SBO, SWIZZLE)
+            b = hopper.make_descriptor(query_tile + (kk // 4) * QD_BOX + (kk % 4) * 32, 16, SBO, SWIZZLE)
+            mma_s(acc, a, b, min(kk, 1))
+        hopper.wgmma_commit()
+
+    @_step
     def issue_scores(sacc, dpacc, k_tile, v_tile, q_tile, do_tile):
-        """S^T = K Q^T and dP^T = V dO^T: K-major operands, 32 bytes further along the rows each k16 step."""
-        for kk in range(QK_STEPS):
-            step = (kk // 4) * KV_BOX + (kk % 4) * 32
-            qstep = (kk // 4) * QD_BOX + (kk % 4) * 32
-            mma_s(sacc, hopper.make_descriptor(k_tile + step, 16, SBO, SWIZZLE),
-                  hopper.make_descriptor(q_tile + qstep, 16, SBO, SWIZZLE), min(kk, 1))
-        hopper.wgmma_commit()
-        for kk in range(QK_STEPS):
-            step = (kk // 4) * KV_BOX + (kk % 4) * 32
-            qstep = (kk // 4) * QD_BOX + (kk % 4) * 32
-            mma_s(dpacc, hopper.make_descriptor(v_tile + step, 16, SBO, SWIZZLE),
-                  hopper.make_descriptor(do_tile + qstep, 16, SBO, SWIZZLE), min(kk, 1))
-        hopper.wgmma_commit()
+        """S^T = K Q^T, then dP^T = V dO^T: two groups, so that wgmma_wait(1) returns with S^T."""
+        issue_transposed_scores(sacc, k_tile, q_tile)
+        issue_transposed_scores(dpacc, v_tile, do_tile)
 
     @_step
     def probabilities(sacc, lse, b, h, key0, q0, g, t, n_q, n_k, scale_log2):
