@@ -95,19 +95,10 @@ def registers(log):
 
 
 def timed(fn, repeats):
-    import torch
+    """Median seconds of fn() between CUDA events after two warm-ups (flashlab.bench.time_cuda)."""
+    from flashlab.bench import time_cuda
 
-    fn(), fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    return float(np.median(times))
+    return time_cuda(fn, warmup=2, reps=repeats)["median_ms"] / 1e3
 
 
 def speed(log, out, quick, repeats):

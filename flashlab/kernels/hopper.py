@@ -50,7 +50,6 @@ The simulator:
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 import weakref
@@ -59,8 +58,8 @@ import numpy as np
 from numba import uint64
 
 from .. import fragments as F
-from ..device import SIMULATE_GPU, device_limits, get_cuda
-from .mma import SIMULATOR, WAIT_LIMIT, WarpDivergence, _address, _Warp
+from ..device import get_cuda
+from .mma import SIMULATOR, WAIT_LIMIT, WarpDivergence, _address, _Warp, requires_cc
 
 cuda = get_cuda()
 TILE_ALIGN = None if SIMULATOR else 1024  # alignment= of swizzled shared tiles (the 128-byte pattern repeats at 1 KB)
@@ -696,17 +695,8 @@ def _sim_functions():
 
 
 def _hopper_only(fn):
-    """fn, refusing to run where the simulator stands in for a GPU older than Hopper (FLASHLAB_SIMULATE_GPU)."""
-    def checked(*args):
-        if os.environ.get(SIMULATE_GPU):
-            cc = device_limits()["cc"]
-            if cc is not None and cc < CC:
-                raise RuntimeError(f"{fn.__name__} is a Hopper instruction (compute capability 9.0); the simulated "
-                                   f"GPU ({device_limits()['name']}) has {cc[0]}.{cc[1]}")
-        return fn(*args)
-
-    checked.__name__ = fn.__name__
-    return checked
+    """fn, refused where the simulator stands in for a GPU older than Hopper (FLASHLAB_SIMULATE_GPU)."""
+    return requires_cc(fn, CC, f"{fn.__name__} is a Hopper instruction (compute capability 9.0)")
 
 
 # ------------------------------------------------------------------------------------- tensor maps

@@ -479,21 +479,24 @@ def _sim_functions():
     return {name: _needs_cc(name, fn) if name in MIN_CC else fn for name, fn in fns.items()}
 
 
-def _needs_cc(name, fn):
-    """fn, refusing to run where the simulator stands in for a GPU that lacks the instruction
-    (FLASHLAB_SIMULATE_GPU=T4: cc 7.5 has no m16n8k16, bf16, tf32 or cp.async), as compiling it for that GPU would."""
-    need = MIN_CC[name]
-
+def requires_cc(fn, need, what):
+    """fn, refusing to run where the simulator stands in for a GPU older than compute capability `need`
+    (FLASHLAB_SIMULATE_GPU=T4, say), as compiling it for that GPU would; `what` starts the error's sentence."""
     def checked(*args):
         if os.environ.get(SIMULATE_GPU):
             cc = device_limits()["cc"]
             if cc is not None and cc < need:
-                raise RuntimeError(f"{name} needs compute capability {need[0]}.{need[1]}; the simulated GPU "
-                                   f"({device_limits()['name']}) has {cc[0]}.{cc[1]}")
+                raise RuntimeError(f"{what}; the simulated GPU ({device_limits()['name']}) has {cc[0]}.{cc[1]}")
         return fn(*args)
 
     checked.__name__ = fn.__name__
     return checked
+
+
+def _needs_cc(name, fn):
+    """fn, refused on a simulated GPU that lacks the instruction (cc 7.5 has no m16n8k16, bf16, tf32 or cp.async)."""
+    need = MIN_CC[name]
+    return requires_cc(fn, need, f"{name} needs compute capability {need[0]}.{need[1]}")
 
 
 _FNS = _sim_functions() if SIMULATOR else _gpu_functions()
