@@ -110,7 +110,7 @@ def test_the_kernel_reads_its_operands_as_the_lessons_table_says():
     source = inspect.getsource(wb._kernel)
     assert 'mma_s = hopper.wgmma_ss(BQ, dtype)' in source  # S^T and dP^T: A and B K-major, from shared memory
     assert 'mma_kv = hopper.wgmma_rs(d, dtype, b_major="MN")' in source  # dV, dK: A from registers, B MN-major
-    assert 'mma_q = hopper.wgmma_ss(d, dtype, a_major="MN", b_major="MN")' in source  # dQ: dS^T read MN-major
+    assert 'mma_q = hopper.wgmma_ss(BOX, dtype, a_major="MN", b_major="MN")' in source  # dQ: dS^T read MN-major
     table = pipeline.BACKWARD_OPERANDS
     assert table["S^T = K Q^T"] == table["dP^T = V dO^T"] == ("shared", "K", "shared", "K")
     assert table["dV += P^T dO"] == table["dK += dS^T Q"] == ("registers", "K", "shared", "MN")

@@ -18,6 +18,9 @@ arrivals and bytes, so that threads wait for a copy to land). As in mma.py, each
     done = mbarrier_try_wait_parity(bar, i, parity); mbarrier_wait_parity(bar, i, parity)
     tma_load_2d(tile, i, tmap, col, row, bar, j)         # tmap = tensor_map_2d(matrix, box_rows, box_cols, swizzle)
     bulk_copy(tile, i, src, k, nbytes, bar, j)           # nbytes contiguous bytes from src[k:], completing on bar[j]
+    bulk_reduce_add(dst, k, tile, i, nbytes)             # dst[k:] += nbytes of float32s from shared memory
+    bulk_commit(); bulk_wait_read(0); bulk_wait(0)       # close the thread's group; wait until all but the newest n
+                                                         # have read their source / completed
     fence_proxy_async()                                  # after threads write shared memory that wgmma/TMA reads
     t = globaltimer()                                    # nanoseconds (uint64), the same clock for every SM
     setmaxnreg_inc(240); setmaxnreg_dec(40)              # a warpgroup's register budget (literal counts; the
@@ -42,7 +45,8 @@ The simulator:
   A wgmma before any wgmma_fence is refused.
 - mbarrier keeps (phase, pending arrivals, expected arrivals, transaction bytes) per barrier word; a phase
   completes when no arrival is pending and the byte count is back to zero. TMA and bulk copies happen at once
-  (zero fill past the matrix and the swizzle included) and then complete their bytes on the barrier.
+  (zero fill past the matrix and the swizzle included) and then complete their bytes on the barrier. A bulk
+  reduce reads its source and adds when a bulk wait retires its group (the latest moment the GPU may read it).
 - A wait on an mbarrier or a named barrier that can never end (every thread of the block waiting) is reported.
 - fence_proxy_async is a no-op (copies and reads happen in program order here); setmaxnreg checks its count
   and that the whole warpgroup executes it; named barriers count threads.
@@ -83,6 +87,12 @@ TMA_LOAD_2D = ("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::co
                "[$0], [$1, {$2, $3}], [$4];")
 BULK_COPY = ("{ .reg .u64 g; cvta.to.global.u64 g, $1; "
              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [g], $2, [$3]; }")
+# shared -> global, adding float32s (atomically, element by element), completing in a bulk group of the thread's
+BULK_REDUCE_ADD = ("{ .reg .u64 g; cvta.to.global.u64 g, $0; "
+                   "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [g], [$1], $2; }")
+BULK_COMMIT = "cp.async.bulk.commit_group;"
+BULK_WAIT_READ = "cp.async.bulk.wait_group.read %d;"  # the sources of all but the newest n groups were read
+BULK_WAIT = "cp.async.bulk.wait_group %d;"  # all but the newest n groups are complete (their writes visible)
 BAR_SYNC, BAR_ARRIVE = "bar.sync $0, $1;", "bar.arrive $0, $1;"
 GLOBALTIMER = "mov.u64 $0, %globaltimer;"
 
@@ -253,6 +263,16 @@ def _gpu_functions():
             return context.get_dummy_value()
         return types.void(dst, types.intp, src, types.intp, types.int32, bar, types.intp), codegen
 
+    @intrinsic
+    def bulk_reduce_add(typingctx, dst, dst_index, src, src_index, nbytes):
+        def codegen(context, builder, sig, args):
+            a = sig.args
+            ins = [pointer(context, builder, a[0], args[0], args[1]), shared(context, builder, a[2], args[2], args[3]),
+                   args[4]]
+            asm(builder, ir.VoidType(), ins, BULK_REDUCE_ADD, "l,r,r,~{memory}")
+            return context.get_dummy_value()
+        return types.void(dst, types.intp, src, types.intp, types.int32), codegen
+
     def named_barrier(ptx):
         def typer(typingctx, barrier_id, count):
             def codegen(context, builder, sig, args):
@@ -269,7 +289,9 @@ def _gpu_functions():
                mbarrier_init=barrier_op(MBAR_INIT, 1), mbarrier_arrive=barrier_op(MBAR_ARRIVE, 0),
                mbarrier_arrive_expect_tx=barrier_op(MBAR_EXPECT_TX, 1),
                mbarrier_try_wait_parity=mbarrier_try_wait_parity, mbarrier_wait_parity=barrier_op(MBAR_WAIT, 1),
-               tma_load_2d=tma_load_2d, bulk_copy=bulk_copy,
+               tma_load_2d=tma_load_2d, bulk_copy=bulk_copy, bulk_reduce_add=bulk_reduce_add,
+               bulk_commit=statement(BULK_COMMIT), bulk_wait_read=literal_statement(BULK_WAIT_READ, _check_pending),
+               bulk_wait=literal_statement(BULK_WAIT, _check_pending),
                named_barrier_sync=named_barrier(BAR_SYNC), named_barrier_arrive=named_barrier(BAR_ARRIVE))
     return fns, wgmma
 
@@ -457,9 +479,10 @@ class _Warpgroup(_Warp):
 def _warpgroup(op):
     me, manager, block = _block(op)
     threads = int(np.prod(manager._block_dim))
-    if threads % F.WG_THREADS:
-        raise WarpDivergence(f"{op} needs whole warpgroups of 128 threads; this block has {threads} threads")
     wg, rank = divmod(int(me.thread_id), F.WG_THREADS)
+    if (wg + 1) * F.WG_THREADS > threads:  # a block may end in a partial warpgroup that never runs one
+        raise WarpDivergence(f"{op} needs a whole warpgroup of 128 threads; thread {int(me.thread_id)} is in "
+                             f"warpgroup {wg}, which this block of {threads} threads leaves incomplete")
     with block.cond:
         group = block.groups.get(wg) or block.groups.setdefault(wg, _Warpgroup(wg))
     return me, block, rank, group
@@ -471,6 +494,23 @@ class _Async:
     def __init__(self):
         self.fenced = False
         self.uncommitted, self.groups, self.latest = [], [], {}
+
+
+class _Bulk:
+    """One thread's bulk copies to global memory: issued but not committed, and committed groups."""
+
+    def __init__(self):
+        self.uncommitted, self.groups = [], []
+
+
+_REDUCE_LOCK = threading.Lock()
+
+
+def _bulk(me):
+    state = me.__dict__.get("_flashlab_bulk")
+    if state is None:
+        state = me._flashlab_bulk = _Bulk()
+    return state
 
 
 def _async(me):
@@ -656,6 +696,47 @@ def _sim_functions():
         block.window.write(start + np.arange(nbytes), data, "bulk_copy")
         complete_tx(block, bar, bar_index, nbytes, "bulk_copy")
 
+    def bulk_reduce_add(dst, dst_index, src, src_index, nbytes):
+        """Checked now; performed (shared memory read, float32s added) when a bulk wait retires its group, the
+        latest moment the hardware may read the source: a kernel that rewrites the source before waiting, or never
+        waits, gets wrong sums here."""
+        me, _, block = _block("bulk_reduce_add")
+        nbytes, target = int(nbytes), getattr(dst, "_ary", dst)
+        if nbytes <= 0 or nbytes % 16:
+            raise ValueError(f"bulk_reduce_add: nbytes must be a positive multiple of 16; got {nbytes}")
+        if target.dtype != np.float32 or not target.flags.c_contiguous:
+            raise ValueError(f"bulk_reduce_add: the destination must be a contiguous float32 array; got "
+                             f"{target.dtype}")
+        first = int(dst_index) * 4
+        if (_address(target) + first) % 16 or first < 0 or first + nbytes > target.nbytes:
+            raise ValueError(f"bulk_reduce_add: destination bytes [{first}, {first + nbytes}) must be 16-byte "
+                             f"aligned and inside the array ({target.nbytes} bytes)")
+        start = block.window.address(src, src_index, "bulk_reduce_add")
+        if start % 16:
+            raise ValueError(f"bulk_reduce_add: the source (shared address 0x{start:x}) must be 16-byte aligned")
+        state = _bulk(me)
+        state.uncommitted.append((block, target.reshape(-1), first // 4, start, nbytes // 4))
+
+    def bulk_commit():
+        state = _bulk(threading.current_thread())
+        state.groups.append(state.uncommitted)
+        state.uncommitted = []
+
+    def bulk_retire(n, op):
+        _check_pending(int(n))
+        state = _bulk(threading.current_thread())
+        while len(state.groups) > int(n):
+            for block, target, first, start, count in state.groups.pop(0):
+                values = block.window.read(start + 4 * np.arange(count), 4, op).view(np.float32)
+                with _REDUCE_LOCK:
+                    target[first:first + count] += values
+
+    def bulk_wait_read(n):
+        bulk_retire(n, "bulk_wait_read")
+
+    def bulk_wait(n):
+        bulk_retire(n, "bulk_wait")
+
     def named_barrier(wait):
         op = "named_barrier_sync" if wait else "named_barrier_arrive"
 
@@ -689,7 +770,8 @@ def _sim_functions():
                setmaxnreg_dec=setmaxnreg("dec"), mbarrier_init=mbarrier_init, mbarrier_arrive=mbarrier_arrive,
                mbarrier_arrive_expect_tx=mbarrier_arrive_expect_tx,
                mbarrier_try_wait_parity=mbarrier_try_wait_parity, mbarrier_wait_parity=mbarrier_wait_parity,
-               tma_load_2d=tma_load_2d, bulk_copy=bulk_copy,
+               tma_load_2d=tma_load_2d, bulk_copy=bulk_copy, bulk_reduce_add=bulk_reduce_add,
+               bulk_commit=bulk_commit, bulk_wait_read=bulk_wait_read, bulk_wait=bulk_wait,
                named_barrier_sync=named_barrier(True), named_barrier_arrive=named_barrier(False))
     return {name: _hopper_only(fn) for name, fn in fns.items()}, lambda *key: _hopper_only(_sim_wgmma(*key))
 
@@ -828,4 +910,6 @@ mbarrier_init, mbarrier_arrive = _FNS["mbarrier_init"], _FNS["mbarrier_arrive"]
 mbarrier_arrive_expect_tx = _FNS["mbarrier_arrive_expect_tx"]
 mbarrier_try_wait_parity, mbarrier_wait_parity = _FNS["mbarrier_try_wait_parity"], _FNS["mbarrier_wait_parity"]
 tma_load_2d, bulk_copy = _FNS["tma_load_2d"], _FNS["bulk_copy"]
+bulk_reduce_add, bulk_commit = _FNS["bulk_reduce_add"], _FNS["bulk_commit"]
+bulk_wait_read, bulk_wait = _FNS["bulk_wait_read"], _FNS["bulk_wait"]
 named_barrier_sync, named_barrier_arrive = _FNS["named_barrier_sync"], _FNS["named_barrier_arrive"]
