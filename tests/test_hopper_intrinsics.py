@@ -379,6 +379,63 @@ def test_simulator_reports_a_barrier_that_can_never_complete():
         _short_copy[1, 32](np.arange(64, dtype=np.uint16), np.zeros(32, np.uint16))
 
 
+@cuda.jit
+def _reduce_rows(dst, out, rewrite_early):
+    """32 threads stage a row of 32 float32s each (value row + lane / 64) in shared memory, then thread r adds row r
+    to dst[r] with a bulk reduce; with rewrite_early, the rows are overwritten with -1 before the wait."""
+    rows = cuda.shared.array((32, 32), float32)
+    tid = cuda.threadIdx.x
+    for lane in range(32):
+        rows[tid, lane] = float32(tid) + float32(lane) / float32(64)
+    hopper.fence_proxy_async()
+    cuda.syncthreads()
+    hopper.bulk_reduce_add(dst, 32 * tid, rows[tid], 0, 128)
+    hopper.bulk_commit()
+    if rewrite_early:
+        for lane in range(32):
+            rows[tid, lane] = float32(-1)
+    hopper.bulk_wait_read(0)
+    for lane in range(32):
+        rows[tid, lane] = float32(-2)  # after the wait the source may change
+    hopper.bulk_wait(0)
+    out[tid] = rows[tid, 0]
+
+
+def test_bulk_reduce_adds_rows_of_shared_memory_to_global():
+    start = np.arange(32 * 32, dtype=np.float32).reshape(32, 32)
+    dst, out = cuda.to_device(start.copy()), cuda.to_device(np.zeros(32, np.float32))
+    for _ in range(2):  # added twice: a reduce, not a copy
+        _reduce_rows[1, 32](dst, out, False)
+    want = start + 2 * (np.arange(32)[:, None] + np.arange(32)[None, :] / 64)
+    np.testing.assert_array_equal(dst.copy_to_host(), want.astype(np.float32))
+    assert (out.copy_to_host() == -2).all()
+
+
+@sim_only
+def test_simulator_reads_a_bulk_reduce_source_at_the_wait():
+    """A kernel that rewrites the source before bulk_wait_read adds what it wrote: the simulator takes the latest
+    moment the hardware may read, so the race shows up as wrong sums."""
+    dst, out = cuda.to_device(np.zeros((32, 32), np.float32)), cuda.to_device(np.zeros(32, np.float32))
+    _reduce_rows[1, 32](dst, out, True)
+    assert (dst.copy_to_host() == -1).all()
+
+
+@cuda.jit
+def _partial_group(out):
+    acc = cuda.local.array(32, float32)
+    hopper.wgmma_fence()
+    if cuda.threadIdx.x >= 128:
+        _mma64(acc, np.uint64(0), np.uint64(0), 0)
+    out[0] = 1
+
+
+@sim_only
+def test_a_partial_warpgroup_may_not_issue_wgmma():
+    """A block of 160 threads holds one whole warpgroup and one warp; that warp cannot run a wgmma."""
+    with pytest.raises(Exception, match="warpgroup 1, which this block of 160 threads leaves incomplete"):
+        _partial_group[1, 160](np.zeros(1, np.int32))
+
+
 # ============================================================================================== TMA
 _TMA_KERNELS = {}
 

@@ -433,3 +433,30 @@ def test_autocast_casts_like_torch_sdpa(rng):
     assert outs["flashlab"][0].dtype == outs["torch"][0].dtype == torch.bfloat16
     for a, b in zip(outs["flashlab"], outs["torch"]):
         assert a.dtype == b.dtype and rel(a.float(), b.float()) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("variant", ["register", "tensor", "wgmma"])
+@pytest.mark.parametrize("nq,nk", [(1, 1), (2, 3), (3, 2)])
+def test_cuda_tiny_backward_keeps_its_temporaries_apart(nq, nk, variant):
+    """At N = 1 the backward's D and dQ accumulator fit one 512-byte block of torch's allocator: the prepared path
+    must hold both while its kernels are enqueued, or they share memory. Twice, so that the second call is the
+    prepared one."""
+    from flashlab.kernels import flash_attention as kernel_forward, flash_attention_backward
+
+    if variant == "wgmma" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the wgmma backward needs Hopper")
+    dtype = torch.float32 if variant == "register" else torch.float16
+    g = torch.Generator(device="cuda").manual_seed(nq + nk)
+    q, do = (torch.randn(1, 1, nq, 64, device="cuda", generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(1, 1, nk, 64, device="cuda", generator=g).to(dtype) for _ in range(2))
+    o, lse = kernel_forward(q, k, v, variant="tensor" if variant != "register" else "register")
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    want = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q64, k64, v64), (q64, k64, v64),
+                               do.double())
+    for _ in range(2):
+        got = flash_attention_backward(q, k, v, o, lse, do, variant=variant)
+        for name, a, b in zip(("dq", "dk", "dv"), got, want):
+            err = (a.double() - b).abs().max().item()
+            assert err <= 1e-2 * max(1.0, b.abs().max().item()), f"{variant} {name}: max error {err:.3g}"

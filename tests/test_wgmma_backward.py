@@ -66,11 +66,32 @@ def test_a_dropped_ds_term_would_fail():
     assert np.abs(wrong - dq).max() > 8 * UNIT["float16"] * 10 * max(np.abs(dq).max(), np.abs(v).max())
 
 
-def test_gqa_is_refused_with_a_clear_error():
-    x = cuda.to_device(np.zeros((1, 2, 8, 32), np.uint32))
-    kv = cuda.to_device(np.zeros((1, 1, 8, 32), np.uint32))
-    with pytest.raises(ValueError, match="as many K/V heads"):
-        wb.backward(x, kv, kv, x, cuda.to_device(np.zeros((1, 2, 8), np.float32)), x, x, kv, kv, 0.125, False,
+def test_grouped_query_heads_sum_into_their_kv_head():
+    """GQA: two query heads share a K/V head (one block walks both heads' tiles); dK and dV are the sums over the
+    group, dQ each head's own. Nq past one tile, causal, against float64 on K/V repeated per head."""
+    rng = np.random.default_rng(7)
+    B, H, H_kv, Nq, Nk, d, dtype = 1, 2, 1, 70, 60, 64, "float16"
+    vals = lambda shape: F.from_bits16(F.to_bits16(rng.standard_normal(shape), dtype), dtype).astype(np.float64)  # noqa: E731
+    q, do, k, v = vals((B, H, Nq, d)), vals((B, H, Nq, d)), vals((B, H_kv, Nk, d)), vals((B, H_kv, Nk, d))
+    rep = lambda x: np.repeat(x, H // H_kv, axis=1)  # noqa: E731
+    o, lse, dq, dk, dv = gradients(q, rep(k), rep(v), do, d ** -0.5, True)
+    want = (dq, dk.reshape(B, H_kv, H // H_kv, Nk, d).sum(2), dv.reshape(B, H_kv, H // H_kv, Nk, d).sum(2))
+    o16 = F.from_bits16(F.to_bits16(o, dtype), dtype).astype(np.float64)
+    words = lambda x: cuda.to_device(np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32))  # noqa: E731
+    out = [cuda.to_device(np.zeros(x.shape[:3] + (d // 2,), np.uint32)) for x in (q, k, v)]
+    wb.backward(words(q), words(k), words(v), words(o16), cuda.to_device(lse.astype(np.float32)), words(do), *out,
+                d ** -0.5, True, dtype)
+    for name, got, w in zip(("dq", "dk", "dv"), out, want):
+        got = F.from_bits16(got.copy_to_host().view(np.uint16), dtype)
+        bound = 8 * UNIT[dtype] * 2 * max(np.abs(w).max(), np.abs(v).max())  # dK, dV: sums of two heads
+        assert np.abs(got - w).max() <= bound, f"{name}: max error {np.abs(got - w).max():.3g} > {bound:.3g}"
+
+
+def test_query_heads_must_be_a_multiple_of_kv_heads():
+    x = cuda.to_device(np.zeros((1, 3, 8, 32), np.uint32))
+    kv = cuda.to_device(np.zeros((1, 2, 8, 32), np.uint32))
+    with pytest.raises(ValueError, match="H=3 must be a multiple of the K/V heads H_kv=2"):
+        wb.backward(x, kv, kv, x, cuda.to_device(np.zeros((1, 3, 8), np.float32)), x, x, kv, kv, 0.125, False,
                     "float16")
 
 

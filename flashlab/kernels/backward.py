@@ -1,8 +1,8 @@
 """flash_attention_backward: check the inputs, plan, and launch a backward kernel; return (dq, dk, dv).
 
 Two variants: "register" (FP32 units, kernels/register_backward.py) and "tensor" (tensor cores,
-kernels/tensor_backward.py); and, opt-in, "wgmma" (FlashAttention-3's backward on Hopper, kernels/wgmma_backward.py:
-checked in the simulator, not yet run on a GPU). Each kernel module describes its launches once (`launches`): the general path runs
+kernels/tensor_backward.py); and, opt-in, "wgmma" (FlashAttention-3's backward on Hopper, kernels/wgmma_backward.py).
+Each kernel module describes its launches once (`launches`): the general path runs
 them on numba arrays (_launch.run_all), and torch CUDA tensors take the prepared path (kernels/prepared.py) after
 the first call with their shapes: PreparedRegisterBackward and PreparedTensorBackward prepare the same
 descriptions once (prepared.PreparedLaunches).
@@ -15,7 +15,7 @@ import numpy as np
 
 from .._inputs import check_options, check_seed
 from ..device import device_limits, has_gpu
-from . import prepared, register_backward, tensor, tensor_backward, wgmma_backward
+from . import prepared, register_backward, tensor, tensor_backward, wgmma, wgmma_backward
 from ._launch import (all_to_device_words, check_kernel_backward_inputs, check_kernel_inputs, empty, empty_words,
                       is_gqa, like_input, to_device)
 from .options import Extras, Features, plain_arguments
@@ -33,8 +33,11 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     come back in q's kind and dtype (float32 accumulation for 16-bit inputs).
 
     variant: "register" (this module, FP32 units; float32 and float16) or "tensor" (kernels/tensor_backward.py,
-    tensor cores: float16, bfloat16 and float32 through 3xTF32, with `precision` as in the forward). By default
-    "tensor" for float16 / bfloat16 on a GPU that has their mma, else "register" (see default_variant).
+    tensor cores: float16, bfloat16 and float32 through 3xTF32, with `precision` as in the forward) or, opt-in,
+    "wgmma" (kernels/wgmma_backward.py, FlashAttention-3's backward on Hopper: float16 and bfloat16, d 64 or 128,
+    grouped-query attention, causal or not, no options; on an H200 1.10-1.68x the tensor backward,
+    docs/runs/wgmma-backward.md). By default "tensor" for float16 / bfloat16 on a GPU that has their mma, else
+    "register" (see default_variant).
     block_q / block_k override the tile; threads (register only) the threads per block; see GPU_CONFIG and
     tensor_backward.choose_tile. window_size, align, alibi_slopes, softcap, dropout_p, seed: as in the forward
     (pass the same values); both variants compile them in (the seed is a kernel argument), skip the query tiles
@@ -100,7 +103,14 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
 
 def _wgmma_backward(q, k, v, o, lse, do, causal, scale):
     """variant="wgmma" (kernels/wgmma_backward.py): opt-in, 16-bit inputs on Hopper (or the simulator), contiguous,
-    as many K/V heads as query heads, d 64 or 128. Checked in the simulator; not yet run on a GPU."""
+    GQA, d 64 or 128. Torch CUDA tensors take the prepared path after the first call
+    with their key (PreparedWgmmaBackward)."""
+    key = prepared.torch_key(q, k, v, o, lse, do) if prepared.available() else None
+    if key is not None:
+        key = ("wgmma_backward", key, causal, scale)
+        call = prepared.lookup(key)
+        if call is not None:
+            return call(q, k, v, o, lse, do)
     (q_d, k_d, v_d, o_d, do_d), kind, dtype = all_to_device_words(
         (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)))
     if dtype not in wgmma_backward.DTYPES:
@@ -121,9 +131,40 @@ def _wgmma_backward(q, k, v, o, lse, do, causal, scale):
     if tuple(lse_d.shape) != (B, H, Nq) or np.dtype(lse_d.dtype) != np.float32:
         raise ValueError(f"lse must be float32 of shape {(B, H, Nq)} (the forward's); got {np.dtype(lse_d.dtype)} "
                          f"{tuple(lse_d.shape)}")
+    if key is not None:  # checked: prepare this key's launches once
+        described = wgmma_backward.launches(B, H, Nq, Nk, d, scale, causal, dtype, k_d.shape[1])
+        return prepared.store(key, PreparedWgmmaBackward(described, q, k, v, o, lse, do))(q, k, v, o, lse, do)
     outs = [empty_words(x.shape[:3] + (d,), dtype, kind, like=q) for x in (q_d, k_d, v_d)]
     wgmma_backward.backward(q_d, k_d, v_d, o_d, lse_d, do_d, *(w for _, w in outs), scale, causal, dtype)
     return tuple(like_input(x, kind) for x, _ in outs)
+
+
+class PreparedWgmmaBackward:
+    """The wgmma backward for torch CUDA tensors of one key: wgmma_backward.launches prepared once; a call
+    allocates the gradients, finds the tensor maps of K, V, Q and dO (wgmma.torch_map: made once per buffer) and
+    launches preprocess, main and the dQ cast."""
+
+    def __init__(self, described, q, k, v, o, lse, do):
+        self.dtype, self.shapes = q.dtype, (tuple(q.shape), tuple(k.shape))
+        specs = {n: prepared.torch_spec(x) for n, x in zip(("q", "k", "v", "o", "do"), (q, k, v, o, do))}
+        specs.update(dq=specs["q"], dk=specs["k"], dv=specs["k"])
+        specs = {n: x.words() for n, x in specs.items()}
+        maps = prepared.Spec((16,), (8,), np.dtype(np.uint64))
+        specs.update(lse=prepared.torch_spec(lse), **{name: maps for name in wgmma_backward.MAPS})
+        self.launches = prepared.PreparedLaunches.of(described, specs, q.device)
+
+    def __call__(self, q, k, v, o, lse, do):
+        import torch  # optional: only torch tensors come here
+
+        dq = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
+        dk, dv = (torch.empty(self.shapes[1], dtype=self.dtype, device=q.device) for _ in range(2))
+        pointers = {n: x.data_ptr() for n, x in dict(o=o, lse=lse, dq=dq, dk=dk, dv=dv, do=do).items()}
+        for name, x in (("k_map", k), ("v_map", v), ("q_map", q), ("do_map", do)):
+            rows = x.shape[0] * x.shape[1] * x.shape[2]
+            pointers[name] = wgmma.torch_map(x.data_ptr(), rows, x.shape[3], wgmma_backward.MAP_ROWS[name],
+                                             q.device)
+        self.launches(prepared.current_stream(q), pointers, q.device)
+        return dq, dk, dv
 
 
 # The tensor backward is the default for 16-bit inputs on a GPU: its GPU tests passed on an H100

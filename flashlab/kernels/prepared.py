@@ -377,10 +377,12 @@ class PreparedLaunches:
             if self.torch_temporaries is None:
                 self.torch_temporaries = [(name, shape, _TORCH[np.dtype(dtype)])
                                           for name, (shape, dtype) in self.temporaries.items()]
-            # freed at return, a block goes back to torch's cache for later work on this stream, which runs after
-            # these kernels
-            for name, shape, dtype in self.torch_temporaries:
-                pointers[name] = torch.empty(shape, dtype=dtype, device=device).data_ptr()
+            # held until every kernel is enqueued: a temporary freed sooner would give its block to the next one
+            # (two small temporaries, D and dQ's accumulator at N = 1, would share their memory). Freed at return,
+            # a block goes back to torch's cache for later work on this stream, which runs after these kernels.
+            held = [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in self.torch_temporaries]
+            for (name, _, _), t in zip(self.torch_temporaries, held):
+                pointers[name] = t.data_ptr()
         for i, (kernel, names) in enumerate(self.kernels):
             kernel.launch(stream, [pointers[n] for n in names], seed if i == self.seeded else None)
 

@@ -1,32 +1,37 @@
-"""FlashAttention-3's backward on Hopper (sm_90) from pure-Python Numba: every product on wgmma (a first version).
+"""FlashAttention-3's backward on Hopper (sm_90) from pure-Python Numba: every product on wgmma.
 
 FlashAttention-3 (arXiv 2407.08608, Section 3 and Appendix B) splits the backward over keys, as FlashAttention-2
-does: a thread block owns BK = 64 keys of one (batch, head), keeps K_j and V_j in shared memory, and walks the
-query tiles i of BQ = 64 rows. Two warpgroups of 128 threads:
+does: a thread block owns BK = 64 keys of one (batch, K/V head), keeps K_j and V_j in shared memory, and walks the
+query tiles i of BQ = 64 rows (of every query head that shares the K/V head, with grouped-query attention). A consumer warpgroup (threads 0..127) and a producer warp after it:
 
-    warpgroup 0, the producer: one thread copies K_j and V_j once with TMA, then Q_i and dO_i tile after tile
-        into a ring of `stages` slots (a full mbarrier per slot, counting the bytes; an empty one, released by
-        the consumer when the slot's last product is done).
-    warpgroup 1, the consumer, for each query tile:
+    the producer: lane 0 copies K_j and V_j once with TMA, then Q_i and dO_i tile after tile into a ring of
+        `stages` slots; every lane loads two queries' lse (times log2 e) and D = rowsum(dO * O) into the slot's
+        stats. A full mbarrier per slot counts the bytes and the warp's arrivals; an empty one is released by the
+        consumer when the slot's last product is done.
+    the consumer, for each query tile:
         1. S^T = K_j Q_i^T and dP^T = V_j dO_i^T (wgmma, both operands from shared memory), issued together;
-        2. P^T = exp(S^T * scale - lse_i) from the forward's lse (masked where the key is past Nk, the query past
-           Nq, or causal and after the query), then dS^T = P^T * (dP^T - D_i);
+        2. P^T = exp2(S^T * scale * log2 e - lse_i * log2 e), masked where the key is past Nk, the query past Nq,
+           or causal and after the query; then dS^T = P^T * (dP^T - D_i);
         3. dV_j += P^T dO_i and dK_j += dS^T Q_i, with P^T and dS^T as wgmma's A operand straight from registers
            (an accumulator fragment is an A fragment) and dO_i, Q_i read MN-major;
         4. dS^T goes to shared memory (128-byte swizzled rows of keys), and dQ_i's share of this key block,
-           dS K_j, runs on wgmma with dS read MN-major: the transposition is in the descriptor, not in data
-           movement. Its fp32 fragments are added to dQ's accumulator with atomics (other key blocks add theirs).
-    D = rowsum(dO * O) comes first and dQ's float32 accumulator is cast to the inputs' type last, by the tensor
-    backward's preprocess and cast kernels (kernels/tensor_backward.py).
+           dS K_j, runs on wgmma (64 columns at a time) with dS read MN-major: the transposition is in the
+           descriptor, not in data movement;
+        5. the share, in float32 rows in shared memory, is added to dQ's accumulator by bulk reduces
+           (cp.reduce.async.bulk .add.f32, one per row), which other key blocks' shares also add to.
+    D and a zeroed accumulator come first, and dQ is cast to the inputs' type last, by the tensor backward's
+    preprocess and cast kernels (kernels/tensor_backward.py).
 
-Status: checked against float64 in the simulator (tests/test_wgmma_backward.py), where every Hopper instruction
-is emulated exactly; not yet run on a GPU (scripts/gpu_check_wgmma_backward.py is the check to run), and not yet
-an option of flash_attention_backward. ptxas: 194 registers at d = 64, no spills; at d = 128 all 255 and 64-72
-bytes of spills.
+A block has 160 threads: at d = 64 the kernel takes 168 registers, so two blocks share an SM and one's softmax
+runs under the other's products; at d = 128 (254 registers) one block does. Checked against float64 in the
+simulator (tests/test_wgmma_backward.py) and on an H200 beside torch's own error
+(scripts/gpu_check_wgmma_backward.py, which also times it).
 
 Where it stops short of FlashAttention-3 so far: one consumer warpgroup of 64 keys (FA3 runs two, 128 keys, with
-more registers each), no overlap between one tile's softmax and the next tile's products, no GQA (H_kv must be
-H), d = 64 and 128, float16 and bfloat16, causal or not.
+240 registers each through setmaxnreg), no overlap within a warpgroup between one tile's softmax and the next
+tile's products, dQ's rows reduced one bulk copy each (FA3 stores a swizzled tile and reduces it with one TMA
+copy), and no options; d = 64 and 128, float16 and bfloat16, causal or not, grouped-query attention (a block
+walks every query head of its K/V head).
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ from numba import config, float32, int32, uint16, uint32, uint64
 
 from ..device import get_cuda
 from . import hopper, mma, tensor_backward
-from ._launch import launch_with_shared
+from ._launch import Arg, Launch, Launches
 from .common import FASTMATH, LOG2E, U
 
 cuda = get_cuda()
@@ -89,9 +94,10 @@ def build(d: int, dtype: str, causal: bool, tile: BackwardTile = BackwardTile())
 
         (k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, n_q, n_k, scale, scale_log2)
 
-    maps: hopper.tensor_map_2d of K, V (B * H * Nk, d) and Q, dO (B * H * Nq, d) as uint16, 64 x 64 boxes,
-    128-byte swizzle; lse, D: (B, H, Nq) float32; dq_acc (B, H, Nq, d) float32 (added to); dk, dv (B, H, Nk, d/2)
-    uint32 pairs. Grid (ceil(Nk / BK), H, B), tile.threads threads, tile.shared_bytes(d) bytes of dynamic shared memory."""
+    maps: hopper.tensor_map_2d of K, V (B * H_kv * Nk, d) and Q, dO (B * H * Nq, d) as uint16, 64 x 64 boxes,
+    128-byte swizzle; lse, D: (B, H, Nq) float32; dq_acc (B, H, Nq, d) float32 (added to); dk, dv
+    (B, H_kv, Nk, d/2) uint32 pairs; H a multiple of H_kv. Grid (ceil(Nk / BK), H_kv, B), tile.threads threads,
+    tile.shared_bytes(d) bytes of dynamic shared memory."""
     key = (d, dtype, causal, tile)
     if key not in _BUILDS:
         if d not in (64, 128) or dtype not in DTYPES:
@@ -124,10 +130,13 @@ def _kernel(d, dtype, causal, tile):
     ZERO = float32(0.0)
 
     @_step
-    def produce(sm, at, bar, stats, k_map, v_map, q_map, do_map, lse, D, b, h, kv_row, q_row, i0, n_tiles, n_q, lane):
-        """The producer warp: lane 0 copies K and V once, then Q_i and dO_i into the ring with TMA; every lane
-        loads two queries' lse (times log2 e) and D into the slot's stats. FULL counts the warp's 32 arrivals and
-        lane 0's bytes."""
+    def produce(sm, at, bar, stats, k_map, v_map, q_map, do_map, lse, D, b, hq0, kv_row, i0, n_tiles, n_work, n_q,
+                lane):
+        """The producer warp: lane 0 copies K and V once, then Q_i and dO_i of each (query head, tile) of the block's
+        work into the ring with TMA; then every lane loads two queries' lse (times log2 e) and D into the slot's
+        stats. FULL counts 33 arrivals: lane 0's
+        with the bytes, before the copies, and the warp's 32 after its stores (an arrival releases the stores
+        before it), so the copies start before the loads' latency."""
         if lane == U(0):
             hopper.mbarrier_arrive_expect_tx(bar, KV_FULL, 2 * KV_BYTES)
             for x in range(BOXES):
@@ -135,27 +144,33 @@ def _kernel(d, dtype, causal, tile):
                                    KV_FULL)
                 hopper.tma_load_2d(sm, at + (V_AT + x * KV_BOX) // 2, v_map, int32(BOX * x), int32(kv_row), bar,
                                    KV_FULL)
-        for j in range(n_tiles):
+        n_heads = U(lse.shape[1])
+        for j in range(n_work):
             s = j % ST
             if j >= ST:
                 hopper.mbarrier_wait_parity(bar, EMPTY + s, int32((j // ST - 1) & 1))
-            q0 = (i0 + U(j)) * U(BQ)
-            for r in range(BQ // 32):
-                i = lane + U(32 * r)
-                query = q0 + i
-                inside = query < n_q
-                stats[s * STATS + i] = lse[b, h, query] * float32(LOG2E) if inside else ZERO
-                stats[s * STATS + BQ + i] = D[b, h, query] if inside else ZERO
+            h, q0 = work_item(U(j), hq0, i0, n_tiles)
             if lane == U(0):
-                row = int32(q_row + q0)
+                row = int32((b * n_heads + h) * n_q + q0)
                 hopper.mbarrier_arrive_expect_tx(bar, FULL + s, 2 * QD_BYTES)
                 for x in range(BOXES):
                     hopper.tma_load_2d(sm, at + (Q_AT + s * QD_BYTES + x * QD_BOX) // 2, q_map, int32(BOX * x), row,
                                        bar, FULL + s)
                     hopper.tma_load_2d(sm, at + (DO_AT + s * QD_BYTES + x * QD_BOX) // 2, do_map, int32(BOX * x),
                                        row, bar, FULL + s)
-            else:
-                hopper.mbarrier_arrive(bar, FULL + s)
+            for r in range(BQ // 32):
+                i = lane + U(32 * r)
+                query = q0 + i
+                inside = query < n_q
+                stats[s * STATS + i] = lse[b, h, query] * float32(LOG2E) if inside else ZERO
+                stats[s * STATS + BQ + i] = D[b, h, query] if inside else ZERO
+            hopper.mbarrier_arrive(bar, FULL + s)
+
+    @_step
+    def work_item(j, hq0, i0, n_tiles):
+        """The block's j-th piece of work: (query head, first query of the tile). With grouped-query attention
+        a K/V head serves several query heads, and its block walks every tile of each in turn."""
+        return hq0 + j // n_tiles, (i0 + j % n_tiles) * U(BQ)
 
     @_step
     def issue_transposed_scores(acc, key_tile, query_tile):
@@ -246,14 +261,14 @@ def _kernel(d, dtype, causal, tile):
                     smf[row + U(col0 + 8 * n + c) + U(2) * t] = dqacc[4 * n + 2 * r + c] * scale
 
     @_step
-    def reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, lane, n_q):
-        """Warp 0 adds dQ's shared rows to the float32 accumulator, a bulk reduce per row (two per lane)."""
-        for r in range(BQ // 32):
-            row = lane + U(32 * r)
-            query = q0 + row
-            if query < n_q:
-                hopper.bulk_reduce_add(dq_acc, ((b * n_heads + h) * n_q + query) * U(d), smf,
-                                       (at + U(DQ_AT) + row * U(ROW)) // U(4), int32(4 * d))
+    def reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, warp, lane, n_q):
+        """Each warp adds the 16 dQ rows it staged to the float32 accumulator, a bulk reduce per row by lanes
+        0..15 (the hardware issues them one lane at a time, so the four warps share the work)."""
+        row = U(16) * warp + lane
+        query = q0 + row
+        if lane < U(16) and query < n_q:
+            hopper.bulk_reduce_add(dq_acc, ((b * n_heads + h) * n_q + query) * U(d), smf,
+                                   (at + U(DQ_AT) + row * U(ROW)) // U(4), int32(4 * d))
         hopper.bulk_commit()
 
     @_step
@@ -274,22 +289,23 @@ def _kernel(d, dtype, causal, tile):
         bar = cuda.shared.array(N_BARRIERS, uint64)
         stats = cuda.shared.array(N_STATS, float32)
         tid = U(cuda.threadIdx.x)
-        b, h = U(cuda.blockIdx.z), U(cuda.blockIdx.y)
+        b, h_kv = U(cuda.blockIdx.z), U(cuda.blockIdx.y)
         k0 = U(cuda.blockIdx.x) * U(BK)
-        n_heads = U(cuda.gridDim.y)
+        n_heads, n_kv_heads = U(lse.shape[1]), U(cuda.gridDim.y)
+        group = n_heads // n_kv_heads  # query heads per K/V head (1 without GQA); dK, dV sum over them
         i0 = k0 // U(BQ) if CAUSAL else U(0)  # causal: query tiles before the block's first key see none of it
         n_tiles = (U(n_q) + U(BQ - 1)) // U(BQ) - i0 if U(n_q) > i0 * U(BQ) else U(0)
+        n_work = group * n_tiles
         base = hopper.smem_address(sm, 0)
         at = (U(1024) - U(base) % U(1024)) % U(1024)
         if tid == U(0):
             for i in range(N_BARRIERS):
-                hopper.mbarrier_init(bar, i, 1 if i == KV_FULL else (32 if i < EMPTY else CONSUMER))
+                hopper.mbarrier_init(bar, i, 1 if i == KV_FULL else (33 if i < EMPTY else CONSUMER))
         cuda.syncthreads()
         if tid >= U(CONSUMER):
             if tid < U(CONSUMER + 32):
-                produce(sm, at // U(2), bar, stats, k_map, v_map, q_map, do_map, lse, D, b, h,
-                        (b * n_heads + h) * U(n_k) + k0, (b * n_heads + h) * U(n_q), i0, n_tiles, U(n_q),
-                        tid - U(CONSUMER))
+                produce(sm, at // U(2), bar, stats, k_map, v_map, q_map, do_map, lse, D, b, h_kv * group,
+                        (b * n_kv_heads + h_kv) * U(n_k) + k0, i0, n_tiles, n_work, U(n_q), tid - U(CONSUMER))
             return
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)
@@ -306,9 +322,9 @@ def _kernel(d, dtype, causal, tile):
             dvacc[i] = ZERO
             dkacc[i] = ZERO
         hopper.mbarrier_wait_parity(bar, KV_FULL, 0)
-        for j in range(n_tiles):
+        for j in range(n_work):
             s = j % ST
-            q0 = (i0 + U(j)) * U(BQ)
+            h, q0 = work_item(U(j), h_kv * group, i0, n_tiles)
             q_tile, do_tile = start + U(Q_AT + s * QD_BYTES), start + U(DO_AT + s * QD_BYTES)
             hopper.mbarrier_wait_parity(bar, FULL + s, int32((j // ST) & 1))
             hopper.wgmma_fence()
@@ -323,9 +339,8 @@ def _kernel(d, dtype, causal, tile):
             issue_grads(dvacc, dkacc, p_regs, ds_regs, do_tile, q_tile)
             store_ds(sm32, at, ds_regs, warp, g, t)
             hopper.fence_proxy_async()  # the threads' stores, then wgmma's reads of them
-            if warp == U(0):
-                hopper.bulk_wait_read(0)  # the last tile's dQ rows have left shared memory
-            hopper.named_barrier_sync(1, CONSUMER)  # every warp's rows of dS^T are in place; dQ's rows are free
+            hopper.bulk_wait_read(0)  # the last tile's dQ rows (this warp's) have left shared memory
+            hopper.named_barrier_sync(1, CONSUMER)  # every warp's rows of dS^T are in place
             for x in range(BOXES):
                 if x > 0:
                     hopper.wgmma_fence()  # stage_dq read the accumulator that this pass overwrites
@@ -336,65 +351,48 @@ def _kernel(d, dtype, causal, tile):
                 stage_dq(smf, at, dqacc, BOX * x, warp, g, t, scale)
             hopper.fence_proxy_async()  # dQ's rows, then the bulk reduce's reads of them
             hopper.named_barrier_sync(1, CONSUMER)  # dQ's rows are in place; every warp's dQ wgmma read dS^T
-            if warp == U(0):
-                reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, lane, U(n_q))
-        if warp == U(0):
-            hopper.bulk_wait(0)  # before the block's shared memory goes
-        store_kv(dk, dv, dkacc, dvacc, b, h, key0, g, t, U(n_k), scale)
+            reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, warp, lane, U(n_q))
+        hopper.bulk_wait(0)  # before the block's shared memory goes
+        store_kv(dk, dv, dkacc, dvacc, b, h_kv, key0, g, t, U(n_k), scale)
 
     return flash_bwd_wgmma
 
 
-_MAPS, _WORKSPACES, _KEPT = {}, {}, 64
+MAPS = ("k_map", "v_map", "q_map", "do_map")  # the main kernel's tensor maps, by the array each one reads
+MAP_ROWS = {"k_map": BK, "v_map": BK, "q_map": BQ, "do_map": BQ}  # their boxes' rows
 
 
-def _map(words, n, box_rows):
-    """The tensor map of a (B, H, n, d/2) uint32 array read as (B * H * n, d) uint16 rows. On a GPU, made once per
-    (address, shape) and kept (a map holds only the address, shape and box), which spares each call four encodes
-    and four synchronous copies."""
-    rows = words.reshape(words.shape[0] * words.shape[1] * n, words.shape[3]).view(np.uint16)
-    if SIMULATOR:
-        return hopper.tensor_map_2d(rows, box_rows, BOX, SWIZZLE)
-    key = (words.device_ctypes_pointer.value, rows.shape, box_rows)
-    if key not in _MAPS:
-        if len(_MAPS) >= _KEPT:
-            _MAPS.pop(next(iter(_MAPS)))
-        _MAPS[key] = hopper.tensor_map_2d(rows, box_rows, BOX, SWIZZLE)
-    return _MAPS[key]
-
-
-def _workspace(B, H, Nq, d):
-    """D (B, H, Nq) and dQ's float32 accumulator (B, H, Nq, d): kept per shape on a GPU, where the calls of one
-    stream run in order, so a call's allocations do not synchronise the device."""
-    if SIMULATOR:
-        return cuda.device_array((B, H, Nq), np.float32), cuda.device_array((B, H, Nq, d), np.float32)
-    key = (B, H, Nq, d)
-    if key not in _WORKSPACES:
-        if len(_WORKSPACES) >= 4:
-            _WORKSPACES.pop(next(iter(_WORKSPACES)))
-        _WORKSPACES[key] = cuda.device_array((B, H, Nq), np.float32), cuda.device_array((B, H, Nq, d), np.float32)
-    return _WORKSPACES[key]
+def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: bool, dtype: str, H_kv: int | None = None,
+             tile: BackwardTile = BackwardTile()):
+    """The three launches of one call, described once (_launch.Launch) for the general and the prepared path:
+    D and a zeroed dQ accumulator (the tensor backward's preprocess), the main kernel, dQ cast to the inputs' type.
+    Arrays by name: o, do, dq, dk, dv (uint32 pairs), lse, the tensor maps of k, v, q and do (MAPS), and the
+    temporaries D and dq_acc."""
+    precision = "bf16" if dtype == "bfloat16" else "f16"
+    preprocess, _, cast = tensor_backward.build(d, tensor_backward.choose_tile(d, precision), bool(causal),
+                                                precision)
+    n = B * H * Nq * d
+    out = (Launch(preprocess, (-(-Nq // tensor_backward.PREPROCESS_ROWS), B * H),
+                  32 * tensor_backward.PREPROCESS_WARPS, ("o", "do", "D", "dq_acc", H)),
+           Launch(build(d, dtype, bool(causal), tile), (-(-Nk // BK), H_kv or H, B), tile.threads,
+                  MAPS + ("lse", "D", "dq_acc", "dk", "dv", np.int64(Nq), np.int64(Nk), np.float32(scale),
+                          np.float32(scale * LOG2E)), shared=tile.shared_bytes(d)),
+           Launch(cast, (-(-(n // 2) // 256),), 256, (Arg("dq_acc", (n,)), Arg("dq", (n // 2,)))))
+    return Launches(out, {"D": ((B, H, Nq), np.float32), "dq_acc": ((B, H, Nq, d), np.float32)}, {})
 
 
 def backward(q_words, k_words, v_words, o_words, lse, do_words, dq_words, dk_words, dv_words, scale, causal, dtype,
              tile: BackwardTile = BackwardTile()):
-    """The three launches on numba device arrays (16-bit values as uint32 pairs, (B, H, N, d/2)): D and a zeroed
-    dQ accumulator (the tensor backward's preprocess), the main kernel, dQ cast to the inputs' type."""
+    """The general path, on numba device arrays (16-bit values as uint32 pairs, (B, H, N, d/2)): the tensor maps
+    made for this call, then the launches. (Torch tensors take flash_attention_backward's prepared path.)"""
     B, H, Nq, w = q_words.shape
     _, H_kv, Nk, _ = k_words.shape
-    if H_kv != H:
-        raise ValueError(f"the wgmma backward needs as many K/V heads as query heads so far; got H={H}, H_kv={H_kv}")
-    d = 2 * w
-    precision = "bf16" if dtype == "bfloat16" else "f16"
-    preprocess, _, cast = tensor_backward.build(d, tensor_backward.choose_tile(d, precision), bool(causal),
-                                                precision)
-    D, dq_acc = _workspace(B, H, Nq, d)
-    preprocess[(-(-Nq // tensor_backward.PREPROCESS_ROWS), B * H), 32 * tensor_backward.PREPROCESS_WARPS](
-        o_words, do_words, D, dq_acc, H)
-    maps = [_map(k_words, Nk, BK), _map(v_words, Nk, BK), _map(q_words, Nq, BQ), _map(do_words, Nq, BQ)]
-    kernel = build(d, dtype, bool(causal), tile)
-    launch_with_shared(kernel, (-(-Nk // BK), H, B), tile.threads, tile.shared_bytes(d), *maps, lse, D, dq_acc,
-                       dk_words, dv_words, np.int64(Nq), np.int64(Nk), np.float32(scale),
-                       np.float32(scale * LOG2E))
-    n = B * H * Nq * d
-    cast[-(-(n // 2) // 256), 256](dq_acc.reshape(n), dq_words.reshape(n // 2))
+    if H % H_kv:
+        raise ValueError(f"the query heads H={H} must be a multiple of the K/V heads H_kv={H_kv}")
+    arrays = dict(q=q_words, k=k_words, v=v_words, o=o_words, lse=lse, do=do_words, dq=dq_words, dk=dk_words,
+                  dv=dv_words)
+    for name in MAPS:
+        x = arrays[name[:-4]]
+        rows = x.reshape(x.shape[0] * x.shape[1] * x.shape[2], w).view(np.uint16)
+        arrays[name] = hopper.tensor_map_2d(rows, MAP_ROWS[name], BOX, SWIZZLE)
+    launches(B, H, Nq, Nk, 2 * w, scale, causal, dtype, H_kv, tile).run(arrays)
