@@ -174,13 +174,19 @@ def _backward(q, k, v, o, lse, do, causal, scale, options=None):
 
     options = options or {}
     if q.is_cuda:
+        from .device import device_limits
         from .kernels import flash_attention_backward
         from .kernels.backward import default_variant
+        from .kernels.plan import wgmma_backward_fits
 
         four = q.dim() == 4
         args = [x if four else x.unsqueeze(0) for x in (q, k, v, o, lse, do)]
         variant = default_variant(q) if q.shape[-1] in _TENSOR_D else "register"  # both variants take the options
-        if variant == "tensor":  # 16-byte copies of rows: the last dim must be contiguous (do may be a broadcast)
+        if wgmma_backward_fits(str(q.dtype).replace("torch.", ""), q.shape[-1], device_limits()["cc"], q.shape[-2],
+                               k.shape[-2], gqa=q.shape[-3] != k.shape[-3], options=bool(options)):
+            variant = "wgmma"
+            args = [x.contiguous() for x in args]  # TMA reads (B, H, N, d) as one matrix of rows
+        elif variant == "tensor":  # 16-byte copies of rows: the last dim must be contiguous (do may be a broadcast)
             args = [x if x.stride(-1) == 1 else x.contiguous() for x in args]
         grads = flash_attention_backward(*(x.detach() for x in args), causal=causal, scale=scale, variant=variant,
                                          **options)

@@ -382,6 +382,20 @@ def test_cuda_variant_follows_the_gpu_and_dtype(monkeypatch, cc, dtype, d, want)
         assert ft._cuda_variant(torch.zeros(1, 2, 3, d, dtype=dtype), options=True) == "tensor"
 
 
+@pytest.mark.parametrize("cc,dtype,d,nq,nk,gqa,options,want", [
+    ((9, 0), "float16", 64, 4096, 4096, False, False, True), ((9, 0), "bfloat16", 128, 16384, 8192, False, False, True),
+    ((9, 0), "float16", 64, 2048, 4096, False, False, False),  # shorter than the shapes timed
+    ((9, 0), "float16", 64, 4096, 4096, True, False, False),  # grouped-query heads: not timed on a GPU yet
+    ((9, 0), "float16", 64, 4096, 4096, False, True, False),  # the library's options run on the tensor backward
+    ((9, 0), "float32", 64, 4096, 4096, False, False, False), ((9, 0), "float16", 32, 4096, 4096, False, False, False),
+    ((8, 0), "float16", 64, 4096, 4096, False, False, False), (None, "float16", 64, 4096, 4096, False, False, False),
+])
+def test_wgmma_backward_runs_where_it_was_measured_faster(cc, dtype, d, nq, nk, gqa, options, want):
+    from flashlab.kernels.plan import wgmma_backward_fits
+
+    assert wgmma_backward_fits(dtype, d, cc, nq, nk, gqa=gqa, options=options) is want
+
+
 @pytest.mark.gpu
 @gpu
 def test_cuda_bfloat16_on_tensor_cores_with_autograd(rng):
@@ -460,3 +474,22 @@ def test_cuda_tiny_backward_keeps_its_temporaries_apart(nq, nk, variant):
         for name, a, b in zip(("dq", "dk", "dv"), got, want):
             err = (a.double() - b).abs().max().item()
             assert err <= 1e-2 * max(1.0, b.abs().max().item()), f"{variant} {name}: max error {err:.3g}"
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_long_sequences_on_hopper_take_the_wgmma_backward(rng, monkeypatch, causal):
+    """N = 4096, float16: on Hopper, autograd's backward runs variant="wgmma" (plan.wgmma_backward_fits), and its
+    gradients match float64 as the tensor backward's do."""
+    import flashlab.kernels as fk
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the wgmma backward needs Hopper")
+    seen = []
+    real = fk.flash_attention_backward
+    monkeypatch.setattr(fk, "flash_attention_backward", lambda *a, **kw: seen.append(kw["variant"]) or real(*a, **kw))
+    q, k, v = qkv(rng, (1, 2, 4096, 64), 4096, dtype=torch.float16, device="cuda")
+    ours, ref = cuda_vs_float64(q, k, v, causal)
+    assert seen == ["wgmma"]
+    assert all(g.dtype == torch.float16 and rel(g, r) < 2e-2 for g, r in zip(ours[1:], ref[1:]))

@@ -317,8 +317,8 @@ for r, x in zip(rows, ratio_tensor):
 # - **The epilogue.** O goes from registers straight to global memory; FA3 stages it through shared memory and
 #   stores it with TMA.
 # - **Scope.** float16 and bfloat16, d = 64 and 128, causal, GQA and ragged lengths. No fp8 (lesson 11's block
-#   quantisation), no varlen, paged K/V or the library's other options (those run on `variant="tensor"`); the
-#   backward that training uses by default is still lesson 17's `mma.sync` kernel (section 8 has a first wgmma one).
+#   quantisation), no varlen, paged K/V or the library's other options (those run on `variant="tensor"`). Its
+#   backward is section 8's.
 #
 # `flashlab.torch` uses this kernel on Hopper for 16-bit inputs at d = 64 and 128 without options: it beat the
 # `mma.sync` kernel at all but one of the shapes measured (the exception is in the cell below).
@@ -394,6 +394,9 @@ for name in ("tensor", "sdpa"):
           f"({bwd[0]['gpu']}, {bwd[0]['date']})")
 
 # %% [markdown]
+# `flashlab.torch` takes this backward on Hopper where it was measured, sequences of 4096 and longer without options
+# or grouped-query heads, and lesson 17's kernel elsewhere.
+#
 # Where it stops short of FlashAttention-3: one consumer warpgroup of 64 keys per block (FA3 runs two, with 240
 # registers each), so a warpgroup waits for each tile's products before its softmax, and only at d = 64 do two
 # blocks share an SM and hide each other's waits; dQ's rows go out one bulk copy each where FA3 stores a swizzled

@@ -661,6 +661,22 @@ def forward_variant(dtype: str, d: int, cc, options: bool = False) -> str:
     return "register"
 
 
+# The backward shapes timed against the tensor backward on an H200 (2026-11-29, flashlab/data/wgmma_backward.csv):
+# N 4096 and 16384, where the wgmma backward was 1.10-1.68x faster at all 32 (d 64 and 128, causal or not, B H 16
+# and 64, float16 and bfloat16). Shorter sequences were not timed, so they keep the tensor backward.
+WGMMA_BACKWARD_MIN_N = 4096
+
+
+def wgmma_backward_fits(dtype: str, d: int, cc, n_q: int, n_k: int, gqa: bool = False, options: bool = False) -> bool:
+    """Whether a library call (flashlab.torch) runs the backward on "wgmma" (FlashAttention-3's, kernels/
+    wgmma_backward.py) rather than its default (kernels/backward.default_variant): on Hopper, for float16 /
+    bfloat16 at d = 64 or 128, without options or grouped-query heads, with Nq and Nk at least
+    WGMMA_BACKWARD_MIN_N, the shapes where it was measured faster than the tensor backward. cc None (the
+    simulator): no, as for any GPU before Hopper."""
+    return (cc is not None and tuple(cc) >= (9, 0) and dtype in ("float16", "bfloat16") and d in (64, 128)
+            and not options and not gqa and min(n_q, n_k) >= WGMMA_BACKWARD_MIN_N)
+
+
 def resolve_config(variant: str, d: int, block_q=None, block_k=None, precision=None):
     """The launch configuration a call would use: a register.Tile, a tensor.TensorTile, or (block_q, block_k)
     for "shared"."""
