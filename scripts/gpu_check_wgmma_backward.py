@@ -1,5 +1,6 @@
 """The wgmma backward (kernels/wgmma_backward.py) on a Hopper GPU: gradients against float64 beside torch's own
-error, then its speed against torch's SDPA backward and flashlab's tensor (mma.sync) backward, in the same run.
+error; whether deterministic=True repeats its bits (and the default does not); then its speed, with and without
+deterministic=True, against torch's SDPA backward and flashlab's tensor (mma.sync) backward, in the same run.
 
     python scripts/gpu_check_wgmma_backward.py [--quick]
 
@@ -52,6 +53,27 @@ def accuracy():
               flush=True)
 
 
+def repeatability():
+    """Two calls on the same inputs: deterministic=True must give the same bits; the default may not."""
+    import torch
+
+    from flashlab.kernels import flash_attention, flash_attention_backward
+
+    for causal in (False, True):
+        q, k, v, do = (torch.randn(2, 4, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+        first = {}
+        for deterministic in (False, True):
+            a, b = (flash_attention_backward(q, k, v, o, lse, do, causal=causal, variant="wgmma",
+                                             deterministic=deterministic)[0] for _ in range(2))
+            same = torch.equal(a.view(torch.int16), b.view(torch.int16))
+            first[deterministic] = a.float()
+            print(f"repeatability, {'causal' if causal else 'full'}, deterministic={deterministic}: dq "
+                  f"{'bit-identical' if same else 'differs'} across two calls", flush=True)
+        print(f"   deterministic against default: dq max |difference| "
+              f"{(first[True] - first[False]).abs().max().item():.2e}", flush=True)
+
+
 def speed(quick):
     import torch
     import torch.nn.functional as Fn
@@ -59,7 +81,8 @@ def speed(quick):
     from flashlab.kernels import flash_attention, flash_attention_backward
     from gpu_check_wgmma_forward import timed  # flashlab.bench.time_cuda's median
 
-    print("backward TFLOP/s; wgmma and tensor through flash_attention_backward, sdpa through autograd", flush=True)
+    print("backward TFLOP/s; wgmma, det (wgmma, deterministic=True) and tensor through flash_attention_backward, "
+          "sdpa through autograd", flush=True)
     for dtype in (("float16",) if quick else ("float16", "bfloat16")):
         for B, H, N, d, causal in (SHAPES[:8] if quick else SHAPES):
             q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
@@ -69,6 +92,8 @@ def speed(quick):
             ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
             t = {name: timed(lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal, variant=name), 10)
                  for name in ("wgmma", "tensor")}
+            t["det"] = timed(lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal, variant="wgmma",
+                                                              deterministic=True), 10)
             t["sdpa"] = timed(lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True), 10)
             print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
                 f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +
@@ -85,6 +110,7 @@ def main():
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
     accuracy()
+    repeatability()
     speed(args.quick)
     for key, kernel in sorted(wgmma_backward._BUILDS.items(), key=str):
         for compiled in kernel.overloads.values():

@@ -87,6 +87,41 @@ def test_grouped_query_heads_sum_into_their_kv_head():
         assert np.abs(got - w).max() <= bound, f"{name}: max error {np.abs(got - w).max():.3g} > {bound:.3g}"
 
 
+def test_deterministic_mode_adds_dq_in_key_block_order():
+    """deterministic=True: each query tile takes the key blocks' shares in turn (0, 1, 2 here, three key blocks);
+    the gradients match float64 and two calls give the same bits. (The simulator runs blocks one after another,
+    so here the turns never wait: this checks the counting, the zeroing and that the kernel reaches every turn;
+    the wait itself is checked on a GPU.)"""
+    rng = np.random.default_rng(11)
+    B, H, Nq, Nk, d, dtype = 1, 1, 70, 150, 64, "float16"
+    vals = lambda shape: F.from_bits16(F.to_bits16(rng.standard_normal(shape), dtype), dtype).astype(np.float64)  # noqa: E731
+    q, do, k, v = vals((B, H, Nq, d)), vals((B, H, Nq, d)), vals((B, H, Nk, d)), vals((B, H, Nk, d))
+    o, lse, *want = gradients(q, k, v, do, d ** -0.5, False)
+    o16 = F.from_bits16(F.to_bits16(o, dtype), dtype).astype(np.float64)
+    words = lambda x: cuda.to_device(np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32))  # noqa: E731
+    runs = []
+    for _ in range(2):
+        out = [cuda.to_device(np.zeros(x.shape[:3] + (d // 2,), np.uint32)) for x in (q, k, v)]
+        wb.backward(words(q), words(k), words(v), words(o16), cuda.to_device(lse.astype(np.float32)), words(do),
+                    *out, d ** -0.5, False, dtype, deterministic=True)
+        runs.append([x.copy_to_host() for x in out])
+    for name, got, w in zip(("dq", "dk", "dv"), runs[0], want):
+        got = F.from_bits16(got.view(np.uint16), dtype)
+        bound = 8 * UNIT[dtype] * max(np.abs(w).max(), np.abs(v).max())
+        assert np.abs(got - w).max() <= bound, f"{name}: max error {np.abs(got - w).max():.3g} > {bound:.3g}"
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_deterministic_is_refused_off_the_wgmma_backward():
+    from flashlab.kernels import flash_attention_backward
+
+    x = np.zeros((1, 1, 8, 64), np.float16)
+    with pytest.raises(NotImplementedError, match="deterministic=True runs on variant='wgmma' only"):
+        flash_attention_backward(x, x, x, x, np.zeros((1, 1, 8), np.float32), x, variant="tensor",
+                                 deterministic=True)
+
+
 def test_query_heads_must_be_a_multiple_of_kv_heads():
     x = cuda.to_device(np.zeros((1, 3, 8, 32), np.uint32))
     kv = cuda.to_device(np.zeros((1, 2, 8, 32), np.uint32))

@@ -359,8 +359,11 @@ for n in (4096, 16384):
 # %% [markdown]
 # With float16 inputs and square tiles the bytes come out equal: the second pass gains nothing there, and it
 # recomputes S and dP, two of the five products. Atomics cost something else: the order in which blocks add their
-# shares is not fixed, so dQ can differ in its last bits from one run to the next. FlashAttention's backward
-# offers a deterministic mode that pays for a fixed order.
+# shares is not fixed, so dQ can differ in its last bits from one run to the next. A deterministic mode pays for
+# a fixed order: with `deterministic=True`, a counter per query tile says how many key blocks have added their
+# share, and key block j waits until it reads j, adds, waits for its adds to land, and counts one more. Blocks
+# start in index order (what GPUs do in practice, though CUDA does not promise it), so the ones it waits for are
+# already running or done. The price is that waiting, paid on every tile.
 #
 # The same public call runs it, here in the simulator after the wgmma forward:
 

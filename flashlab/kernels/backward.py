@@ -25,7 +25,7 @@ from .register_backward import make_kernels
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, variant=None, precision=None,
                              block_q=None, block_k=None, threads=None, window_size=(-1, -1), align="top_left",
-                             alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0):
+                             alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0, deterministic=False):
     """Gradients (dq, dk, dv) of attention, from the forward's o and lse and the output gradient do.
 
     q, o, do: (B, H, Nq, d); k, v: (B, H, Nk, d); lse: (B, H, Nq) float32, as returned by
@@ -42,12 +42,18 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     tensor_backward.choose_tile. window_size, align, alibi_slopes, softcap, dropout_p, seed: as in the forward
     (pass the same values); both variants compile them in (the seed is a kernel argument), skip the query tiles
     outside each key block's band and regenerate the forward's dropout mask.
+    deterministic (variant="wgmma" only so far): dQ's shares from the key blocks are added in a fixed order, so that
+    two calls on the same inputs give the same bits; without it the order of the atomic adds varies from run to
+    run, and so may dQ's last bits.
     """
     library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
                    dropout_p=dropout_p, seed=seed)
     plain = alibi_slopes is None and align == "top_left" and not softcap and not dropout_p \
         and tuple(window_size) == (-1, -1) if isinstance(window_size, (tuple, list)) else False
     variant = default_variant(q) if variant is None else variant
+    if deterministic and variant != "wgmma":
+        raise NotImplementedError(f"deterministic=True runs on variant='wgmma' only so far (Hopper); got "
+                                  f"variant={variant!r}, whose dQ is summed by atomics in no fixed order")
     if variant == "tensor":
         if threads is not None:
             raise ValueError("threads= configures the register backward; the tensor backward takes block_q / block_k")
@@ -61,7 +67,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
                             ("threads", threads)):
             if value is not None:
                 raise ValueError(f"variant='wgmma' takes no {name} (its tile is fixed); got {name}={value!r}")
-        return _wgmma_backward(q, k, v, o, lse, do, causal, scale)
+        return _wgmma_backward(q, k, v, o, lse, do, causal, scale, bool(deterministic))
     if variant != "register":
         raise ValueError(f"variant must be 'register', 'tensor' or 'wgmma' for the backward; got {variant!r}")
     if precision is not None:
@@ -101,13 +107,13 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
 
 
-def _wgmma_backward(q, k, v, o, lse, do, causal, scale):
+def _wgmma_backward(q, k, v, o, lse, do, causal, scale, deterministic=False):
     """variant="wgmma" (kernels/wgmma_backward.py): opt-in, 16-bit inputs on Hopper (or the simulator), contiguous,
     GQA, d 64 or 128. Torch CUDA tensors take the prepared path after the first call
     with their key (PreparedWgmmaBackward)."""
     key = prepared.torch_key(q, k, v, o, lse, do) if prepared.available() else None
     if key is not None:
-        key = ("wgmma_backward", key, causal, scale)
+        key = ("wgmma_backward", key, causal, scale, deterministic)
         call = prepared.lookup(key)
         if call is not None:
             return call(q, k, v, o, lse, do)
@@ -132,10 +138,12 @@ def _wgmma_backward(q, k, v, o, lse, do, causal, scale):
         raise ValueError(f"lse must be float32 of shape {(B, H, Nq)} (the forward's); got {np.dtype(lse_d.dtype)} "
                          f"{tuple(lse_d.shape)}")
     if key is not None:  # checked: prepare this key's launches once
-        described = wgmma_backward.launches(B, H, Nq, Nk, d, scale, causal, dtype, k_d.shape[1])
+        described = wgmma_backward.launches(B, H, Nq, Nk, d, scale, causal, dtype, k_d.shape[1],
+                                            deterministic=deterministic)
         return prepared.store(key, PreparedWgmmaBackward(described, q, k, v, o, lse, do))(q, k, v, o, lse, do)
     outs = [empty_words(x.shape[:3] + (d,), dtype, kind, like=q) for x in (q_d, k_d, v_d)]
-    wgmma_backward.backward(q_d, k_d, v_d, o_d, lse_d, do_d, *(w for _, w in outs), scale, causal, dtype)
+    wgmma_backward.backward(q_d, k_d, v_d, o_d, lse_d, do_d, *(w for _, w in outs), scale, causal, dtype,
+                            deterministic=deterministic)
     return tuple(like_input(x, kind) for x, _ in outs)
 
 

@@ -22,6 +22,7 @@ arrivals and bytes, so that threads wait for a copy to land). As in mma.py, each
     bulk_commit(); bulk_wait_read(0); bulk_wait(0)       # close the thread's group; wait until all but the newest n
                                                          # have read their source / completed
     fence_proxy_async()                                  # after threads write shared memory that wgmma/TMA reads
+    fence_proxy_async_global()                           # between the async proxy's and threads' global accesses
     t = globaltimer()                                    # nanoseconds (uint64), the same clock for every SM
     setmaxnreg_inc(240); setmaxnreg_dec(40)              # a warpgroup's register budget (literal counts; the
                                                          # kernel needs cuda.jit(max_registers=...), or ptxas
@@ -48,8 +49,8 @@ The simulator:
   (zero fill past the matrix and the swizzle included) and then complete their bytes on the barrier. A bulk
   reduce reads its source and adds when a bulk wait retires its group (the latest moment the GPU may read it).
 - A wait on an mbarrier or a named barrier that can never end (every thread of the block waiting) is reported.
-- fence_proxy_async is a no-op (copies and reads happen in program order here); setmaxnreg checks its count
-  and that the whole warpgroup executes it; named barriers count threads.
+- fence_proxy_async and fence_proxy_async_global are no-ops (copies and reads happen in program order here);
+  setmaxnreg checks its count and that the whole warpgroup executes it; named barriers count threads.
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ FENCE = "wgmma.fence.sync.aligned;"
 COMMIT = "wgmma.commit_group.sync.aligned;"
 WAIT = "wgmma.wait_group.sync.aligned %d;"
 FENCE_PROXY_ASYNC = "fence.proxy.async.shared::cta;"
+FENCE_PROXY_ASYNC_GLOBAL = "fence.proxy.async.global;"  # the same between the proxies' global accesses
 SETMAXNREG_INC, SETMAXNREG_DEC = "setmaxnreg.inc.sync.aligned.u32 %d;", "setmaxnreg.dec.sync.aligned.u32 %d;"
 MBAR_INIT = "mbarrier.init.shared::cta.b64 [$0], $1;"
 MBAR_ARRIVE = "mbarrier.arrive.shared::cta.b64 _, [$0];"
@@ -283,7 +285,8 @@ def _gpu_functions():
 
     fns = dict(smem_address=smem_address, wgmma_fence=statement(FENCE), wgmma_commit=statement(COMMIT),
                wgmma_wait=literal_statement(WAIT, _check_pending),
-               fence_proxy_async=statement(FENCE_PROXY_ASYNC), globaltimer=globaltimer,
+               fence_proxy_async=statement(FENCE_PROXY_ASYNC),
+               fence_proxy_async_global=statement(FENCE_PROXY_ASYNC_GLOBAL), globaltimer=globaltimer,
                setmaxnreg_inc=literal_statement(SETMAXNREG_INC, _check_registers),
                setmaxnreg_dec=literal_statement(SETMAXNREG_DEC, _check_registers),
                mbarrier_init=barrier_op(MBAR_INIT, 1), mbarrier_arrive=barrier_op(MBAR_ARRIVE, 0),
@@ -590,6 +593,9 @@ def _sim_functions():
     def fence_proxy_async():
         pass
 
+    def fence_proxy_async_global():
+        pass
+
     def globaltimer():
         return np.uint64(time.perf_counter_ns())
 
@@ -766,7 +772,8 @@ def _sim_functions():
         return bar
 
     fns = dict(smem_address=smem_address, wgmma_fence=wgmma_fence, wgmma_commit=wgmma_commit, wgmma_wait=wgmma_wait,
-               fence_proxy_async=fence_proxy_async, globaltimer=globaltimer, setmaxnreg_inc=setmaxnreg("inc"),
+               fence_proxy_async=fence_proxy_async, fence_proxy_async_global=fence_proxy_async_global,
+               globaltimer=globaltimer, setmaxnreg_inc=setmaxnreg("inc"),
                setmaxnreg_dec=setmaxnreg("dec"), mbarrier_init=mbarrier_init, mbarrier_arrive=mbarrier_arrive,
                mbarrier_arrive_expect_tx=mbarrier_arrive_expect_tx,
                mbarrier_try_wait_parity=mbarrier_try_wait_parity, mbarrier_wait_parity=mbarrier_wait_parity,
@@ -903,7 +910,7 @@ def make_descriptor(address, lbo, sbo, swizzle):
 
 smem_address = _FNS["smem_address"]
 wgmma_fence, wgmma_commit, wgmma_wait = _FNS["wgmma_fence"], _FNS["wgmma_commit"], _FNS["wgmma_wait"]
-fence_proxy_async = _FNS["fence_proxy_async"]
+fence_proxy_async, fence_proxy_async_global = _FNS["fence_proxy_async"], _FNS["fence_proxy_async_global"]
 globaltimer = _FNS["globaltimer"]
 setmaxnreg_inc, setmaxnreg_dec = _FNS["setmaxnreg_inc"], _FNS["setmaxnreg_dec"]
 mbarrier_init, mbarrier_arrive = _FNS["mbarrier_init"], _FNS["mbarrier_arrive"]

@@ -89,25 +89,30 @@ def _step(fn):
 _BUILDS = {}
 
 
-def build(d: int, dtype: str, causal: bool, tile: BackwardTile = BackwardTile()):
+def build(d: int, dtype: str, causal: bool, tile: BackwardTile = BackwardTile(), deterministic: bool = False):
     """The main kernel. Arguments:
 
-        (k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, n_q, n_k, scale, scale_log2)
+        (k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, turns, n_q, n_k, scale, scale_log2)
 
     maps: hopper.tensor_map_2d of K, V (B * H_kv * Nk, d) and Q, dO (B * H * Nq, d) as uint16, 64 x 64 boxes,
     128-byte swizzle; lse, D: (B, H, Nq) float32; dq_acc (B, H, Nq, d) float32 (added to); dk, dv
     (B, H_kv, Nk, d/2) uint32 pairs; H a multiple of H_kv. Grid (ceil(Nk / BK), H_kv, B), tile.threads threads,
-    tile.shared_bytes(d) bytes of dynamic shared memory."""
-    key = (d, dtype, causal, tile)
+    tile.shared_bytes(d) bytes of dynamic shared memory.
+
+    deterministic: dQ's shares are added in a fixed order, key block 0 first. turns, (B, H, ceil(Nq / BQ)) int32
+    and zero at launch, counts the blocks that have added their share to each query tile; key block j waits for
+    its turn j before its bulk reduces, waits for them to complete, then passes the turn on. Blocks are dispatched
+    in index order (in practice; CUDA does not promise it), so the ones a block waits for are running or done. Without it, turns is not read."""
+    key = (d, dtype, causal, tile, deterministic)
     if key not in _BUILDS:
         if d not in (64, 128) or dtype not in DTYPES:
             raise ValueError(f"the wgmma backward takes d in (64, 128) and dtype in {DTYPES}; got d={d}, {dtype!r}")
-        _BUILDS[key] = _kernel(d, dtype, causal, tile)
+        _BUILDS[key] = _kernel(d, dtype, causal, tile, deterministic)
     return _BUILDS[key]
 
 
-def _kernel(d, dtype, causal, tile):
-    ST, CAUSAL = tile.stages, causal
+def _kernel(d, dtype, causal, tile, deterministic):
+    ST, CAUSAL, DETERMINISTIC = tile.stages, causal, deterministic
     BOXES = d // BOX
     KV_BOX, QD_BOX = BK * 128, BQ * 128  # bytes of one 64-column box of a key tile and of a query tile
     KV_BYTES, QD_BYTES = BOXES * KV_BOX, BOXES * QD_BOX
@@ -272,6 +277,26 @@ def _kernel(d, dtype, causal, tile):
         hopper.bulk_commit()
 
     @_step
+    def wait_turn(turns, b, h, q0, tid, j):
+        """Deterministic mode: thread 0 spins until key blocks 0..j-1 have added their shares to this query tile
+        (an atomic add of 0 reads the count), then the warpgroup goes on together."""
+        if tid == U(0):
+            while cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 0) != int32(j):
+                pass
+            cuda.threadfence()
+        hopper.named_barrier_sync(1, CONSUMER)
+
+    @_step
+    def pass_turn(turns, b, h, q0, tid):
+        """Deterministic mode: every warp's bulk reduces complete, then thread 0 counts this block's turn done."""
+        hopper.bulk_wait(0)
+        hopper.fence_proxy_async_global()  # the reduces' writes, then the count that lets the next block add
+        hopper.named_barrier_sync(1, CONSUMER)
+        if tid == U(0):
+            cuda.threadfence()
+            cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 1)
+
+    @_step
     def store_kv(dk, dv, dkacc, dvacc, b, h, key0, g, t, n_k, scale):
         for r in range(2):
             key = key0 + U(8 * r)
@@ -282,7 +307,7 @@ def _kernel(d, dtype, causal, tile):
                     dv[b, h, key, U(4 * n) + t] = pack(dvacc[i], dvacc[i + 1])
 
     @cuda.jit(fastmath=FASTMATH)
-    def flash_bwd_wgmma(k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, n_q, n_k, scale, scale_log2):
+    def flash_bwd_wgmma(k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, turns, n_q, n_k, scale, scale_log2):
         sm = cuda.shared.array(0, uint16)
         sm32 = cuda.shared.array(0, uint32)  # the same memory, as 32-bit words (dS^T's stores)
         smf = cuda.shared.array(0, float32)  # and as float32s (dQ's rows)
@@ -351,7 +376,11 @@ def _kernel(d, dtype, causal, tile):
                 stage_dq(smf, at, dqacc, BOX * x, warp, g, t, scale)
             hopper.fence_proxy_async()  # dQ's rows, then the bulk reduce's reads of them
             hopper.named_barrier_sync(1, CONSUMER)  # dQ's rows are in place; every warp's dQ wgmma read dS^T
+            if DETERMINISTIC:
+                wait_turn(turns, b, h, q0, tid, cuda.blockIdx.x)
             reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, warp, lane, U(n_q))
+            if DETERMINISTIC:
+                pass_turn(turns, b, h, q0, tid)
         hopper.bulk_wait(0)  # before the block's shared memory goes
         store_kv(dk, dv, dkacc, dvacc, b, h_kv, key0, g, t, U(n_k), scale)
 
@@ -362,27 +391,39 @@ MAPS = ("k_map", "v_map", "q_map", "do_map")  # the main kernel's tensor maps, b
 MAP_ROWS = {"k_map": BK, "v_map": BK, "q_map": BQ, "do_map": BQ}  # their boxes' rows
 
 
+@cuda.jit
+def zero_turns(turns):
+    """turns[i] = 0 over a flat int32 array (the deterministic mode's counts, before the main kernel)."""
+    i = cuda.grid(1)
+    if i < turns.shape[0]:
+        turns[i] = 0
+
+
 def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: bool, dtype: str, H_kv: int | None = None,
-             tile: BackwardTile = BackwardTile()):
-    """The three launches of one call, described once (_launch.Launch) for the general and the prepared path:
-    D and a zeroed dQ accumulator (the tensor backward's preprocess), the main kernel, dQ cast to the inputs' type.
-    Arrays by name: o, do, dq, dk, dv (uint32 pairs), lse, the tensor maps of k, v, q and do (MAPS), and the
-    temporaries D and dq_acc."""
+             tile: BackwardTile = BackwardTile(), deterministic: bool = False):
+    """The launches of one call, described once (_launch.Launch) for the general and the prepared path: D and a
+    zeroed dQ accumulator (the tensor backward's preprocess), (deterministic) the turns zeroed, the main kernel,
+    dQ cast to the inputs' type. Arrays by name: o, do, dq, dk, dv (uint32 pairs), lse, the tensor maps of k, v, q
+    and do (MAPS), and the temporaries D, dq_acc and turns (one unread word without deterministic)."""
     precision = "bf16" if dtype == "bfloat16" else "f16"
     preprocess, _, cast = tensor_backward.build(d, tensor_backward.choose_tile(d, precision), bool(causal),
                                                 precision)
-    n = B * H * Nq * d
-    out = (Launch(preprocess, (-(-Nq // tensor_backward.PREPROCESS_ROWS), B * H),
-                  32 * tensor_backward.PREPROCESS_WARPS, ("o", "do", "D", "dq_acc", H)),
-           Launch(build(d, dtype, bool(causal), tile), (-(-Nk // BK), H_kv or H, B), tile.threads,
-                  MAPS + ("lse", "D", "dq_acc", "dk", "dv", np.int64(Nq), np.int64(Nk), np.float32(scale),
-                          np.float32(scale * LOG2E)), shared=tile.shared_bytes(d)),
-           Launch(cast, (-(-(n // 2) // 256),), 256, (Arg("dq_acc", (n,)), Arg("dq", (n // 2,)))))
-    return Launches(out, {"D": ((B, H, Nq), np.float32), "dq_acc": ((B, H, Nq, d), np.float32)}, {})
+    n, n_turns = B * H * Nq * d, B * H * -(-Nq // BQ)
+    out = [Launch(preprocess, (-(-Nq // tensor_backward.PREPROCESS_ROWS), B * H),
+                  32 * tensor_backward.PREPROCESS_WARPS, ("o", "do", "D", "dq_acc", H))]
+    if deterministic:
+        out.append(Launch(zero_turns, (-(-n_turns // 256),), 256, (Arg("turns", (n_turns,)),)))
+    out += [Launch(build(d, dtype, bool(causal), tile, bool(deterministic)), (-(-Nk // BK), H_kv or H, B),
+                   tile.threads, MAPS + ("lse", "D", "dq_acc", "dk", "dv", "turns", np.int64(Nq), np.int64(Nk),
+                                         np.float32(scale), np.float32(scale * LOG2E)), shared=tile.shared_bytes(d)),
+            Launch(cast, (-(-(n // 2) // 256),), 256, (Arg("dq_acc", (n,)), Arg("dq", (n // 2,))))]
+    turns = (B, H, -(-Nq // BQ)) if deterministic else (1, 1, 1)
+    return Launches(tuple(out), {"D": ((B, H, Nq), np.float32), "dq_acc": ((B, H, Nq, d), np.float32),
+                                 "turns": (turns, np.int32)}, {})
 
 
 def backward(q_words, k_words, v_words, o_words, lse, do_words, dq_words, dk_words, dv_words, scale, causal, dtype,
-             tile: BackwardTile = BackwardTile()):
+             tile: BackwardTile = BackwardTile(), deterministic: bool = False):
     """The general path, on numba device arrays (16-bit values as uint32 pairs, (B, H, N, d/2)): the tensor maps
     made for this call, then the launches. (Torch tensors take flash_attention_backward's prepared path.)"""
     B, H, Nq, w = q_words.shape
@@ -395,4 +436,4 @@ def backward(q_words, k_words, v_words, o_words, lse, do_words, dq_words, dk_wor
         x = arrays[name[:-4]]
         rows = x.reshape(x.shape[0] * x.shape[1] * x.shape[2], w).view(np.uint16)
         arrays[name] = hopper.tensor_map_2d(rows, MAP_ROWS[name], BOX, SWIZZLE)
-    launches(B, H, Nq, Nk, 2 * w, scale, causal, dtype, H_kv, tile).run(arrays)
+    launches(B, H, Nq, Nk, 2 * w, scale, causal, dtype, H_kv, tile, deterministic).run(arrays)
