@@ -391,6 +391,19 @@ for name, got, want in zip(("dq", "dk", "dv"), grads, (ds_ @ k64[0, 0] / 8, ds_.
 
 # %%
 bwd = list(csv.DictReader(open(DATA / "wgmma_backward.csv")))
+shown = [r for r in bwd if r["B"] == "1" and r["dtype"] == "float16"]
+fig, ax = plt.subplots(figsize=(9, 3.2))
+for j, (key, color, name) in enumerate([("tensor_tflops", "#4c72b0", "flashlab tensor (mma.sync, lesson 17)"),
+                                        ("wgmma_tflops", "#dd8452", "flashlab wgmma (this section)"),
+                                        ("sdpa_tflops", "#55a868", "torch SDPA (FA3-class)")]):
+    ax.bar([i + (j - 1) * 0.27 for i in range(len(shown))], [float(r[key]) for r in shown], width=0.27,
+           color=color, label=name)
+ax.set_xticks(range(len(shown)), [f"N {r['N']}\nd {r['d']}{' causal' if r['causal'] == '1' else ''}"
+                                  for r in shown], fontsize=7)
+ax.set(ylabel="TFLOP/s", title=f"{shown[0]['gpu']}, backward, B = 1, H = 16, float16 ({shown[0]['date']})")
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+plt.tight_layout()
+plt.show()
 for name in ("tensor", "sdpa"):
     ratio = [float(r["wgmma_tflops"]) / float(r[name + "_tflops"]) for r in bwd]
     print(f"wgmma backward / {name + ' backward':15s}: {min(ratio):.2f} to {max(ratio):.2f} over {len(bwd)} shapes "
