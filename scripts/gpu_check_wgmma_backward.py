@@ -74,6 +74,30 @@ def repeatability():
               f"{(first[True] - first[False]).abs().max().item():.2e}", flush=True)
 
 
+def tiles():
+    """The backward at d = 64 with ptxas's own register count and capped at 168 (two blocks an SM), N 4096 and
+    16384, float16, B 1, H 16, each through a prepared call of its own (kernels/backward.PreparedWgmmaBackward)."""
+    import torch
+
+    from flashlab.kernels import flash_attention, wgmma_backward
+    from flashlab.kernels.backward import PreparedWgmmaBackward
+    from gpu_check_wgmma_forward import timed
+
+    for N in (4096, 16384):
+        for causal in (False, True):
+            q, k, v, do = (torch.randn(1, 16, N, 64, device="cuda", dtype=torch.float16) for _ in range(4))
+            o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+            flops = 2.5 * 4 * 16 * N * N * 64 / (2 if causal else 1)
+            line = []
+            for cap in (None, 168):
+                described = wgmma_backward.launches(1, 16, N, N, 64, 64 ** -0.5, causal, "float16",
+                                                    tile=wgmma_backward.BackwardTile(max_registers=cap))
+                call = PreparedWgmmaBackward(described, q, k, v, o, lse, do)
+                t = timed(lambda: call(q, k, v, o, lse, do), 10)
+                line.append(f"registers {cap or 'ptxas'}: {flops / t / 1e12:4.0f}")
+            print(f"tiles, N {N:5d} d 64 {'causal' if causal else 'full':6s} " + "  ".join(line), flush=True)
+
+
 def speed(quick):
     import torch
     import torch.nn.functional as Fn
@@ -111,6 +135,7 @@ def main():
     print(torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
     accuracy()
     repeatability()
+    tiles()
     speed(args.quick)
     for key, kernel in sorted(wgmma_backward._BUILDS.items(), key=str):
         for compiled in kernel.overloads.values():

@@ -2,7 +2,8 @@
 
 FlashAttention-3 (arXiv 2407.08608, Section 3 and Appendix B) splits the backward over keys, as FlashAttention-2
 does: a thread block owns BK = 64 keys of one (batch, K/V head), keeps K_j and V_j in shared memory, and walks the
-query tiles i of BQ = 64 rows (of every query head that shares the K/V head, with grouped-query attention). A consumer warpgroup (threads 0..127) and a producer warp after it:
+query tiles i of BQ = 64 rows (of every query head that shares the K/V head, with grouped-query attention). A
+consumer warpgroup (threads 0..127) and a producer warp after it:
 
     the producer: lane 0 copies K_j and V_j once with TMA, then Q_i and dO_i tile after tile into a ring of
         `stages` slots; every lane loads two queries' lse (times log2 e) and D = rowsum(dO * O) into the slot's
@@ -65,6 +66,7 @@ class BackwardTile:
     per SM at d = 64 (two consumers whose softmax and products interleave); 128 is FA3's producer warpgroup."""
     stages: int = 2
     producer: int = 32
+    max_registers: int | None = None  # a cap for ptxas (None: its own); 168 at d = 64: two blocks an SM
 
     @property
     def threads(self) -> int:
@@ -102,7 +104,8 @@ def build(d: int, dtype: str, causal: bool, tile: BackwardTile = BackwardTile(),
     deterministic: dQ's shares are added in a fixed order, key block 0 first. turns, (B, H, ceil(Nq / BQ)) int32
     and zero at launch, counts the blocks that have added their share to each query tile; key block j waits for
     its turn j before its bulk reduces, waits for them to complete, then passes the turn on. Blocks are dispatched
-    in index order (in practice; CUDA does not promise it), so the ones a block waits for are running or done. Without it, turns is not read."""
+    in index order (in practice; CUDA does not promise it), so the ones a block waits for are running or done.
+    Without it, turns is not read."""
     key = (d, dtype, causal, tile, deterministic)
     if key not in _BUILDS:
         if d not in (64, 128) or dtype not in DTYPES:
@@ -306,7 +309,9 @@ def _kernel(d, dtype, causal, tile, deterministic):
                     dk[b, h, key, U(4 * n) + t] = pack(dkacc[i] * scale, dkacc[i + 1] * scale)
                     dv[b, h, key, U(4 * n) + t] = pack(dvacc[i], dvacc[i + 1])
 
-    @cuda.jit(fastmath=FASTMATH)
+    cap = {"max_registers": tile.max_registers} if tile.max_registers and not SIMULATOR else {}
+
+    @cuda.jit(fastmath=FASTMATH, **cap)
     def flash_bwd_wgmma(k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, turns, n_q, n_k, scale, scale_log2):
         sm = cuda.shared.array(0, uint16)
         sm32 = cuda.shared.array(0, uint32)  # the same memory, as 32-bit words (dS^T's stores)
