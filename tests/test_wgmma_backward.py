@@ -30,6 +30,34 @@ def gradients(q, k, v, do, scale, causal):
         p.transpose(0, 1, 3, 2) @ do
 
 
+def rounded_like(x, dtype):
+    """x rounded to dtype, in float64."""
+    return F.from_bits16(F.to_bits16(x, dtype), dtype).astype(np.float64)
+
+
+def rounded(rng, shape, dtype):
+    """Standard normal values, rounded to dtype, in float64."""
+    return rounded_like(rng.standard_normal(shape), dtype)
+
+
+def run_backward(q, k, v, do, o, lse, causal, dtype, **options):
+    """wgmma_backward.backward on float64 inputs rounded to dtype: (dq, dk, dv) as float64."""
+    d = q.shape[-1]
+    words = lambda x: cuda.to_device(np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32))  # noqa: E731
+    out = [cuda.to_device(np.zeros(x.shape[:3] + (d // 2,), np.uint32)) for x in (q, k, v)]
+    wb.backward(words(q), words(k), words(v), words(o), cuda.to_device(lse.astype(np.float32)), words(do), *out,
+                d ** -0.5, causal, dtype, **options)
+    return [F.from_bits16(x.copy_to_host().view(np.uint16), dtype) for x in out]
+
+
+def check_close(got, want, v, dtype, terms=1):
+    """16-bit operands of every product (P, dS rounded) and a 16-bit result: a few units of the dtype's rounding
+    (times the heads summed into one gradient)."""
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        bound = 8 * UNIT[dtype] * terms * max(np.abs(w).max(), np.abs(v).max())
+        assert np.abs(g - w).max() <= bound, f"{name}: max error {np.abs(g - w).max():.3g} > {bound:.3g}"
+
+
 @pytest.mark.parametrize("B,H,Nq,Nk,d,causal,dtype", [
     (1, 1, 70, 64, 64, False, "float16"),  # Nq past one query tile, one key block
     (1, 2, 150, 130, 64, True, "float16"),  # ragged, causal, three key blocks and three query tiles each
@@ -38,20 +66,9 @@ def gradients(q, k, v, do, scale, causal):
 ])
 def test_gradients_match_float64(B, H, Nq, Nk, d, causal, dtype):
     rng = np.random.default_rng(Nq + Nk)
-    vals = lambda shape: F.from_bits16(F.to_bits16(rng.standard_normal(shape), dtype), dtype).astype(np.float64)  # noqa: E731
-    q, k, v, do = vals((B, H, Nq, d)), vals((B, H, Nk, d)), vals((B, H, Nk, d)), vals((B, H, Nq, d))
-    scale = d ** -0.5
-    o, lse, *want = gradients(q, k, v, do, scale, causal)
-    o16 = F.from_bits16(F.to_bits16(o, dtype), dtype).astype(np.float64)
-    words = lambda x: cuda.to_device(np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32))  # noqa: E731
-    out = [cuda.to_device(np.zeros(x.shape[:3] + (d // 2,), np.uint32)) for x in (q, k, v)]
-    wb.backward(words(q), words(k), words(v), words(o16), cuda.to_device(lse.astype(np.float32)), words(do), *out,
-                scale, causal, dtype)
-    for name, got, w in zip(("dq", "dk", "dv"), out, want):
-        got = F.from_bits16(got.copy_to_host().view(np.uint16), dtype)
-        # 16-bit operands of every product (P, dS rounded) and a 16-bit result: a few units of the dtype's rounding
-        bound = 8 * UNIT[dtype] * max(np.abs(w).max(), np.abs(v).max())
-        assert np.abs(got - w).max() <= bound, f"{name}: max error {np.abs(got - w).max():.3g} > {bound:.3g}"
+    q, k, v, do = (rounded(rng, (B, H, n, d), dtype) for n in (Nq, Nk, Nk, Nq))
+    o, lse, *want = gradients(q, k, v, do, d ** -0.5, causal)
+    check_close(run_backward(q, k, v, do, rounded_like(o, dtype), lse, causal, dtype), want, v, dtype)
 
 
 def test_a_dropped_ds_term_would_fail():
@@ -71,20 +88,11 @@ def test_grouped_query_heads_sum_into_their_kv_head():
     group, dQ each head's own. Nq past one tile, causal, against float64 on K/V repeated per head."""
     rng = np.random.default_rng(7)
     B, H, H_kv, Nq, Nk, d, dtype = 1, 2, 1, 70, 60, 64, "float16"
-    vals = lambda shape: F.from_bits16(F.to_bits16(rng.standard_normal(shape), dtype), dtype).astype(np.float64)  # noqa: E731
-    q, do, k, v = vals((B, H, Nq, d)), vals((B, H, Nq, d)), vals((B, H_kv, Nk, d)), vals((B, H_kv, Nk, d))
+    q, do, k, v = (rounded(rng, (B, h, n, d), dtype) for h, n in ((H, Nq), (H, Nq), (H_kv, Nk), (H_kv, Nk)))
     rep = lambda x: np.repeat(x, H // H_kv, axis=1)  # noqa: E731
     o, lse, dq, dk, dv = gradients(q, rep(k), rep(v), do, d ** -0.5, True)
     want = (dq, dk.reshape(B, H_kv, H // H_kv, Nk, d).sum(2), dv.reshape(B, H_kv, H // H_kv, Nk, d).sum(2))
-    o16 = F.from_bits16(F.to_bits16(o, dtype), dtype).astype(np.float64)
-    words = lambda x: cuda.to_device(np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32))  # noqa: E731
-    out = [cuda.to_device(np.zeros(x.shape[:3] + (d // 2,), np.uint32)) for x in (q, k, v)]
-    wb.backward(words(q), words(k), words(v), words(o16), cuda.to_device(lse.astype(np.float32)), words(do), *out,
-                d ** -0.5, True, dtype)
-    for name, got, w in zip(("dq", "dk", "dv"), out, want):
-        got = F.from_bits16(got.copy_to_host().view(np.uint16), dtype)
-        bound = 8 * UNIT[dtype] * 2 * max(np.abs(w).max(), np.abs(v).max())  # dK, dV: sums of two heads
-        assert np.abs(got - w).max() <= bound, f"{name}: max error {np.abs(got - w).max():.3g} > {bound:.3g}"
+    check_close(run_backward(q, k, v, do, rounded_like(o, dtype), lse, True, dtype), want, v, dtype, terms=2)
 
 
 def test_deterministic_mode_adds_dq_in_key_block_order():
@@ -94,21 +102,11 @@ def test_deterministic_mode_adds_dq_in_key_block_order():
     the wait itself is checked on a GPU.)"""
     rng = np.random.default_rng(11)
     B, H, Nq, Nk, d, dtype = 1, 1, 70, 150, 64, "float16"
-    vals = lambda shape: F.from_bits16(F.to_bits16(rng.standard_normal(shape), dtype), dtype).astype(np.float64)  # noqa: E731
-    q, do, k, v = vals((B, H, Nq, d)), vals((B, H, Nq, d)), vals((B, H, Nk, d)), vals((B, H, Nk, d))
+    q, do, k, v = (rounded(rng, (B, H, n, d), dtype) for n in (Nq, Nq, Nk, Nk))
     o, lse, *want = gradients(q, k, v, do, d ** -0.5, False)
-    o16 = F.from_bits16(F.to_bits16(o, dtype), dtype).astype(np.float64)
-    words = lambda x: cuda.to_device(np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32))  # noqa: E731
-    runs = []
-    for _ in range(2):
-        out = [cuda.to_device(np.zeros(x.shape[:3] + (d // 2,), np.uint32)) for x in (q, k, v)]
-        wb.backward(words(q), words(k), words(v), words(o16), cuda.to_device(lse.astype(np.float32)), words(do),
-                    *out, d ** -0.5, False, dtype, deterministic=True)
-        runs.append([x.copy_to_host() for x in out])
-    for name, got, w in zip(("dq", "dk", "dv"), runs[0], want):
-        got = F.from_bits16(got.view(np.uint16), dtype)
-        bound = 8 * UNIT[dtype] * max(np.abs(w).max(), np.abs(v).max())
-        assert np.abs(got - w).max() <= bound, f"{name}: max error {np.abs(got - w).max():.3g} > {bound:.3g}"
+    runs = [run_backward(q, k, v, do, rounded_like(o, dtype), lse, False, dtype, deterministic=True)
+            for _ in range(2)]
+    check_close(runs[0], want, v, dtype)
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
 
