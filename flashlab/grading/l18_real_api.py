@@ -295,7 +295,10 @@ def check_softcap_dS(t, fn):
                 return ["NaN at the masked entries, and only there"], MASKED_NAN
             return [], matching_slip((o,), (want,), _softcap_slips(*args), tolerance(args[0].dtype))
 
-        t.compare(out, want, "dS", dtype=dtype, explain=explain)
+        # Where the scores pass the cap, 1 - (S' / softcap)^2 cancels: float32's rounding of S' alone moves the
+        # factor by ~1e-7, which is large next to a factor near 0. So the error is judged against the size of dS'
+        # (the floor), not of the small answer: the slips above still miss by a good part of dS'.
+        t.compare(out, want, "dS", dtype=dtype, explain=explain, floor=float(np.linalg.norm(G[visible])))
 
 
 # -- 5: a packed batch, one sequence at a time ----------------------------------------------------
