@@ -684,21 +684,30 @@ def _sim_functions():
         block.window.write(start + F.box_offsets(box_rows, box_cols, box.itemsize, swizzle), box, "tma_load_2d")
         complete_tx(block, bar, bar_index, box.nbytes, "tma_load_2d")
 
+    def bulk_operands(op, block, memory, index, role, shared, shared_index, nbytes):
+        """A bulk copy's checks: nbytes a positive multiple of 16, the global `role` (source or destination)
+        memory[index:] contiguous, 16-byte aligned and inside its array, the shared side 16-byte aligned.
+        Returns (the global array, flat; its first byte; the shared address)."""
+        if nbytes <= 0 or nbytes % 16:
+            raise ValueError(f"{op}: nbytes must be a positive multiple of 16; got {nbytes}")
+        if not memory.flags.c_contiguous:
+            raise ValueError(f"{op}: the {role} must be a contiguous array")
+        first = int(index) * memory.itemsize
+        if (_address(memory) + first) % 16 or first + nbytes > memory.nbytes or first < 0:
+            raise ValueError(f"{op}: {role} bytes [{first}, {first + nbytes}) must be 16-byte aligned and inside the "
+                             f"array ({memory.nbytes} bytes)")
+        start = block.window.address(shared, shared_index, op)
+        if start % 16:
+            other = "destination" if role == "source" else "source"
+            raise ValueError(f"{op}: the {other} (shared address 0x{start:x}) must be 16-byte aligned")
+        return memory.reshape(-1), first, start
+
     def bulk_copy(dst, dst_index, src, src_index, nbytes, bar, bar_index):
         _, _, block = _block("bulk_copy")
-        nbytes, source = int(nbytes), getattr(src, "_ary", src)
-        if nbytes <= 0 or nbytes % 16:
-            raise ValueError(f"bulk_copy: nbytes must be a positive multiple of 16; got {nbytes}")
-        if not source.flags.c_contiguous:
-            raise ValueError("bulk_copy: the source must be a contiguous array")
-        first = int(src_index) * source.itemsize
-        if (_address(source) + first) % 16 or first + nbytes > source.nbytes or first < 0:
-            raise ValueError(f"bulk_copy: source bytes [{first}, {first + nbytes}) must be 16-byte aligned and "
-                             f"inside the array ({source.nbytes} bytes)")
-        start = block.window.address(dst, dst_index, "bulk_copy")
-        if start % 16:
-            raise ValueError(f"bulk_copy: the destination (shared address 0x{start:x}) must be 16-byte aligned")
-        data = source.reshape(-1).view(np.uint8)[first:first + nbytes]
+        nbytes = int(nbytes)
+        source, first, start = bulk_operands("bulk_copy", block, getattr(src, "_ary", src), src_index, "source", dst,
+                                             dst_index, nbytes)
+        data = source.view(np.uint8)[first:first + nbytes]
         block.window.write(start + np.arange(nbytes), data, "bulk_copy")
         complete_tx(block, bar, bar_index, nbytes, "bulk_copy")
 
@@ -707,21 +716,12 @@ def _sim_functions():
         latest moment the hardware may read the source: a kernel that rewrites the source before waiting, or never
         waits, gets wrong sums here."""
         me, _, block = _block("bulk_reduce_add")
-        nbytes, target = int(nbytes), getattr(dst, "_ary", dst)
-        if nbytes <= 0 or nbytes % 16:
-            raise ValueError(f"bulk_reduce_add: nbytes must be a positive multiple of 16; got {nbytes}")
-        if target.dtype != np.float32 or not target.flags.c_contiguous:
-            raise ValueError(f"bulk_reduce_add: the destination must be a contiguous float32 array; got "
-                             f"{target.dtype}")
-        first = int(dst_index) * 4
-        if (_address(target) + first) % 16 or first < 0 or first + nbytes > target.nbytes:
-            raise ValueError(f"bulk_reduce_add: destination bytes [{first}, {first + nbytes}) must be 16-byte "
-                             f"aligned and inside the array ({target.nbytes} bytes)")
-        start = block.window.address(src, src_index, "bulk_reduce_add")
-        if start % 16:
-            raise ValueError(f"bulk_reduce_add: the source (shared address 0x{start:x}) must be 16-byte aligned")
-        state = _bulk(me)
-        state.uncommitted.append((block, target.reshape(-1), first // 4, start, nbytes // 4))
+        target = getattr(dst, "_ary", dst)
+        if target.dtype != np.float32:
+            raise ValueError(f"bulk_reduce_add: the destination must be a float32 array; got {target.dtype}")
+        target, first, start = bulk_operands("bulk_reduce_add", block, target, dst_index, "destination", src,
+                                             src_index, int(nbytes))
+        _bulk(me).uncommitted.append((block, target, first // 4, start, int(nbytes) // 4))
 
     def bulk_commit():
         state = _bulk(threading.current_thread())

@@ -413,7 +413,8 @@ def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: boo
     precision = "bf16" if dtype == "bfloat16" else "f16"
     preprocess, _, cast = tensor_backward.build(d, tensor_backward.choose_tile(d, precision), bool(causal),
                                                 precision)
-    n, n_turns = B * H * Nq * d, B * H * -(-Nq // BQ)
+    n, turns = B * H * Nq * d, (B, H, -(-Nq // BQ)) if deterministic else (1, 1, 1)
+    n_turns = int(np.prod(turns))
     out = [Launch(preprocess, (-(-Nq // tensor_backward.PREPROCESS_ROWS), B * H),
                   32 * tensor_backward.PREPROCESS_WARPS, ("o", "do", "D", "dq_acc", H))]
     if deterministic:
@@ -422,7 +423,6 @@ def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: boo
                    tile.threads, MAPS + ("lse", "D", "dq_acc", "dk", "dv", "turns", np.int64(Nq), np.int64(Nk),
                                          np.float32(scale), np.float32(scale * LOG2E)), shared=tile.shared_bytes(d)),
             Launch(cast, (-(-(n // 2) // 256),), 256, (Arg("dq_acc", (n,)), Arg("dq", (n // 2,))))]
-    turns = (B, H, -(-Nq // BQ)) if deterministic else (1, 1, 1)
     return Launches(tuple(out), {"D": ((B, H, Nq), np.float32), "dq_acc": ((B, H, Nq, d), np.float32),
                                  "turns": (turns, np.int32)}, {})
 
