@@ -2,7 +2,7 @@
 error; whether deterministic=True repeats its bits (and the default does not); then its speed, with and without
 deterministic=True, against torch's SDPA backward and flashlab's tensor (mma.sync) backward, in the same run.
 
-    python scripts/gpu_check_wgmma_backward.py [--quick]
+    python scripts/gpu_check_wgmma_backward.py [--quick] [--only accuracy,repeatability,tiles,speed]
 
 Both run through flash_attention_backward with torch tensors (the prepared path, after a first call). Timing:
 flashlab.bench.time_cuda, the median of 10 after two warm-ups; TFLOP/s count the backward as 2.5x the forward's
@@ -131,12 +131,17 @@ def main():
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="float16 and B = 1 only")
+    sections = {"accuracy": accuracy, "repeatability": repeatability, "tiles": tiles,
+                "speed": lambda: speed(args.quick)}
+    ap.add_argument("--only", default=",".join(sections),
+                    help="the sections to run, comma-separated (default: all, in this order)")
     args = ap.parse_args()
+    unknown = set(args.only.split(",")) - set(sections)
+    if unknown:
+        ap.error(f"--only takes {', '.join(sections)}; got {', '.join(sorted(unknown))}")
     print(torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
-    accuracy()
-    repeatability()
-    tiles()
-    speed(args.quick)
+    for name in args.only.split(","):
+        sections[name]()
     for key, kernel in sorted(wgmma_backward._BUILDS.items(), key=str):
         for compiled in kernel.overloads.values():
             print(f"build {key}: {compiled.regs_per_thread} registers, {compiled.local_mem_per_thread} local bytes")

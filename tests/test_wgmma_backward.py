@@ -95,16 +95,17 @@ def test_grouped_query_heads_sum_into_their_kv_head():
     check_close(run_backward(q, k, v, do, rounded_like(o, dtype), lse, True, dtype), want, v, dtype, terms=2)
 
 
-def test_deterministic_mode_adds_dq_in_key_block_order():
-    """deterministic=True: each query tile takes the key blocks' shares in turn (0, 1, 2 here, three key blocks);
-    the gradients match float64 and two calls give the same bits. (The simulator runs blocks one after another,
-    so here the turns never wait: this checks the counting, the zeroing and that the kernel reaches every turn;
-    the wait itself is checked on a GPU.)"""
+@pytest.mark.parametrize("Nq,causal", [(70, False), (200, True), (70, True)])
+def test_deterministic_mode_adds_dq_in_key_block_order(Nq, causal):
+    """deterministic=True: each query tile takes the key blocks' shares in turn (three key blocks: 0, 1, 2; causal,
+    from the diagonal block down, with the grid run from the last key block); the gradients match float64 and two
+    calls give the same bits. The simulator runs blocks one after another, so a block that found its turn not yet
+    come would wait forever on a GPU: the kernel raises there instead. (The wait itself is checked on a GPU.)"""
     rng = np.random.default_rng(11)
-    B, H, Nq, Nk, d, dtype = 1, 1, 70, 150, 64, "float16"
+    B, H, Nk, d, dtype = 1, 1, 150, 64, "float16"
     q, do, k, v = (rounded(rng, (B, H, n, d), dtype) for n in (Nq, Nq, Nk, Nk))
-    o, lse, *want = gradients(q, k, v, do, d ** -0.5, False)
-    runs = [run_backward(q, k, v, do, rounded_like(o, dtype), lse, False, dtype, deterministic=True)
+    o, lse, *want = gradients(q, k, v, do, d ** -0.5, causal)
+    runs = [run_backward(q, k, v, do, rounded_like(o, dtype), lse, causal, dtype, deterministic=True)
             for _ in range(2)]
     check_close(runs[0], want, v, dtype)
     for a, b in zip(*runs):

@@ -66,7 +66,7 @@ class BackwardTile:
     per SM at d = 64 (two consumers whose softmax and products interleave); 128 is FA3's producer warpgroup."""
     stages: int = 2
     producer: int = 32
-    max_registers: int | None = None  # a cap for ptxas (None: its own); 168 at d = 64: two blocks an SM
+    max_registers: int | None = None  # a cap for ptxas (None: its own); see default_tile
 
     @property
     def threads(self) -> int:
@@ -76,6 +76,13 @@ class BackwardTile:
         """K, V (BK x d each), the ring's Q and dO (BQ x d each per stage), dS^T (BK x BQ), dQ's float32 rows
         (BQ of dq_row_bytes), 1 KB of alignment."""
         return 2 * (2 * BK * d + 2 * self.stages * BQ * d + BK * BQ) + BQ * dq_row_bytes(d) + 1024
+
+
+def default_tile(d: int) -> BackwardTile:
+    """At d = 64 a cap of 168 registers lets two blocks of 160 threads share an SM (ptxas alone takes 118-167):
+    1.2-1.5x faster on an H200 (2026-11-29, scripts/gpu_check_wgmma_backward.py's tiles lines). At d = 128 the dK
+    and dV accumulators alone take 128 registers a thread, and one block an SM is all that fits."""
+    return BackwardTile(max_registers=168 if d == 64 else None)
 
 
 def dq_row_bytes(d: int) -> int:
@@ -91,7 +98,7 @@ def _step(fn):
 _BUILDS = {}
 
 
-def build(d: int, dtype: str, causal: bool, tile: BackwardTile = BackwardTile(), deterministic: bool = False):
+def build(d: int, dtype: str, causal: bool, tile: BackwardTile | None = None, deterministic: bool = False):
     """The main kernel. Arguments:
 
         (k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, turns, n_q, n_k, scale, scale_log2)
@@ -101,11 +108,13 @@ def build(d: int, dtype: str, causal: bool, tile: BackwardTile = BackwardTile(),
     (B, H_kv, Nk, d/2) uint32 pairs; H a multiple of H_kv. Grid (ceil(Nk / BK), H_kv, B), tile.threads threads,
     tile.shared_bytes(d) bytes of dynamic shared memory.
 
-    deterministic: dQ's shares are added in a fixed order, key block 0 first. turns, (B, H, ceil(Nq / BQ)) int32
-    and zero at launch, counts the blocks that have added their share to each query tile; key block j waits for
-    its turn j before its bulk reduces, waits for them to complete, then passes the turn on. Blocks are dispatched
+    deterministic: dQ's shares are added in a fixed order (turn: key block 0 first, or causal, the diagonal block
+    first). turns, (B, H, ceil(Nq / BQ)) int32 and zero at launch, counts the blocks that have added their share to
+    each query tile; a block waits for its turn before its bulk reduces, waits for them to complete, then passes
+    the turn on. Blocks are dispatched
     in index order (in practice; CUDA does not promise it), so the ones a block waits for are running or done.
-    Without it, turns is not read."""
+    Without it, turns is not read. tile: default_tile(d) when None."""
+    tile = tile or default_tile(d)
     key = (d, dtype, causal, tile, deterministic)
     if key not in _BUILDS:
         if d not in (64, 128) or dtype not in DTYPES:
@@ -280,12 +289,32 @@ def _kernel(d, dtype, causal, tile, deterministic):
         hopper.bulk_commit()
 
     @_step
+    def turn(kb, q0, n_kb):
+        """Deterministic mode: how many key blocks add their shares to query tile q0 before key block kb does.
+        Without a mask, blocks 0, 1, 2, ... in index order. Causal, the blocks that reach a tile are 0 to its
+        diagonal block, and they take turns from the diagonal down: key block kb starts on its diagonal tile,
+        where it goes first, and each later tile waits only for the block one above, which started there a tile
+        earlier. (In index order every block would wait for all the ones before it to pass its diagonal: a
+        wavefront twice as long as the work.) The grid runs the key blocks from the last, so the ones a block waits
+        for were dispatched before it."""
+        if CAUSAL:
+            return int32(min(q0 // U(BQ), n_kb - U(1)) - kb)
+        return int32(kb)
+
+    def out_of_turn(j, q0):
+        """The simulator runs blocks one after another: a count short of j there means an order that hangs a GPU."""
+        raise RuntimeError(f"deterministic backward: block {cuda.blockIdx.x} of the grid waits for turn {j} at "
+                           f"query {q0}, which the blocks run before it never reached")
+
+    out_of_turn = _step(out_of_turn if SIMULATOR else lambda j, q0: None)
+
+    @_step
     def wait_turn(turns, b, h, q0, tid, j):
-        """Deterministic mode: thread 0 spins until key blocks 0..j-1 have added their shares to this query tile
-        (an atomic add of 0 reads the count), then the warpgroup goes on together."""
+        """Deterministic mode: thread 0 spins until j key blocks have added their shares to this query tile (an
+        atomic add of 0 reads the count), then the warpgroup goes on together."""
         if tid == U(0):
-            while cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 0) != int32(j):
-                pass
+            while cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 0) != j:
+                out_of_turn(j, q0)
             cuda.threadfence()
         hopper.named_barrier_sync(1, CONSUMER)
 
@@ -320,7 +349,10 @@ def _kernel(d, dtype, causal, tile, deterministic):
         stats = cuda.shared.array(N_STATS, float32)
         tid = U(cuda.threadIdx.x)
         b, h_kv = U(cuda.blockIdx.z), U(cuda.blockIdx.y)
-        k0 = U(cuda.blockIdx.x) * U(BK)
+        n_kb, kb = U(cuda.gridDim.x), U(cuda.blockIdx.x)
+        if CAUSAL and DETERMINISTIC:
+            kb = n_kb - U(1) - kb  # the last key block first: see turn
+        k0 = kb * U(BK)
         n_heads, n_kv_heads = U(lse.shape[1]), U(cuda.gridDim.y)
         group = n_heads // n_kv_heads  # query heads per K/V head (1 without GQA); dK, dV sum over them
         i0 = k0 // U(BQ) if CAUSAL else U(0)  # causal: query tiles before the block's first key see none of it
@@ -382,7 +414,7 @@ def _kernel(d, dtype, causal, tile, deterministic):
             hopper.fence_proxy_async()  # dQ's rows, then the bulk reduce's reads of them
             hopper.named_barrier_sync(1, CONSUMER)  # dQ's rows are in place; every warp's dQ wgmma read dS^T
             if DETERMINISTIC:
-                wait_turn(turns, b, h, q0, tid, cuda.blockIdx.x)
+                wait_turn(turns, b, h, q0, tid, turn(kb, q0, n_kb))
             reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, warp, lane, U(n_q))
             if DETERMINISTIC:
                 pass_turn(turns, b, h, q0, tid)
@@ -405,12 +437,12 @@ def zero_turns(turns):
 
 
 def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: bool, dtype: str, H_kv: int | None = None,
-             tile: BackwardTile = BackwardTile(), deterministic: bool = False):
+             tile: BackwardTile | None = None, deterministic: bool = False):
     """The launches of one call, described once (_launch.Launch) for the general and the prepared path: D and a
     zeroed dQ accumulator (the tensor backward's preprocess), (deterministic) the turns zeroed, the main kernel,
     dQ cast to the inputs' type. Arrays by name: o, do, dq, dk, dv (uint32 pairs), lse, the tensor maps of k, v, q
     and do (MAPS), and the temporaries D, dq_acc and turns (one unread word without deterministic)."""
-    precision = "bf16" if dtype == "bfloat16" else "f16"
+    tile, precision = tile or default_tile(d), "bf16" if dtype == "bfloat16" else "f16"
     preprocess, _, cast = tensor_backward.build(d, tensor_backward.choose_tile(d, precision), bool(causal),
                                                 precision)
     n, turns = B * H * Nq * d, (B, H, -(-Nq // BQ)) if deterministic else (1, 1, 1)
@@ -428,7 +460,7 @@ def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: boo
 
 
 def backward(q_words, k_words, v_words, o_words, lse, do_words, dq_words, dk_words, dv_words, scale, causal, dtype,
-             tile: BackwardTile = BackwardTile(), deterministic: bool = False):
+             tile: BackwardTile | None = None, deterministic: bool = False):
     """The general path, on numba device arrays (16-bit values as uint32 pairs, (B, H, N, d/2)): the tensor maps
     made for this call, then the launches. (Torch tensors take flash_attention_backward's prepared path.)"""
     B, H, Nq, w = q_words.shape
