@@ -35,7 +35,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     variant: "register" (this module, FP32 units; float32 and float16) or "tensor" (kernels/tensor_backward.py,
     tensor cores: float16, bfloat16 and float32 through 3xTF32, with `precision` as in the forward) or, opt-in,
     "wgmma" (kernels/wgmma_backward.py, FlashAttention-3's backward on Hopper: float16 and bfloat16, d 64 or 128,
-    grouped-query attention, causal or not, no options; on an H200 1.10-1.68x the tensor backward,
+    grouped-query attention, causal or not, no options; on an H200 1.30-1.55x the tensor backward,
     docs/runs/wgmma-backward.md). By default "tensor" for float16 / bfloat16 on a GPU that has their mma, else
     "register" (see default_variant).
     block_q / block_k override the tile; threads (register only) the threads per block; see GPU_CONFIG and

@@ -662,7 +662,7 @@ def forward_variant(dtype: str, d: int, cc, options: bool = False) -> str:
 
 
 # The backward shapes timed against the tensor backward on an H200 (2026-11-29, flashlab/data/wgmma_backward.csv):
-# N 4096 and 16384, where the wgmma backward was 1.10-1.68x faster at all 32 (d 64 and 128, causal or not, B H 16
+# N 4096 and 16384, where the wgmma backward was 1.30-1.55x faster at all 32 (d 64 and 128, causal or not, B H 16
 # and 64, float16 and bfloat16). Shorter sequences were not timed, so they keep the tensor backward.
 WGMMA_BACKWARD_MIN_N = 4096
 
