@@ -374,6 +374,31 @@ def simulated_gpu() -> str | None:
     return name
 
 
+def _current_device_id() -> int | None:
+    """The ordinal of the device whose context is current, from one driver call (cuCtxGetDevice); None where
+    cuda.bindings is missing or no context is current. numba's get_current_device() makes several driver calls:
+    profiling lesson 13's GPT (benchmarks/profiling/profile_gpt_bf16.py, H200, 2026-11-29), 150 device_limits
+    calls took 7.0 ms under cProfile, 5.0 of them in numba's context lookup, three calls a layer's step."""
+    if _DRIVER.get("module") is None:
+        try:
+            from cuda.bindings import driver
+        except ImportError:
+            _DRIVER["module"] = False
+            return None
+        _DRIVER["module"] = driver
+    driver = _DRIVER["module"]
+    if driver is False:
+        return None
+    try:
+        err, dev = driver.cuCtxGetDevice()
+    except Exception:  # no driver library: numba's lookup says why
+        return None
+    return int(dev) if err == driver.CUresult.CUDA_SUCCESS else None
+
+
+_DRIVER: dict = {}  # "module": cuda.bindings.driver, or False where it does not import
+
+
 def device_limits() -> dict:
     """The limits tile shapes are chosen from. On the simulator: those of a T4-class GPU (48 KB/block), with no
     compute capability (every instruction runs), or those of simulated_gpu() with its compute capability."""
@@ -389,6 +414,9 @@ def device_limits() -> dict:
         return {"name": "CUDA simulator", "cc": None, "sms": 1, "shared_per_block": 48 * 1024,
                 "shared_optin": 64 * 1024, "shared_per_sm": 64 * 1024, "regs_per_sm": 65536, "regs_per_block": 65536,
                 "max_threads_per_sm": 1024, "max_blocks_per_sm": 16, "warp": 32}
+    known = _LIMITS.get(_current_device_id())
+    if known is not None:
+        return dict(known)
     dev = get_cuda().get_current_device()
     if dev.id in _LIMITS:  # each attribute is a driver call: ask once per device, not on every launch
         return dict(_LIMITS[dev.id])

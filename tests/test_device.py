@@ -235,3 +235,46 @@ def test_numba_simulator_threads_can_be_kept():
     res = _run(code, NUMBA_ENABLE_CUDASIM="1", FLASHLAB_SIM_THREADS="")
     assert res.returncode == 0, res.stderr
     assert res.stdout.split()[:1] == ["flashlab's:"] and res.stdout.split()[-2:] == ["ok", "True"]
+
+
+class _FakeDriver:
+    """cuda.bindings.driver's cuCtxGetDevice and CUresult, answering with a fixed device or error."""
+
+    class CUresult:
+        CUDA_SUCCESS, CUDA_ERROR_INVALID_CONTEXT = 0, 201
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, 0
+
+    def cuCtxGetDevice(self):
+        self.calls += 1
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize("answer,want", [((0, 3), 3), ((201, 0), None), (OSError("no libcuda"), None)])
+def test_current_device_id_asks_the_driver_once(monkeypatch, answer, want):
+    fake = _FakeDriver(answer)
+    monkeypatch.setitem(device._DRIVER, "module", fake)
+    assert device._current_device_id() == want
+    assert fake.calls == 1
+
+
+def test_device_limits_known_device_skips_numbas_lookup(monkeypatch):
+    """On a GPU, limits already read for the current device come back from one driver call; an unknown device (or
+    no current context) goes through numba's lookup, which reads them."""
+    limits = {"name": "fake GPU", "cc": (9, 0), "sms": 132}
+    monkeypatch.setattr(device, "has_gpu", lambda: True)
+    monkeypatch.setitem(device._DRIVER, "module", _FakeDriver((0, 5)))
+    monkeypatch.setitem(device._LIMITS, 5, limits)
+
+    def numba_lookup():
+        raise AssertionError("numba's current-device lookup ran for a device whose limits are known")
+
+    monkeypatch.setattr(device, "get_cuda", numba_lookup)
+    got = device.device_limits()
+    assert got == limits and got is not limits  # a copy: callers may edit theirs
+    monkeypatch.setitem(device._DRIVER, "module", _FakeDriver((201, 0)))
+    with pytest.raises(AssertionError, match="numba's current-device lookup"):
+        device.device_limits()
