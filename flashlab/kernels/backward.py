@@ -35,7 +35,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     variant: "register" (this module, FP32 units; float32 and float16) or "tensor" (kernels/tensor_backward.py,
     tensor cores: float16, bfloat16 and float32 through 3xTF32, with `precision` as in the forward) or, opt-in,
     "wgmma" (kernels/wgmma_backward.py, FlashAttention-3's backward on Hopper: float16 and bfloat16, d 64 or 128,
-    grouped-query attention, causal or not, no options; on an H200 1.30-1.55x the tensor backward,
+    grouped-query attention, causal or not, the library's options; on an H200 1.30-1.55x the tensor backward,
     docs/runs/wgmma-backward.md). By default "tensor" for float16 / bfloat16 on a GPU that has their mma, else
     "register" (see default_variant).
     block_q / block_k override the tile; threads (register only) the threads per block; see GPU_CONFIG and
@@ -60,14 +60,11 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
         return _tensor_backward(q, k, v, o, lse, do, causal=causal, scale=scale, precision=precision, block_q=block_q,
                         block_k=block_k, **library)
     if variant == "wgmma":
-        if not plain:
-            raise NotImplementedError("window_size, align, alibi_slopes, softcap and dropout_p run on variant="
-                                      "'register' or 'tensor'; the wgmma backward has causal masking only so far")
         for name, value in (("precision", precision), ("block_q", block_q), ("block_k", block_k),
                             ("threads", threads)):
             if value is not None:
                 raise ValueError(f"variant='wgmma' takes no {name} (its tile is fixed); got {name}={value!r}")
-        return _wgmma_backward(q, k, v, o, lse, do, causal, scale, bool(deterministic))
+        return _wgmma_backward(q, k, v, o, lse, do, causal, scale, bool(deterministic), None if plain else library)
     if variant != "register":
         raise ValueError(f"variant must be 'register', 'tensor' or 'wgmma' for the backward; got {variant!r}")
     if precision is not None:
@@ -107,11 +104,12 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
 
 
-def _wgmma_backward(q, k, v, o, lse, do, causal, scale, deterministic=False):
+def _wgmma_backward(q, k, v, o, lse, do, causal, scale, deterministic=False, library=None):
     """variant="wgmma" (kernels/wgmma_backward.py): opt-in, 16-bit inputs on Hopper (or the simulator), contiguous,
-    GQA, d 64 or 128. Torch CUDA tensors take the prepared path after the first call
-    with their key (PreparedWgmmaBackward)."""
-    key = prepared.torch_key(q, k, v, o, lse, do) if prepared.available() else None
+    GQA, d 64 or 128. library: the options (window_size, align, alibi_slopes, softcap, dropout_p, seed) or None.
+    Torch CUDA tensors without options take the prepared path after the first call with their key
+    (PreparedWgmmaBackward)."""
+    key = prepared.torch_key(q, k, v, o, lse, do) if prepared.available() and library is None else None
     if key is not None:
         key = ("wgmma_backward", key, causal, scale, deterministic)
         call = prepared.lookup(key)
@@ -141,9 +139,13 @@ def _wgmma_backward(q, k, v, o, lse, do, causal, scale, deterministic=False):
         described = wgmma_backward.launches(B, H, Nq, Nk, d, scale, causal, dtype, k_d.shape[1],
                                             deterministic=deterministic)
         return prepared.store(key, PreparedWgmmaBackward(described, q, k, v, o, lse, do))(q, k, v, o, lse, do)
+    extras, seed = None, 0
+    if library is not None:
+        opt = check_options((B, H, Nq, d), causal=causal, scale=scale, **library)
+        extras, seed = Extras.from_options(opt, B, H), opt.seed
     outs = [empty_words(x.shape[:3] + (d,), dtype, kind, like=q) for x in (q_d, k_d, v_d)]
     wgmma_backward.backward(q_d, k_d, v_d, o_d, lse_d, do_d, *(w for _, w in outs), scale, causal, dtype,
-                            deterministic=deterministic)
+                            deterministic=deterministic, extras=extras, seed=seed)
     return tuple(like_input(x, kind) for x, _ in outs)
 
 

@@ -23,6 +23,11 @@ consumer warpgroup (threads 0..127) and a producer warp after it:
     D and a zeroed accumulator come first, and dQ is cast to the inputs' type last, by the tensor backward's
     preprocess and cast kernels (kernels/tensor_backward.py).
 
+The library's options (kernels/options.py: window, alignment, ALiBi, softcap, dropout) work as in the tensor
+backward: a block visits the query tiles of its keys' band, step 2 masks every score by the band and transforms it
+(softcap, then ALiBi) before P, softcap multiplies dS^T by 1 - tanh^2, and dropout regenerates the forward's mask
+(dV takes P^T Z, dS^T = P^T (dP^T Z - D)). Without them the build is the plain one, unchanged.
+
 A block has 160 threads: at d = 64 the kernel takes 168 registers, so two blocks share an SM and one's softmax
 runs under the other's products; at d = 128 (254 registers) one block does. Checked against float64 in the
 simulator (tests/test_wgmma_backward.py) and on an H200 beside torch's own error
@@ -30,9 +35,10 @@ simulator (tests/test_wgmma_backward.py) and on an H200 beside torch's own error
 
 Where it stops short of FlashAttention-3 so far: one consumer warpgroup of 64 keys (FA3 runs two, 128 keys, with
 240 registers each through setmaxnreg), no overlap within a warpgroup between one tile's softmax and the next
-tile's products, dQ's rows reduced one bulk copy each (FA3 stores a swizzled tile and reduces it with one TMA
-copy), and no options; d = 64 and 128, float16 and bfloat16, causal or not, grouped-query attention (a block
-walks every query head of its K/V head).
+tile's products, and dQ's rows reduced one bulk copy each (FA3 stores a swizzled tile and reduces it with one
+TMA copy); d = 64 and 128, float16 and bfloat16, causal or not, grouped-query attention (a block walks every query
+head of its K/V head). The options' builds are checked in the simulator and compile for sm_90a (at d = 64 under
+the 168-register cap with every option on, ptxas spills 392 bytes), but have not been timed.
 """
 from __future__ import annotations
 
@@ -43,9 +49,11 @@ import numpy as np
 from numba import config, float32, int32, uint16, uint32, uint64
 
 from ..device import get_cuda
+from ..dropout import device_functions as dropout_functions
 from . import hopper, mma, tensor_backward
 from ._launch import Arg, Launch, Launches
-from .common import FASTMATH, LOG2E, U
+from .common import FASTMATH, LOG2E, I, U
+from .options import Extras, Features, device_functions, plain_arguments
 
 cuda = get_cuda()
 SIMULATOR = bool(config.ENABLE_CUDASIM)
@@ -98,10 +106,12 @@ def _step(fn):
 _BUILDS = {}
 
 
-def build(d: int, dtype: str, causal: bool, tile: BackwardTile | None = None, deterministic: bool = False):
+def build(d: int, dtype: str, causal: bool, tile: BackwardTile | None = None, deterministic: bool = False,
+          features: Features = Features()):
     """The main kernel. Arguments:
 
-        (k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, turns, n_q, n_k, scale, scale_log2)
+        (k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, turns, n_q, n_k, scale, scale_log2,
+         left, right, cap, slopes, seed)
 
     maps: hopper.tensor_map_2d of K, V (B * H_kv * Nk, d) and Q, dO (B * H * Nq, d) as uint16, 64 x 64 boxes,
     128-byte swizzle; lse, D: (B, H, Nq) float32; dq_acc (B, H, Nq, d) float32 (added to); dk, dv
@@ -113,18 +123,28 @@ def build(d: int, dtype: str, causal: bool, tile: BackwardTile | None = None, de
     each query tile; a block waits for its turn before its bulk reduces, waits for them to complete, then passes
     the turn on. Blocks are dispatched
     in index order (in practice; CUDA does not promise it), so the ones a block waits for are running or done.
-    Without it, turns is not read. tile: default_tile(d) when None."""
+    Without it, turns is not read. tile: default_tile(d) when None.
+
+    features: the library's options compiled in (options.Features), as in the tensor backward: a key block visits
+    the query tiles of its options.query_band, every score is masked by its band and transformed (softcap, then
+    ALiBi) before P, softcap multiplies dS by 1 - tanh^2, and dropout regenerates the forward's mask. Their values
+    are left, right, cap, slopes (options.OptionArgs in log2 units) and the dropout seed, which a plain build
+    ignores."""
     tile = tile or default_tile(d)
-    key = (d, dtype, causal, tile, deterministic)
+    key = (d, dtype, causal, tile, deterministic, features)
     if key not in _BUILDS:
         if d not in (64, 128) or dtype not in DTYPES:
             raise ValueError(f"the wgmma backward takes d in (64, 128) and dtype in {DTYPES}; got d={d}, {dtype!r}")
-        _BUILDS[key] = _kernel(d, dtype, causal, tile, deterministic)
+        _BUILDS[key] = _kernel(d, dtype, causal, tile, deterministic, features)
     return _BUILDS[key]
 
 
-def _kernel(d, dtype, causal, tile, deterministic):
+def _kernel(d, dtype, causal, tile, deterministic, features):
     ST, CAUSAL, DETERMINISTIC = tile.stages, causal, deterministic
+    OPTIONS, BOTTOM_RIGHT = features.any, bool(features.bottom_right)
+    SOFTCAP, ALIBI, DROP = bool(features.softcap), bool(features.alibi), features.dropout
+    opt = device_functions(features)
+    z_start, z_mix, z_keep = dropout_functions(features.dropout_p)
     BOXES = d // BOX
     KV_BOX, QD_BOX = BK * 128, BQ * 128  # bytes of one 64-column box of a key tile and of a query tile
     KV_BYTES, QD_BYTES = BOXES * KV_BOX, BOXES * QD_BOX
@@ -136,6 +156,7 @@ def _kernel(d, dtype, causal, tile, deterministic):
     STATS = 2 * BQ  # per stage: lse * log2(e) and D of the tile's BQ queries (float32, 0 past Nq)
     N_STATS = ST * STATS
     NS, ND, NP = BQ // 2, d // 2, BQ // 4  # registers of S^T (and dP^T), of a d-wide accumulator, of packed P^T
+    NTH = NS if SOFTCAP else 1  # tanh of each capped score, for dS's factor
     QK_STEPS, Q_STEPS, K_STEPS = d // 16, BQ // 16, BK // 16
     S_TILES, D_TILES = BQ // 8, d // 8
     mma_s = hopper.wgmma_ss(BQ, dtype)  # S^T, dP^T (64 x BQ) = K or V (64 x d) @ Q^T or dO^T
@@ -205,30 +226,97 @@ def _kernel(d, dtype, causal, tile, deterministic):
         issue_transposed_scores(sacc, k_tile, q_tile)
         issue_transposed_scores(dpacc, v_tile, do_tile)
 
-    @_step
-    def probabilities(sacc, stats, base, key0, q0, t, n_q, n_k, scale_log2):
-        """P^T in place: lane (g, t) holds keys key0 + g (+ 8) and queries q0 + 8n + 2t (+ 1)."""
-        for n in range(S_TILES):
-            for c in range(2):
-                i = U(8 * n + c) + U(2) * t
-                query = q0 + i
-                inside = query < n_q
-                offset = stats[base + i]
-                for r in range(2):
-                    key = key0 + U(8 * r)
-                    i = 4 * n + 2 * r + c
-                    keep = inside and key < n_k and not (CAUSAL and key > query)
-                    sacc[i] = math.exp2(sacc[i] * scale_log2 - offset) if keep else ZERO
+    if not OPTIONS:
+        @_step
+        def probabilities(sacc, tanhs, stats, base, key0, q0, t, n_q, n_k, scale_log2, off, left, right, capr,
+                          slope):
+            """P^T in place: lane (g, t) holds keys key0 + g (+ 8) and queries q0 + 8n + 2t (+ 1)."""
+            for n in range(S_TILES):
+                for c in range(2):
+                    i = U(8 * n + c) + U(2) * t
+                    query = q0 + i
+                    inside = query < n_q
+                    offset = stats[base + i]
+                    for r in range(2):
+                        key = key0 + U(8 * r)
+                        i = 4 * n + 2 * r + c
+                        keep = inside and key < n_k and not (CAUSAL and key > query)
+                        sacc[i] = math.exp2(sacc[i] * scale_log2 - offset) if keep else ZERO
+
+        @_step
+        def ds_from_dp(dpacc, sacc, tanhs, stats, base, key0, q0, t, zh):
+            """dS^T = P^T * (dP^T - D_query), in dpacc (P^T is 0 past Nq, where D reads 0)."""
+            for n in range(S_TILES):
+                for c in range(2):
+                    dq = stats[base + BQ + U(8 * n + c) + U(2) * t]
+                    for r in range(2):
+                        i = 4 * n + 2 * r + c
+                        dpacc[i] = sacc[i] * (dpacc[i] - dq)
+    else:
+        @_step
+        def band_of(key, n_q, n_k, off, left, right):
+            """[lo, hi): the queries that see the key (options.query_band of one key); none past Nk."""
+            lo, hi = opt.query_band(I(key), I(key), off, I(n_q), left, right)
+            return lo, hi if key < n_k else lo
+
+        @_step
+        def probabilities(sacc, tanhs, stats, base, key0, q0, t, n_q, n_k, scale_log2, off, left, right, capr,
+                          slope):
+            """P^T in place under the options: each score capped (softcap, then ALiBi's bias, in raw units as the
+            forward's), masked by its key's band of queries (a select, never a product: exp2 may be inf where
+            lse = +inf), its tanh kept for dS."""
+            lo0, hi0 = band_of(key0, n_q, n_k, off, left, right)
+            lo1, hi1 = band_of(key0 + U(8), n_q, n_k, off, left, right)
+            for n in range(S_TILES):
+                for c in range(2):
+                    i = U(8 * n + c) + U(2) * t
+                    query = I(q0 + i)
+                    offset = stats[base + i]
+                    for r in range(2):
+                        lo, hi = (lo0, hi0) if r == 0 else (lo1, hi1)
+                        j = 4 * n + 2 * r + c
+                        x, th = opt.capped(sacc[j], query + off, I(key0 + U(8 * r)), capr, slope)
+                        sacc[j] = ZERO if query < lo or query >= hi else math.exp2(x * scale_log2 - offset)
+                        if SOFTCAP:
+                            tanhs[j] = th
+
+        @_step
+        def ds_from_dp(dpacc, sacc, tanhs, stats, base, key0, q0, t, zh):
+            """dS^T = P^T * (dP^T Z - D_query) * (1 - tanh^2 with softcap), in dpacc; then P^T Z in sacc for dV
+            (Z: the forward's dropout mask times 1 / (1 - p), keyed by (seed, batch, query head, query, key))."""
+            for n in range(S_TILES):
+                for c in range(2):
+                    i = U(8 * n + c) + U(2) * t
+                    dq = stats[base + BQ + i]
+                    zq = z_mix(zh, q0 + i) if DROP else U(0)  # the query's hash state, for both keys
+                    for r in range(2):
+                        j = 4 * n + 2 * r + c
+                        z = z_keep(zq, key0 + U(8 * r)) if DROP else float32(1.0)
+                        ds = sacc[j] * (dpacc[j] * z - dq)
+                        if SOFTCAP:
+                            ds *= float32(1.0) - tanhs[j] * tanhs[j]
+                        dpacc[j] = ds
+                        if DROP:
+                            sacc[j] *= z
 
     @_step
-    def ds_from_dp(dpacc, sacc, stats, base, t):
-        """dS^T = P^T * (dP^T - D_query), in dpacc (P^T is 0 past Nq, where D reads 0)."""
-        for n in range(S_TILES):
-            for c in range(2):
-                dq = stats[base + BQ + U(8 * n + c) + U(2) * t]
-                for r in range(2):
-                    i = 4 * n + 2 * r + c
-                    dpacc[i] = sacc[i] * (dpacc[i] - dq)
+    def query_tiles(k0, n_q, n_k, left, right):
+        """(off, first query tile, number of tiles) of the block's keys k0..k0 + BK - 1: the tiles that can see
+        them (options.query_band; plain causal: from the diagonal on). off: the alignment's shift, query i sits at
+        key position i + off."""
+        if OPTIONS:
+            off = I(n_k) - I(n_q) if BOTTOM_RIGHT else I(0)
+            lo, hi = opt.query_band(I(k0), I(min(k0 + U(BK), U(n_k))) - I(1), off, I(n_q), left, right)
+            i0 = U(lo) // U(BQ) if lo < hi else U(0)
+            return off, i0, (U(hi) + U(BQ - 1)) // U(BQ) - i0 if lo < hi else U(0)
+        i0 = k0 // U(BQ) if CAUSAL else U(0)  # causal: query tiles before the block's first key see none of it
+        return I(0), i0, (U(n_q) + U(BQ - 1)) // U(BQ) - i0 if U(n_q) > i0 * U(BQ) else U(0)
+
+    @_step
+    def head_options(slopes, b, h, n_heads, seed, scale_log2):
+        """The (batch, query head)'s ALiBi slope in raw score units and its dropout hash state."""
+        slope = slopes[b * n_heads + h] / scale_log2 if ALIBI else ZERO
+        return slope, z_start(seed, b, h) if DROP else U(0)
 
     @_step
     def pack_a(regs, acc):
@@ -289,14 +377,17 @@ def _kernel(d, dtype, causal, tile, deterministic):
         hopper.bulk_commit()
 
     @_step
-    def turn(kb, q0, n_kb):
+    def turn(kb, q0, n_kb, n_q, n_k, off, left, right):
         """Deterministic mode: how many key blocks add their shares to query tile q0 before key block kb does.
         Without a mask, blocks 0, 1, 2, ... in index order. Causal, the blocks that reach a tile are 0 to its
         diagonal block, and they take turns from the diagonal down: key block kb starts on its diagonal tile,
         where it goes first, and each later tile waits only for the block one above, which started there a tile
         earlier. (In index order every block would wait for all the ones before it to pass its diagonal: a
         wavefront twice as long as the work.) The grid runs the key blocks from the last, so the ones a block waits
-        for were dispatched before it."""
+        for were dispatched before it. With options, the blocks that reach the tile are those of its key band."""
+        if OPTIONS:
+            lo, hi = opt.key_band(I(q0) + off, I(min(q0 + U(BQ), n_q)) - I(1) + off, I(n_k), left, right)
+            return int32((hi - I(1)) // I(BK) - I(kb)) if CAUSAL else int32(I(kb) - lo // I(BK))
         if CAUSAL:
             return int32(min(q0 // U(BQ), n_kb - U(1)) - kb)
         return int32(kb)
@@ -338,10 +429,11 @@ def _kernel(d, dtype, causal, tile, deterministic):
                     dk[b, h, key, U(4 * n) + t] = pack(dkacc[i] * scale, dkacc[i + 1] * scale)
                     dv[b, h, key, U(4 * n) + t] = pack(dvacc[i], dvacc[i + 1])
 
-    cap = {"max_registers": tile.max_registers} if tile.max_registers and not SIMULATOR else {}
+    registers = {"max_registers": tile.max_registers} if tile.max_registers and not SIMULATOR else {}
 
-    @cuda.jit(fastmath=FASTMATH, **cap)
-    def flash_bwd_wgmma(k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, turns, n_q, n_k, scale, scale_log2):
+    @cuda.jit(fastmath=FASTMATH, **registers)
+    def flash_bwd_wgmma(k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, turns, n_q, n_k, scale, scale_log2,
+                        left, right, cap, slopes, seed):
         sm = cuda.shared.array(0, uint16)
         sm32 = cuda.shared.array(0, uint32)  # the same memory, as 32-bit words (dS^T's stores)
         smf = cuda.shared.array(0, float32)  # and as float32s (dQ's rows)
@@ -355,9 +447,9 @@ def _kernel(d, dtype, causal, tile, deterministic):
         k0 = kb * U(BK)
         n_heads, n_kv_heads = U(lse.shape[1]), U(cuda.gridDim.y)
         group = n_heads // n_kv_heads  # query heads per K/V head (1 without GQA); dK, dV sum over them
-        i0 = k0 // U(BQ) if CAUSAL else U(0)  # causal: query tiles before the block's first key see none of it
-        n_tiles = (U(n_q) + U(BQ - 1)) // U(BQ) - i0 if U(n_q) > i0 * U(BQ) else U(0)
+        off, i0, n_tiles = query_tiles(k0, U(n_q), U(n_k), left, right)
         n_work = group * n_tiles
+        capr = cap / scale_log2  # S^T stays in raw units
         base = hopper.smem_address(sm, 0)
         at = (U(1024) - U(base) % U(1024)) % U(1024)
         if tid == U(0):
@@ -380,6 +472,7 @@ def _kernel(d, dtype, causal, tile, deterministic):
         dqacc = cuda.local.array(NQ, float32)
         p_regs = cuda.local.array(NP, uint32)
         ds_regs = cuda.local.array(NP, uint32)
+        tanhs = cuda.local.array(NTH, float32)
         for i in range(ND):
             dvacc[i] = ZERO
             dkacc[i] = ZERO
@@ -387,14 +480,16 @@ def _kernel(d, dtype, causal, tile, deterministic):
         for j in range(n_work):
             s = j % ST
             h, q0 = work_item(U(j), h_kv * group, i0, n_tiles)
+            slope, zh = head_options(slopes, b, h, n_heads, seed, scale_log2)
             q_tile, do_tile = start + U(Q_AT + s * QD_BYTES), start + U(DO_AT + s * QD_BYTES)
             hopper.mbarrier_wait_parity(bar, FULL + s, int32((j // ST) & 1))
             hopper.wgmma_fence()
             issue_scores(sacc, dpacc, start + U(K_AT), start + U(V_AT), q_tile, do_tile)
             hopper.wgmma_wait(1)  # S^T is ready; dP^T may still run
-            probabilities(sacc, stats, U(s * STATS), key0, q0, t, U(n_q), U(n_k), scale_log2)
+            probabilities(sacc, tanhs, stats, U(s * STATS), key0, q0, t, U(n_q), U(n_k), scale_log2, off, left,
+                          right, capr, slope)
             hopper.wgmma_wait(0)
-            ds_from_dp(dpacc, sacc, stats, U(s * STATS), t)
+            ds_from_dp(dpacc, sacc, tanhs, stats, U(s * STATS), key0, q0, t, zh)
             pack_a(p_regs, sacc)
             pack_a(ds_regs, dpacc)
             hopper.wgmma_fence()
@@ -414,7 +509,7 @@ def _kernel(d, dtype, causal, tile, deterministic):
             hopper.fence_proxy_async()  # dQ's rows, then the bulk reduce's reads of them
             hopper.named_barrier_sync(1, CONSUMER)  # dQ's rows are in place; every warp's dQ wgmma read dS^T
             if DETERMINISTIC:
-                wait_turn(turns, b, h, q0, tid, turn(kb, q0, n_kb))
+                wait_turn(turns, b, h, q0, tid, turn(kb, q0, n_kb, U(n_q), U(n_k), off, left, right))
             reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, warp, lane, U(n_q))
             if DETERMINISTIC:
                 pass_turn(turns, b, h, q0, tid)
@@ -437,12 +532,16 @@ def zero_turns(turns):
 
 
 def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: bool, dtype: str, H_kv: int | None = None,
-             tile: BackwardTile | None = None, deterministic: bool = False):
+             tile: BackwardTile | None = None, deterministic: bool = False, extras: Extras | None = None):
     """The launches of one call, described once (_launch.Launch) for the general and the prepared path: D and a
     zeroed dQ accumulator (the tensor backward's preprocess), (deterministic) the turns zeroed, the main kernel,
     dQ cast to the inputs' type. Arrays by name: o, do, dq, dk, dv (uint32 pairs), lse, the tensor maps of k, v, q
-    and do (MAPS), and the temporaries D, dq_acc and turns (one unread word without deterministic)."""
+    and do (MAPS), the temporaries D, dq_acc and turns (one unread word without deterministic), and slopes (the
+    ALiBi slopes, a host array). extras: the library's options (options.Extras), None for none; the dropout seed
+    goes to the main kernel (Launches.seeded)."""
     tile, precision = tile or default_tile(d), "bf16" if dtype == "bfloat16" else "f16"
+    features = extras.features() if extras is not None else Features()
+    args = extras.arguments(causal, B, H, True) if extras is not None else plain_arguments(causal)
     preprocess, _, cast = tensor_backward.build(d, tensor_backward.choose_tile(d, precision), bool(causal),
                                                 precision)
     n, turns = B * H * Nq * d, (B, H, -(-Nq // BQ)) if deterministic else (1, 1, 1)
@@ -451,18 +550,22 @@ def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: boo
                   32 * tensor_backward.PREPROCESS_WARPS, ("o", "do", "D", "dq_acc", H))]
     if deterministic:
         out.append(Launch(zero_turns, (-(-n_turns // 256),), 256, (Arg("turns", (n_turns,)),)))
-    out += [Launch(build(d, dtype, bool(causal), tile, bool(deterministic)), (-(-Nk // BK), H_kv or H, B),
+    seeded = len(out)
+    out += [Launch(build(d, dtype, bool(causal), tile, bool(deterministic), features), (-(-Nk // BK), H_kv or H, B),
                    tile.threads, MAPS + ("lse", "D", "dq_acc", "dk", "dv", "turns", np.int64(Nq), np.int64(Nk),
-                                         np.float32(scale), np.float32(scale * LOG2E)), shared=tile.shared_bytes(d)),
+                                         np.float32(scale), np.float32(scale * LOG2E), int(args.left),
+                                         int(args.right), np.float32(args.cap), "slopes", np.int64(0)),
+                   shared=tile.shared_bytes(d)),
             Launch(cast, (-(-(n // 2) // 256),), 256, (Arg("dq_acc", (n,)), Arg("dq", (n // 2,))))]
     return Launches(tuple(out), {"D": ((B, H, Nq), np.float32), "dq_acc": ((B, H, Nq, d), np.float32),
-                                 "turns": (turns, np.int32)}, {})
+                                 "turns": (turns, np.int32)}, {"slopes": args.slopes}, seeded)
 
 
 def backward(q_words, k_words, v_words, o_words, lse, do_words, dq_words, dk_words, dv_words, scale, causal, dtype,
-             tile: BackwardTile | None = None, deterministic: bool = False):
+             tile: BackwardTile | None = None, deterministic: bool = False, extras: Extras | None = None, seed: int = 0):
     """The general path, on numba device arrays (16-bit values as uint32 pairs, (B, H, N, d/2)): the tensor maps
-    made for this call, then the launches. (Torch tensors take flash_attention_backward's prepared path.)"""
+    made for this call, then the launches. extras, seed: the library's options and the dropout seed. (Torch
+    tensors take flash_attention_backward's prepared path.)"""
     B, H, Nq, w = q_words.shape
     _, H_kv, Nk, _ = k_words.shape
     if H % H_kv:
@@ -473,4 +576,5 @@ def backward(q_words, k_words, v_words, o_words, lse, do_words, dq_words, dk_wor
         x = arrays[name[:-4]]
         rows = x.reshape(x.shape[0] * x.shape[1] * x.shape[2], w).view(np.uint16)
         arrays[name] = hopper.tensor_map_2d(rows, MAP_ROWS[name], BOX, SWIZZLE)
-    launches(B, H, Nq, Nk, 2 * w, scale, causal, dtype, H_kv, tile, deterministic).run(arrays)
+    launches(B, H, Nq, Nk, 2 * w, scale, causal, dtype, H_kv, tile, deterministic, extras).run(
+        arrays, seed=np.int64(seed))
