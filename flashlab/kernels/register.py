@@ -228,9 +228,11 @@ def _place(gqa: bool, varlen: bool, query_block):
 
     @_step
     def place_batched(q, k, v, n_q, n_k, n_heads):
+        # each view divides bh itself: one (b, h) pair shared by the three views stays live longer, and the split
+        # causal heavy-first build at d = 32 took 137 registers instead of 126 (ptxas, sm_90)
         q0, bh, part, n_parts = query_block(q.shape[0], n_heads)
-        b, h = bh // U(n_heads), bh % U(n_heads)
-        return bh, q0, part, n_parts, U(0), U(n_q), U(n_k), q[b, h], k[b, h], v[b, h]
+        return bh, q0, part, n_parts, U(0), U(n_q), U(n_k), q[bh // U(n_heads), bh % U(n_heads)], \
+            k[bh // U(n_heads), bh % U(n_heads)], v[bh // U(n_heads), bh % U(n_heads)]
 
     @_step
     def place_grouped(q, k, v, n_q, n_k, n_heads):
