@@ -512,8 +512,8 @@ def test_gpu_direct_launch_matches_cuda_core_launch(monkeypatch, variant, dtype)
         monkeypatch.setenv("FLASHLAB_DIRECT_LAUNCH", direct)
         prepared._CALLS.clear()
         call = [flash_attention(q, k, v, causal=True, variant=variant, splits=2) for _ in range(2)][1]
-        assert all((kern.direct is not None) == (direct == "1")
-                   for kern, _ in next(iter(prepared._CALLS.values())).launches.kernels)
+        assert all(isinstance(launch, prepared._DirectLaunch) == (direct == "1")
+                   for launch, _, _ in next(iter(prepared._CALLS.values())).launches.kernels)
         runs.append(call)
     for a, b in zip(*runs):
         assert torch.equal(a, b)

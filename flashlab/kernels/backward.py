@@ -161,19 +161,19 @@ class PreparedWgmmaBackward:
         specs = {n: x.words() for n, x in specs.items()}
         maps = prepared.Spec((16,), (8,), np.dtype(np.uint64))
         specs.update(lse=prepared.torch_spec(lse), **{name: maps for name in wgmma_backward.MAPS})
-        self.launches = prepared.PreparedLaunches.of(described, specs, q.device)
+        self.launches = prepared.PreparedLaunches.of(described, specs, ("o", "lse", "dq", "dk", "dv", "do", "k_map",
+                                                                        "v_map", "q_map", "do_map"), q.device)
 
     def __call__(self, q, k, v, o, lse, do):
         import torch  # optional: only torch tensors come here
 
         dq = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
         dk, dv = (torch.empty(self.shapes[1], dtype=self.dtype, device=q.device) for _ in range(2))
-        pointers = {n: x.data_ptr() for n, x in dict(o=o, lse=lse, dq=dq, dk=dk, dv=dv, do=do).items()}
-        for name, x in (("k_map", k), ("v_map", v), ("q_map", q), ("do_map", do)):
-            rows = x.shape[0] * x.shape[1] * x.shape[2]
-            pointers[name] = wgmma.torch_map(x.data_ptr(), rows, x.shape[3], wgmma_backward.MAP_ROWS[name],
-                                             q.device)
-        self.launches(prepared.current_stream(q), pointers, q.device)
+        maps = tuple(wgmma.torch_map(x.data_ptr(), x.shape[0] * x.shape[1] * x.shape[2], x.shape[3],
+                                     wgmma_backward.MAP_ROWS[name], q.device)
+                     for name, x in (("k_map", k), ("v_map", v), ("q_map", q), ("do_map", do)))
+        self.launches(prepared.current_stream(q), (o.data_ptr(), lse.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                                                   dv.data_ptr(), do.data_ptr(), *maps), q.device)
         return dq, dk, dv
 
 
@@ -212,6 +212,10 @@ def _register_setup(q, k, v, o, lse, do, causal, scale, block_q, block_k, thread
     return p, scale, register_backward.PREPROCESS_ROWS["gpu" if has_gpu() else "simulator"], dev, kinds["q"]
 
 
+# the arrays of a prepared backward call, in the order its pointers are passed
+GRADIENT_INPUTS = ("q", "k", "v", "o", "lse", "do", "dq", "dk", "dv")
+
+
 class PreparedRegisterBackward:
     """flash_attention_backward for torch tensors of one key (plain: no options): register_backward.launches,
     prepared once (kernels/prepared.py)."""
@@ -230,15 +234,15 @@ class PreparedRegisterBackward:
         dt = specs["q"].dtype
         specs.update(dq=prepared.Spec.contiguous(self.q_shape, dt), dk=prepared.Spec.contiguous(self.k_shape, dt),
                      dv=prepared.Spec.contiguous(self.k_shape, dt))
-        self.launches = prepared.PreparedLaunches.of(described, specs, q.device)
+        self.launches = prepared.PreparedLaunches.of(described, specs, GRADIENT_INPUTS, q.device)
 
     def __call__(self, q, k, v, o, lse, do):
         import torch  # optional: only torch tensors come here
 
         new = lambda shape: torch.empty(shape, dtype=self.dtype, device=q.device)  # noqa: E731
         dq, dk, dv = new(self.q_shape), new(self.k_shape), new(self.k_shape)
-        pointers = {n: x.data_ptr() for n, x in dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv).items()}
-        self.launches(prepared.current_stream(q), pointers, q.device)
+        self.launches(prepared.current_stream(q), tuple(x.data_ptr() for x in (q, k, v, o, lse, do, dq, dk, dv)),
+                      q.device)
         return dq, dk, dv
 
 
@@ -323,13 +327,13 @@ class PreparedTensorBackward:
                      dv=prepared.Spec.contiguous(self.k_shape, dt))
         if s.dtype != "float32":  # 16-bit values as uint32 pairs (lse stays float32)
             specs = {n: x if n == "lse" else x.words() for n, x in specs.items()}
-        self.launches = prepared.PreparedLaunches.of(_tensor_launches(s), specs, q.device)
+        self.launches = prepared.PreparedLaunches.of(_tensor_launches(s), specs, GRADIENT_INPUTS, q.device)
 
     def __call__(self, q, k, v, o, lse, do, seed=0):
         import torch  # optional: only torch tensors come here
 
         new = lambda shape: torch.empty(shape, dtype=self.dtype, device=q.device)  # noqa: E731
         dq, dk, dv = new(self.q_shape), new(self.k_shape), new(self.k_shape)
-        pointers = {n: x.data_ptr() for n, x in dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv).items()}
-        self.launches(prepared.current_stream(q), pointers, q.device, seed)
+        self.launches(prepared.current_stream(q), tuple(x.data_ptr() for x in (q, k, v, o, lse, do, dq, dk, dv)),
+                      q.device, seed)
         return dq, dk, dv

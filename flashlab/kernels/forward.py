@@ -221,16 +221,15 @@ class PreparedForward:
         specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k", k), ("v", v))}
         specs["o"] = prepared.Spec.contiguous(self.shapes[0], specs["q"].dtype)
         specs["lse"] = prepared.Spec.contiguous(self.shapes[1], np.float32)
-        self.launches = prepared.PreparedLaunches.of(described, specs, q.device)
+        self.launches = prepared.PreparedLaunches.of(described, specs, ("q", "k", "v", "o", "lse"), q.device)
 
     def __call__(self, q, k, v, seed=None):
         import torch  # optional: only torch tensors come here
 
         o = torch.empty(self.shapes[0], dtype=self.out_dtype, device=q.device)
         lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
-        self.launches(prepared.current_stream(q), dict(q=q.data_ptr(), k=k.data_ptr(),
-                                                       v=v.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr()),
-                      q.device, seed)
+        self.launches(prepared.current_stream(q), (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                                   lse.data_ptr()), q.device, seed)
         return o, lse
 
 

@@ -230,7 +230,8 @@ class PreparedPaged:
             specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))}
             specs.update(o=S((B, H, Nq, d), np.float16), lse=S((B, H, Nq), np.float32))
             specs["meta"] = S(self.meta_shape, np.int32)
-            self.launches = prepared.PreparedLaunches.of(described, specs, q.device)
+            self.launches = prepared.PreparedLaunches.of(described, specs, ("q", "k_cache", "v_cache", "o", "lse",
+                                                                            "meta"), q.device)
         else:
             threads = register_threads(threads, rows)
             n_splits, chunk = register_chunks(num_splits, B * H_kv, self.capacity)
@@ -239,7 +240,8 @@ class PreparedPaged:
             specs = {name: prepared.torch_spec(x) for name, x in (("q", q), ("k", k_cache), ("v", v_cache))}
             specs.update(o=S((B, H, Nq, d), specs["q"].dtype), lse=S((B, H, Nq), np.float32),
                          block_table=S((B, max_pages), np.int32), seqlens=S((B,), np.int32))
-            self.launches = prepared.PreparedLaunches.of(described, specs, q.device)
+            self.launches = prepared.PreparedLaunches.of(described, specs, ("q", "k", "v", "o", "lse", "block_table",
+                                                                            "seqlens"), q.device)
 
     def tables_ok(self, block_table, cache_seqlens) -> bool:
         """check_paged's value checks, on the GPU: one synchronisation (.item()) and no copy of the tables."""
@@ -259,11 +261,10 @@ class PreparedPaged:
         if self.variant == "tensor":
             meta = new(self.meta_shape, torch.int32)
             meta[:, 0], meta[:, 1:] = cache_seqlens, block_table
-            self.launches(stream, dict(q=q.data_ptr(), k_cache=k_cache.data_ptr(),
-                                       v_cache=v_cache.data_ptr(), o=o.data_ptr(), lse=lse.data_ptr(),
-                                       meta=meta.data_ptr()), dev)
+            self.launches(stream, (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                                   meta.data_ptr()), dev)
         else:
             bt, sl = (x.to(torch.int32).contiguous() for x in (block_table, cache_seqlens))
-            self.launches(stream, dict(q=q.data_ptr(), k=k_cache.data_ptr(), v=v_cache.data_ptr(), o=o.data_ptr(),
-                                       lse=lse.data_ptr(), block_table=bt.data_ptr(), seqlens=sl.data_ptr()), dev)
+            self.launches(stream, (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                                   bt.data_ptr(), sl.data_ptr()), dev)
         return o, lse

@@ -28,13 +28,14 @@ import ctypes
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import itemgetter
 
 import numpy as np
 
 from ..device import has_gpu
 from ._launch import Arg, allow_dynamic_shared, to_host
 
-_CALLS: dict = {}  # call key -> PreparedCall
+_CALLS: dict = {}  # call key -> a prepared call
 _STREAMS: dict = {}  # stream handle -> cuda.core Stream
 _CU_STREAMS: dict = {}  # stream handle -> cuda.bindings CUstream
 MAX_CALLS = 256
@@ -205,15 +206,21 @@ class _DirectLaunch:
             if isinstance(a, bool):
                 return ctypes.c_bool(a)
             return ctypes.c_int64(a) if isinstance(a, int) else type(a)(a.value)
+        # the data pointers live side by side in one array, so a call writes them with one slice assignment (C's
+        # loop, not Python's); every other argument in a ctypes value of its own
+        self.ptrs = (ctypes.c_uint64 * len(slots))()
         self.values = [value(a) for a in template]
-        self.params = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
+        addresses = [ctypes.addressof(v) for v in self.values]
+        for i, slot in enumerate(slots):
+            addresses[slot] = ctypes.addressof(self.ptrs) + 8 * i
+        self.params = (ctypes.c_void_p * len(self.values))(*addresses)
         self.address = ctypes.addressof(self.params)
-        self.pointers = [self.values[i] for i in slots]
         # numba-cuda 0.30 loads kernels as CUkernel handles, older ones (Colab's 0.22) as CUfunction; cuLaunchKernel
         # takes either
-        self.driver, self.handle = driver, driver.CUfunction(int(handle))
+        self.handle = driver.CUfunction(int(handle))
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.block, self.shared = int(block), int(shared)
+        self.cu_launch, self.success = driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
 
     @classmethod
     def make(cls, kernel, grid, block, template, slots, shared=0):
@@ -226,14 +233,13 @@ class _DirectLaunch:
         return cls(driver, kernel._codelibrary.get_cufunc().handle, grid, block, template, slots, shared)
 
     def __call__(self, stream: int, pointers, seed=None):
-        for holder, ptr in zip(self.pointers, pointers):
-            holder.value = ptr
+        self.ptrs[:] = pointers
         if seed is not None:  # the last argument: the dropout seed
             self.values[-1].value = seed
         gx, gy, gz = self.grid
-        err, = self.driver.cuLaunchKernel(self.handle, gx, gy, gz, self.block, 1, 1, self.shared, _cu_stream(stream),
-                                          self.address, 0)
-        if err != self.driver.CUresult.CUDA_SUCCESS:
+        err, = self.cu_launch(self.handle, gx, gy, gz, self.block, 1, 1, self.shared, _cu_stream(stream), self.address,
+                              0)
+        if err != self.success:
             raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
 
 
@@ -336,55 +342,75 @@ def spec_view(spec: Spec, arg) -> Spec:
 
 class PreparedLaunches:
     """A kernel module's launch descriptions (kernels, grids, arguments), prepared once for arrays with the given
-    Specs: a call passes the data pointers by name, and torch allocates the temporaries (split-KV's partial
-    outputs, the backward's D) on the inputs' device."""
+    Specs: a call passes the data pointers of the caller's arrays in the order `inputs` names them, and torch
+    allocates the temporaries (split-KV's partial outputs, the backward's D) on the inputs' device. Each kernel's
+    pointers are picked from the call's by position (operator.itemgetter), so a call builds no dict."""
 
-    def __init__(self, launches, specs: dict, temporaries: dict | None = None, seeded: int = 0):
+    def __init__(self, launches, specs: dict, inputs: tuple, temporaries: dict | None = None, seeded: int = 0,
+                 known: dict | None = None):
         """launches: _launch.Launch descriptions, run in order; specs: name -> Spec of every array they name but
-        the temporaries; temporaries: name -> (shape, NumPy dtype), contiguous; seeded: the index of the launch
-        that takes the seed."""
-        self.temporaries, self.seeded, self.pointers, self.kept = dict(temporaries or {}), seeded, {}, {}
+        the temporaries; inputs: the names of the caller's arrays, in the order a call passes their pointers;
+        temporaries: name -> (shape, NumPy dtype), contiguous; seeded: the index of the launch that takes the seed;
+        known: name -> data pointer of arrays prepared with the call (its host arrays, kept on the device)."""
+        self.temporaries, self.known = dict(temporaries or {}), dict(known or {})
         specs = dict(specs)
         for name, (shape, dtype) in self.temporaries.items():
             specs[name] = Spec.contiguous(shape, dtype)
+        order = (*inputs, *self.known, *self.temporaries)  # a call's pointers: the caller's, known, temporaries
+        missing = sorted({n for launch in launches for n in launch.arrays} - set(order))
+        if missing:
+            raise ValueError(f"the launches read arrays the call does not pass: {missing}; inputs={tuple(inputs)}")
+        self.n_inputs, self.known_pointers = len(inputs), tuple(self.known.values())
+        self.arrays = [launch.arrays for launch in launches]  # each launch's arrays by name, in argument order
         self.kernels = []
-        for launch in launches:
+        for i, launch in enumerate(launches):
             args = [spec_view(specs[a if isinstance(a, str) else a.name], a) if isinstance(a, (str, Arg)) else a
                     for a in launch.args]
-            self.kernels.append((PreparedKernel(launch.kernel, launch.grid, launch.block, args, launch.shared),
-                                 tuple(launch.arrays)))
-        self.torch_temporaries = None  # (name, shape, torch dtype), on the first call (torch is imported by then)
+            kernel = PreparedKernel(launch.kernel, launch.grid, launch.block, args, launch.shared)
+            self.kernels.append((kernel.direct or kernel.launch, _picker([order.index(n) for n in launch.arrays]),
+                                 i == seeded))
+        self.torch_temporaries = None  # (shape, torch dtype) of each, on the first call (torch is imported by then)
 
     @classmethod
-    def of(cls, described, specs: dict, device):
-        """Prepare a kernel module's _launch.Launches for the caller's arrays (specs: name -> Spec): its host
-        arrays (ALiBi slopes, varlen's tables) go to `device` once, and stay there with this call."""
+    def of(cls, described, specs: dict, inputs: tuple, device):
+        """Prepare a kernel module's _launch.Launches for the caller's arrays (specs: name -> Spec; inputs: the
+        order a call passes their pointers): its host arrays (ALiBi slopes, varlen's tables) go to `device` once,
+        and stay there with this call."""
         import torch  # optional: only torch tensors come here
 
         kept = {name: torch.from_numpy(np.ascontiguousarray(x)).to(device) for name, x in described.host.items()}
         specs = dict(specs, **{name: Spec.contiguous(x.shape, x.dtype) for name, x in described.host.items()})
-        self = cls(described.launches, specs, described.temporaries, described.seeded)
-        self.kept, self.pointers = kept, {name: t.data_ptr() for name, t in kept.items()}
+        self = cls(described.launches, specs, inputs, described.temporaries, described.seeded,
+                   {name: t.data_ptr() for name, t in kept.items()})
+        self.kept = kept
         return self
 
-    def __call__(self, stream: int, pointers: dict, device, seed=None):
-        """Launch every kernel on the stream; pointers: name -> data pointer of the caller's arrays (the host
-        arrays' are known)."""
-        pointers.update(self.pointers)  # the caller's dict, made for this call
+    def __call__(self, stream: int, pointers: tuple, device, seed=None):
+        """Launch every kernel on the stream; pointers: the data pointers of the caller's arrays, in the order of
+        `inputs` (the host arrays' are known)."""
+        if len(pointers) != self.n_inputs:
+            raise ValueError(f"expected {self.n_inputs} data pointers (the prepared inputs); got {len(pointers)}")
+        values = pointers + self.known_pointers
         if self.temporaries:
             import torch  # optional: only torch tensors come here
 
             if self.torch_temporaries is None:
-                self.torch_temporaries = [(name, shape, _TORCH[np.dtype(dtype)])
-                                          for name, (shape, dtype) in self.temporaries.items()]
+                self.torch_temporaries = [(shape, _TORCH[np.dtype(dtype)]) for shape, dtype in self.temporaries.values()]
             # held until every kernel is enqueued: a temporary freed sooner would give its block to the next one
             # (two small temporaries, D and dQ's accumulator at N = 1, would share their memory). Freed at return,
             # a block goes back to torch's cache for later work on this stream, which runs after these kernels.
-            held = [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in self.torch_temporaries]
-            for (name, _, _), t in zip(self.torch_temporaries, held):
-                pointers[name] = t.data_ptr()
-        for i, (kernel, names) in enumerate(self.kernels):
-            kernel.launch(stream, [pointers[n] for n in names], seed if i == self.seeded else None)
+            held = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.torch_temporaries]
+            values += tuple(t.data_ptr() for t in held)
+        for launch, pick, seeded in self.kernels:
+            launch(stream, pick(values), seed if seeded else None)
+
+
+def _picker(indices):
+    """values -> the values at `indices`, as a tuple (operator.itemgetter, which returns a lone value bare)."""
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda values: (values[i],)
+    return itemgetter(*indices)
 
 
 class _TorchDtypes(dict):
