@@ -12,22 +12,23 @@
 Inputs are (B, H, N, d) NumPy arrays, numba device arrays or torch CUDA tensors (no copies); outputs come
 back in the same kind. Variants: "shared" (lesson 08: one thread per query row, K/V tiles in shared
 memory), "register" (lesson 09: FA2 with register tiling), "tensor" (lessons 15-17: mma.sync tensor cores,
-forward in tensor.py, backward in tensor_backward.py) and "wgmma" (FlashAttention-3's forward on Hopper:
-wgmma.py).
+forward in tensor.py, backward in tensor_backward.py) and "wgmma" (lesson 20: FlashAttention-3 on Hopper, forward
+in wgmma.py, backward in wgmma_backward.py; docs/design-wgmma-kernels.md).
 
 The modules, in layers; each imports only from its own layer or those below (tests/test_kernel_layers.py):
 - entry points: forward.py, backward.py, varlen.py, varlen_backward.py, paged.py, info.py, demo.py (checks, the
   plan, and a prepared call per entry point for torch tensors; demo.py: lessons 07 and 09's small kernels);
 - prepared.py: the generic prepared launch (argument lists built once, pointers filled in per call);
-- planning: devices.py (what a GPU has, occupancy) and plan.py (tile, split-KV, block order, explain());
+- planning: devices.py (what a GPU has, occupancy) and plan.py (tile, split-KV, block order, explain(), and the
+  library's kernel choice: forward_variant, wgmma_backward_fits);
 - kernels that build and launch: shared.py, register.py, register_backward.py, tensor.py, tensor_backward.py,
-  wgmma.py, wgmma_backward.py (FlashAttention-3's backward on wgmma: simulator-checked, not yet run on a GPU),
-  decoding.py;
+  wgmma.py, wgmma_backward.py (FlashAttention-3's forward and backward on wgmma, both run on an H200:
+  docs/runs/wgmma-forward.md, docs/runs/wgmma-backward.md), decoding.py;
 - device functions shared by the kernels: options.py (the library's options), split_kv.py (key chunks, the
   grid, the merge kernel);
 - at the bottom: common.py (constants), mma.py (PTX intrinsics, emulated in the simulator), hopper.py (Hopper's
-  wgmma, TMA, mbarrier and setmaxnreg as intrinsics, emulated in the simulator), _launch.py (host arrays, input
-  checks, launch descriptions).
+  wgmma, TMA, mbarrier, bulk reduces, named barriers and setmaxnreg as intrinsics, emulated in the simulator),
+  _launch.py (host arrays, input checks, launch descriptions).
 
 How a kernel module reads (register.py, tensor.py, register_backward.py, tensor_backward.py): a frozen Traits holds
 a build's tile constants; the build binds each step once (a device function inlined into the kernel, with its

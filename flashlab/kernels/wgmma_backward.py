@@ -29,9 +29,10 @@ backward: a block visits the query tiles of its keys' band, step 2 masks every s
 (dV takes P^T Z, dS^T = P^T (dP^T Z - D)). Without them the build is the plain one, unchanged.
 
 A block has 160 threads: at d = 64 the kernel takes 168 registers, so two blocks share an SM and one's softmax
-runs under the other's products; at d = 128 (254 registers) one block does. Checked against float64 in the
+runs under the other's products; at d = 128 (253-255 registers) one block does. Checked against float64 in the
 simulator (tests/test_wgmma_backward.py) and on an H200 beside torch's own error
-(scripts/gpu_check_wgmma_backward.py, which also times it).
+(scripts/gpu_check_wgmma_backward.py, which also times it; benchmarks/results/h200/wgmma_backward.txt,
+docs/design-wgmma-kernels.md).
 
 Where it stops short of FlashAttention-3 so far: one consumer warpgroup of 64 keys (FA3 runs two, 128 keys, with
 240 registers each through setmaxnreg), no overlap within a warpgroup between one tile's softmax and the next
@@ -87,9 +88,10 @@ class BackwardTile:
 
 
 def default_tile(d: int) -> BackwardTile:
-    """At d = 64 a cap of 168 registers lets two blocks of 160 threads share an SM (ptxas alone takes 118-167):
-    1.2-1.5x faster on an H200 (2026-11-29, scripts/gpu_check_wgmma_backward.py's tiles lines). At d = 128 the dK
-    and dV accumulators alone take 128 registers a thread, and one block an SM is all that fits."""
+    """At d = 64 a cap of 168 registers lets two blocks of 160 threads share an SM: on an H200 (2026-11-29,
+    scripts/gpu_check_wgmma_backward.py's tiles lines in benchmarks/results/h200/wgmma_backward.txt) it ran
+    136-248 TFLOP/s against 118-167 with ptxas's own register count, with 8-24 bytes of local memory. At d = 128
+    the dK and dV accumulators alone take 128 registers a thread, and one block an SM is all that fits."""
     return BackwardTile(max_registers=168 if d == 64 else None)
 
 
