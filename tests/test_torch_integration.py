@@ -371,6 +371,7 @@ def test_cuda_float16(rng):
     ((9, 0), torch.float16, 32, "tensor"), ((8, 0), torch.bfloat16, 128, "tensor"),
     ((7, 5), torch.float16, 64, "tensor"), ((7, 5), torch.float32, 64, "register"),  # a T4: no tf32 mma
     ((9, 0), torch.float32, 48, "register"),  # a head dim the kernels do not take: the register path says so
+    ((10, 0), torch.float16, 64, "tensor"),  # after Hopper: sm_90a code does not run there (the PTX ISA)
 ])
 def test_cuda_variant_follows_the_gpu_and_dtype(monkeypatch, cc, dtype, d, want):
     import flashlab.device
@@ -389,6 +390,7 @@ def test_cuda_variant_follows_the_gpu_and_dtype(monkeypatch, cc, dtype, d, want)
     ((9, 0), "float16", 64, 4096, 4096, False, True, False),  # the library's options run on the tensor backward
     ((9, 0), "float32", 64, 4096, 4096, False, False, False), ((9, 0), "float16", 32, 4096, 4096, False, False, False),
     ((8, 0), "float16", 64, 4096, 4096, False, False, False), (None, "float16", 64, 4096, 4096, False, False, False),
+    ((10, 0), "float16", 64, 4096, 4096, False, False, False),  # after Hopper: sm_90a code does not run there
 ])
 def test_wgmma_backward_runs_where_it_was_measured_faster(cc, dtype, d, nq, nk, gqa, options, want):
     from flashlab.kernels.plan import wgmma_backward_fits

@@ -117,6 +117,20 @@ def test_wgmma_names_the_variant_for_float32_and_other_head_sizes():
         wgmma.WgmmaTile(128, 1).check(64)
 
 
+@pytest.mark.parametrize("cc", [(8, 0), (10, 0)])
+def test_wgmma_runs_on_hopper_alone(monkeypatch, cc):
+    # sm_90a code runs on compute capability 9.0 only (the PTX ISA): before Hopper and after it, both calls refuse
+    from flashlab.kernels import backward, forward
+
+    x = np.zeros((1, 1, 8, 64), np.float16)
+    for module in (forward, backward):
+        monkeypatch.setattr(module, "device_limits", lambda: {"cc": cc})
+    with pytest.raises(RuntimeError, match=f"needs a Hopper GPU .* has {cc[0]}.{cc[1]}. Use variant='tensor'"):
+        flash_attention(x, x, x, variant="wgmma")
+    with pytest.raises(RuntimeError, match=f"needs a Hopper GPU .* has {cc[0]}.{cc[1]}. Use variant='tensor'"):
+        backward.flash_attention_backward(x, x, x, x, np.zeros((1, 1, 8), np.float32), x, variant="wgmma")
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper_gpu, reason="wgmma needs compute capability 9.0")

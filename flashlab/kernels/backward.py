@@ -15,7 +15,7 @@ import numpy as np
 
 from .._inputs import check_options, check_seed
 from ..device import device_limits, has_gpu
-from . import prepared, register_backward, tensor, tensor_backward, wgmma, wgmma_backward
+from . import hopper, prepared, register_backward, tensor, tensor_backward, wgmma, wgmma_backward
 from ._launch import (all_to_device_words, check_kernel_backward_inputs, check_kernel_inputs, empty, empty_words,
                       is_gqa, like_input, to_device)
 from .options import Extras, Features, plain_arguments
@@ -120,9 +120,9 @@ def _wgmma_backward(q, k, v, o, lse, do, causal, scale, deterministic=False, lib
     if dtype not in wgmma_backward.DTYPES:
         raise TypeError(f"variant='wgmma' takes float16 or bfloat16 inputs; got {dtype}. Use variant='tensor'")
     cc = device_limits()["cc"]
-    if cc is not None and tuple(cc) < (9, 0):
-        raise RuntimeError(f"variant='wgmma' needs a Hopper GPU (compute capability 9.0); this one has "
-                           f"{cc[0]}.{cc[1]}. Use variant='tensor'")
+    if cc is not None and not hopper.runs_on(cc):
+        raise RuntimeError(f"variant='wgmma' needs a Hopper GPU (compute capability 9.0: its sm_90a code runs on no "
+                           f"other); this one has {cc[0]}.{cc[1]}. Use variant='tensor'")
     for name, x in (("q", q_d), ("k", k_d), ("v", v_d), ("o", o_d), ("do", do_d)):
         if not x.is_c_contiguous():
             raise ValueError(f"variant='wgmma' reads {name} as one contiguous (B, H, N, d) array; pass a contiguous "

@@ -6,7 +6,7 @@ import numpy as np
 from .._inputs import check_options, check_seed
 from ..device import device_limits
 from . import plan as planner
-from . import prepared, register, shared, tensor, wgmma
+from . import hopper, prepared, register, shared, tensor, wgmma
 from ._launch import (Launches, all_to_device_words, check_dropout_variant, check_kernel_inputs, empty, empty_words,
                       like_input, to_device)
 from .common import LOG2E
@@ -88,9 +88,9 @@ def _wgmma_forward(q, k, v, causal, scale, variant, block_q, block_k, tile, prec
         raise TypeError(f"variant='wgmma' takes float16 or bfloat16 inputs (wgmma's 16-bit operands); got {dtype}. "
                         "Use variant='tensor' for float32")
     cc = device_limits()["cc"]
-    if cc is not None and tuple(cc) < (9, 0):
-        raise RuntimeError(f"variant='wgmma' needs a Hopper GPU (compute capability 9.0); this one has "
-                           f"{cc[0]}.{cc[1]}. Use variant='tensor'")
+    if cc is not None and not hopper.runs_on(cc):
+        raise RuntimeError(f"variant='wgmma' needs a Hopper GPU (compute capability 9.0: its sm_90a code runs on no "
+                           f"other); this one has {cc[0]}.{cc[1]}. Use variant='tensor'")
     for name, x in (("q", q_d), ("k", k_d), ("v", v_d)):
         if not x.is_c_contiguous():
             raise ValueError(f"variant='wgmma' reads {name} with TMA as one contiguous (B, H, N, d) array; got "

@@ -72,6 +72,13 @@ DTYPES = {"float16": "f16", "bfloat16": "bf16"}
 MAJORS = ("K", "MN")
 CC = (9, 0)  # every instruction here is sm_90 (wgmma and setmaxnreg need sm_90a, which numba-cuda targets)
 
+
+def runs_on(cc) -> bool:
+    """Whether the kernels built on these instructions run on a GPU of compute capability cc: on 9.0 alone. Per the
+    PTX ISA, code for an "a" target such as sm_90a uses features of that architecture only and does not run on later
+    GPUs, as code for plain sm_90 would."""
+    return cc is not None and tuple(cc) == CC
+
 FENCE = "wgmma.fence.sync.aligned;"
 COMMIT = "wgmma.commit_group.sync.aligned;"
 WAIT = "wgmma.wait_group.sync.aligned %d;"

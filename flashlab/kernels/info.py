@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..device import device_limits, get_cuda, has_gpu
-from . import register, shared, tensor, wgmma
+from . import hopper, register, shared, tensor, wgmma
 from ._launch import check_d
 from .devices import occupancy
 from .plan import kernel_and_signature, resolve_config
@@ -95,7 +95,7 @@ def _wgmma_info(d, block_k, causal, dtype, asm):
             "threads_per_block": config.threads, "shared_bytes_per_block": config.shared_bytes(d),
             "registers_per_thread": None, "local_bytes_per_thread": None}
     limits = device_limits()
-    if has_gpu() and limits["cc"] is not None and tuple(limits["cc"]) >= (9, 0):
+    if has_gpu() and hopper.runs_on(limits["cc"]):
         kernel = wgmma.build(d, dtype, causal, config)
         maps = types.Array(types.uint64, 1, "C")
         sig = (maps, maps, maps, types.Array(types.uint32, 4, "C"), types.Array(types.float32, 3, "C"),

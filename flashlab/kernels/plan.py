@@ -39,7 +39,7 @@ import numpy as np
 
 from .._inputs import check_block
 from ..device import device_limits, has_gpu
-from . import register, register_backward, shared, tensor, tensor_backward
+from . import hopper, register, register_backward, shared, tensor, tensor_backward
 from ._launch import SUPPORTED_D, check_d
 from .options import Features, key_band, query_band, tile_band
 # T4, A100, H100, DEVICES and current_device are part of plan's API (lesson 10 plans for them by name).
@@ -654,7 +654,7 @@ def forward_variant(dtype: str, d: int, cc, options: bool = False) -> str:
     cc = tuple(cc) if cc is not None else (8, 0)
     if d not in SUPPORTED_D:
         return "register"
-    if cc >= (9, 0) and dtype in ("float16", "bfloat16") and d in (64, 128) and not options:
+    if hopper.runs_on(cc) and dtype in ("float16", "bfloat16") and d in (64, 128) and not options:
         return "wgmma"
     if dtype == "bfloat16" or cc >= ((7, 5) if dtype == "float16" else (8, 0)):
         return "tensor"
@@ -673,7 +673,7 @@ def wgmma_backward_fits(dtype: str, d: int, cc, n_q: int, n_k: int, gqa: bool = 
     bfloat16 at d = 64 or 128, without options or grouped-query heads, with Nq and Nk at least
     WGMMA_BACKWARD_MIN_N, the shapes where it was measured faster than the tensor backward. cc None (the
     simulator): no, as for any GPU before Hopper."""
-    return (cc is not None and tuple(cc) >= (9, 0) and dtype in ("float16", "bfloat16") and d in (64, 128)
+    return (hopper.runs_on(cc) and dtype in ("float16", "bfloat16") and d in (64, 128)
             and not options and not gqa and min(n_q, n_k) >= WGMMA_BACKWARD_MIN_N)
 
 
