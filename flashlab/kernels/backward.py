@@ -241,8 +241,8 @@ class PreparedRegisterBackward:
 
         new = lambda shape: torch.empty(shape, dtype=self.dtype, device=q.device)  # noqa: E731
         dq, dk, dv = new(self.q_shape), new(self.k_shape), new(self.k_shape)
-        self.launches(prepared.current_stream(q), tuple(x.data_ptr() for x in (q, k, v, o, lse, do, dq, dk, dv)),
-                      q.device)
+        self.launches(prepared.current_stream(q), (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                                                   do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), q.device)
         return dq, dk, dv
 
 
@@ -334,6 +334,7 @@ class PreparedTensorBackward:
 
         new = lambda shape: torch.empty(shape, dtype=self.dtype, device=q.device)  # noqa: E731
         dq, dk, dv = new(self.q_shape), new(self.k_shape), new(self.k_shape)
-        self.launches(prepared.current_stream(q), tuple(x.data_ptr() for x in (q, k, v, o, lse, do, dq, dk, dv)),
-                      q.device, seed)
+        self.launches(prepared.current_stream(q), (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                                                   do.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), q.device,
+                      seed)
         return dq, dk, dv

@@ -400,7 +400,7 @@ class PreparedLaunches:
             # (two small temporaries, D and dQ's accumulator at N = 1, would share their memory). Freed at return,
             # a block goes back to torch's cache for later work on this stream, which runs after these kernels.
             held = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.torch_temporaries]
-            values += tuple(t.data_ptr() for t in held)
+            values += tuple([t.data_ptr() for t in held])
         for launch, pick, seeded in self.kernels:
             launch(stream, pick(values), seed if seeded else None)
 
