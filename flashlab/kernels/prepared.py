@@ -16,7 +16,9 @@ argument (PreparedKernel.launch(..., seed)), so a new seed every training step s
 
 The argument list is the one numba-cuda builds (`_Kernel._prepare_args`): per array (meminfo 0, parent 0,
 size, itemsize, pointer, shape..., strides in bytes...), int64 as ctypes.c_int64, float32 as ctypes.c_float;
-tests/test_plan.py checks the two agree. Launches go to torch's current stream. This path needs numba-cuda's
+tests/marshal_check.py checks, without a GPU, that each kernel parameter gets the bytes numba-cuda's own launch
+would give it (tests/test_plan.py runs it against the installed numba-cuda, tests/test_colab.py against Colab's).
+Launches go to torch's current stream. This path needs numba-cuda's
 `_Kernel` internals (checked once: `available()`), and launches with cuLaunchKernel on a kernelParams array
 built once (`_DirectLaunch`; FLASHLAB_DIRECT_LAUNCH=0 goes through cuda.core's launch instead). It is on by
 default since it was measured on a GPU (benchmarks/results/host.csv); FLASHLAB_FAST_LAUNCH=0 sends every call
@@ -137,10 +139,22 @@ def marshal(spec_or_value, numba_type, out: list):
     elif numba_type == types.float32:
         out.append(ctypes.c_float(spec_or_value))
     elif numba_type == types.boolean:
-        out.append(spec_or_value)
+        out.append(bool(spec_or_value))  # a Python bool: NumPy's has no ctypes value for _DirectLaunch to copy
     else:
         raise NotImplementedError(f"fast launch: argument type {numba_type}")
     return None
+
+
+def arguments(args):
+    """(numba types, argument list with blank pointers, the pointers' indices) of a kernel's arguments: Specs
+    for arrays, Python or NumPy scalars for the rest."""
+    types_ = tuple(a.numba_type if isinstance(a, Spec) else scalar_type(a) for a in args)
+    template, slots = [], []
+    for a, t in zip(args, types_):
+        slot = marshal(a, t, template)
+        if slot is not None:
+            slots.append(slot)
+    return types_, template, slots
 
 
 def scalar_type(value):
@@ -162,16 +176,11 @@ class PreparedKernel:
         """shared: bytes of dynamic shared memory per block (the kernel opts in where it passes 48 KB)."""
         from numba.cuda import dispatcher as nd
 
-        types_ = tuple(a.numba_type if isinstance(a, Spec) else scalar_type(a) for a in args)
+        types_, self.template, self.slots = arguments(args)
         dispatcher.compile(types_)
         kernel = dispatcher.overloads[types_]
         if getattr(kernel, "debug", False):
             raise RuntimeError("fast launch: debug kernels check errors after each launch; use the general path")
-        self.template, self.slots = [], []
-        for a, t in zip(args, types_):
-            slot = marshal(a, t, self.template)
-            if slot is not None:
-                self.slots.append(slot)
         allow_dynamic_shared(kernel, shared)
         self.kernel = kernel
         self.direct = _DirectLaunch.make(kernel, grid, block, self.template, self.slots, shared)
