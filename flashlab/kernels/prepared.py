@@ -28,7 +28,8 @@ Whether calls take this path (`available()`, checked once per setting) is FLASHL
 - direct: on wherever numba-cuda has `_Kernel` and cuda.bindings imports, every kernel launched with
   `_DirectLaunch` (FLASHLAB_DIRECT_LAUNCH is not read). This is for numba-cuda releases without cuda.core's
   launch, such as Colab's 0.22, where the default leaves the path off: their argument layout is checked on the CPU
-  (tests/marshal_check.py), but the path has not yet run on a GPU with them.
+  (tests/marshal_check.py), but the path has not yet run on a GPU with them: scripts/gpu_check_colab_fast_path.sh
+  is that check, on Colab's numba and numba-cuda brought to a GPU machine by scripts/colab_gpu_bundle.py.
 `state()` says which applies; flashlab.doctor() prints it as `fast launch`.
 """
 from __future__ import annotations
