@@ -10,14 +10,14 @@ gets the bytes numba-cuda's launch of the same call would give it:
   (0.22 reads size, dtype, shape, strides and device_ctypes_pointer; 0.30 reads size, dtype, shape, ptr and
   _layout.strides_in_bytes through _strided_memory_view_shim). Its values are then passed on as its launch passes
   them: 0.22 hands the ctypes values' addresses to cuLaunchKernel; 0.30 hands the list to cuda.core's launch,
-  which takes a Python int (a bool too) as an intptr_t.
+  which takes a Python int as an intptr_t (a bool as one or as a C++ bool: the byte the kernel reads is the same).
 - flashlab's side: `_DirectLaunch` called with a stand-in driver whose cuLaunchKernel reads each parameter's bytes
   from the kernelParams array it is given, and the cuda.core path of `PreparedKernel.launch` with a recording launch.
 - the parameters and their sizes: numba-cuda's own data model (the target context's argument packer), as the
   compiled kernel declares them; the driver copies that many bytes from each kernelParams entry.
 
-Run by the Python under test, with flashlab importable (tests/test_plan.py: the installed numba-cuda;
-tests/test_colab.py: the emulated Colab GPU image's 0.22):
+Run by the Python under test, with flashlab importable (an install, or PYTHONPATH=. from the repository root;
+tests/test_plan.py runs it against the installed numba-cuda, tests/test_colab.py in the emulated Colab GPU image):
 
     python tests/marshal_check.py
 
