@@ -103,13 +103,21 @@ def _fast_launch() -> str:
                     f"{cost['gpu']}, flashlab/data/host.csv)")
     except (OSError, KeyError, ValueError) as exc:
         measured = f"host time not known ({type(exc).__name__})"
-    if prepared.available():
+    general = measured.split(", against ")[-1]
+    state = prepared.state()
+    if state == "on":
         return f"on: repeated calls with torch tensors cost about {measured}"
-    if os.environ.get("FLASHLAB_FAST_LAUNCH", "1").strip() in ("0", "false", "no"):
-        why = "FLASHLAB_FAST_LAUNCH=0"
-    else:
-        why = f"numba-cuda {_version('numba-cuda')} lacks the launch internals it uses"
-    return f"off ({why}): every call takes the general path, about {measured.split(', against ')[-1]}"
+    if state == "direct":
+        return (f"on through FLASHLAB_FAST_LAUNCH=direct (cuLaunchKernel alone; numba-cuda "
+                f"{_version('numba-cuda')}): in the default setup, repeated calls with torch tensors cost about "
+                f"{measured}")
+    why = {"off": "FLASHLAB_FAST_LAUNCH=0",
+           "no-core-launch": f"numba-cuda {_version('numba-cuda')} lacks cuda.core's launch, the fallback it uses; "
+                             "FLASHLAB_FAST_LAUNCH=direct tries the direct launch alone, not yet run on a GPU with "
+                             "this release",
+           "no-bindings": "FLASHLAB_FAST_LAUNCH=direct needs cuda.bindings, which does not import"}.get(
+        state, f"numba-cuda {_version('numba-cuda')} lacks the launch internals it uses")
+    return f"off ({why}): every call takes the general path, about {general}"
 
 
 def _version(dist: str) -> str:

@@ -20,6 +20,11 @@ pytest.register_assert_rewrite("exercise_harness")  # the tests it generates rep
 settings.register_profile("flashlab", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("flashlab")
 
+# What the tests that compare the prepared (fast) launch path with the general one set FLASHLAB_FAST_LAUNCH to, to
+# turn it on: "direct" where the run was started with FLASHLAB_FAST_LAUNCH=direct (the direct launch alone, for a
+# numba-cuda without cuda.core's launch: kernels/prepared.py), else "1".
+FAST_LAUNCH_ON = "direct" if os.environ.get("FLASHLAB_FAST_LAUNCH", "").strip().lower() == "direct" else "1"
+
 # Relative-error tolerances ||out - ref|| / ||ref|| by input dtype (float16 inputs accumulate in float32).
 TOL = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-10}
 

@@ -3,8 +3,9 @@
 Most learners open the course in Colab, where the setup cell installs flashlab with `--no-deps` over Colab's own
 packages. The emulation (tests/colab_runtime/emulate.py) rebuilds both of Colab's runtimes from
 tests/colab_runtime/versions.toml, installs the built wheel there, runs the setup cell as Colab would and every
-lesson and exercise notebook in the fast mode, from a folder outside the repository. It needs PyPI (as `make
-test` does to build .venv/); the other tests here are quick and need nothing.
+lesson and exercise notebook in the fast mode, from a folder outside the repository, and in the GPU image checks
+that the prepared launch path's kernel arguments are the ones its numba-cuda builds (tests/marshal_check.py). It
+needs PyPI (as `make test` does to build .venv/); the other tests here are quick and need nothing.
 """
 import ast
 import subprocess
@@ -199,3 +200,20 @@ def test_colab_gpu_runtime_runs_every_lesson_and_exercise(colab):
     setup, problems = _emulate(colab, "gpu")
     assert "numba's built-in" not in setup, setup
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_colab_gpu_runtime_gets_the_kernel_arguments_its_numba_cuda_builds(colab):
+    """The prepared launch path's kernel arguments (tests/marshal_check.py) against the GPU image's numba-cuda,
+    Colab's 0.22, run in that environment on the installed flashlab: seconds, after the notebooks' minutes."""
+    python = colab["python"]
+    want = next(p for p in emulate.versions()["images"]["gpu"] if p.startswith("numba-cuda==")).split("==")[1]
+    if emulate.installed(python, "numba-cuda") != want:  # run alone: the GPU image's test has not switched
+        emulate.switch_image(python, "gpu")
+    content = colab["work"] / "content-gpu"
+    if emulate.installed(python, "flashlab") is None:
+        emulate.run_setup_cell(python, content, colab["wheel"])
+    content.mkdir(parents=True, exist_ok=True)
+    last = emulate.check_marshal(python, content).strip().splitlines()[-1]
+    print("\n" + last)
+    assert f"as numba-cuda {want} " in last, last

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FAST_LAUNCH_ON
 
 import flashlab as fl
 from flashlab.device import get_cuda, has_gpu
@@ -287,55 +288,15 @@ def test_host_caches():
         _launch.check_kernel_inputs(q, q, q, causal="yes")
 
 
-MARSHAL = """
-import os
-os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
-import flashlab.device as dev
-dev._state["backend"] = "gpu"  # compile-only: no driver is touched
-import numpy as np
-from numba.cuda import dispatcher as nd
-from numba.cuda.cudadrv.devicearray import _StridedLayoutShim, _StridedMemoryViewShim
-from flashlab.kernels import prepared
-
-class View:  # what numba-cuda reads from a device array when it marshals it
-    __cuda_memory__ = True
-    def __init__(self, spec, ptr):
-        c = spec.layout == "C"
-        self._strided_memory_view_shim = _StridedMemoryViewShim(ptr=ptr, shape=spec.shape, dtype=spec.dtype,
-            size=int(np.prod(spec.shape)), _layout=_StridedLayoutShim(strides_in_bytes=spec.strides,
-            is_contiguous_c=c, is_contiguous_f=False, is_contiguous_any=c))
-
-class Kernel:
-    extensions = []
-
-def numba_args(ty, val):
-    out = []
-    nd._Kernel._prepare_args(Kernel(), ty, val, 0, [], out)
-    return [(type(a).__name__, a.value) if hasattr(a, "value") else a for a in out]
-
-def mine(val, ty, ptr=None):
-    out = []
-    slot = prepared.marshal(val, ty, out)
-    if slot is not None:
-        out[slot] = ptr
-    return [(type(a).__name__, a.value) if hasattr(a, "value") else a for a in out]
-
-for spec in [prepared.Spec.contiguous((2, 3, 4, 8), np.float32), prepared.Spec((2, 3, 5, 4), (960, 320, 64, 4), np.dtype(np.float16)),
-             prepared.Spec.contiguous((6, 4, 16), np.float16).words(), prepared.Spec.contiguous((2, 3, 4, 8), np.uint32).values(np.float16)]:
-    assert numba_args(spec.numba_type, View(spec, 4096)) == mine(spec, spec.numba_type, 4096), spec
-for val in (5, np.float32(0.5), True):
-    assert numba_args(prepared.scalar_type(val), val) == mine(val, prepared.scalar_type(val)), val
-print("ok")
-"""
-
-
 def test_prepared_calls_marshal_like_numba():
-    """kernels/prepared.py builds kernel arguments itself: they must be the ones numba-cuda builds (checked with
-    numba-cuda's own _Kernel._prepare_args, which runs without a GPU)."""
+    """kernels/prepared.py builds kernel arguments itself: each kernel parameter must get the bytes numba-cuda's own
+    launch gives it (tests/marshal_check.py: numba-cuda's _Kernel._prepare_args against flashlab's direct and
+    cuda.core launches, without a GPU; tests/test_colab.py runs it against Colab's numba-cuda too)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("NUMBA_ENABLE_CUDASIM", None)
-    out = subprocess.run([sys.executable, "-c", MARSHAL], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "marshal_check.py")], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1].startswith("ok: "), out.stdout + out.stderr
     assert not prepared.available() or has_gpu()
 
 
@@ -480,8 +441,8 @@ def test_gpu_prepared_path_matches_the_general_path(monkeypatch, variant, dtype,
 
     torch.manual_seed(1)
     q, k, v, do = (torch.randn(1, 4, 700, 64, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
-    monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
-    assert prepared.available()
+    monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", FAST_LAUNCH_ON)
+    assert prepared.available() and prepared.state() == ("direct" if FAST_LAUNCH_ON == "direct" else "on")
     fast = [flash_attention(q, k, v, causal=causal, variant=variant, splits=splits) for _ in range(2)]
     monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
     slow = flash_attention(q, k, v, causal=causal, variant=variant, splits=splits)
@@ -492,7 +453,7 @@ def test_gpu_prepared_path_matches_the_general_path(monkeypatch, variant, dtype,
 
         o, lse = slow
         slow_grads = flash_attention_backward(q, k, v, o, lse, do, causal=causal)
-        monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
+        monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", FAST_LAUNCH_ON)
         for _ in range(2):
             fast_grads = flash_attention_backward(q, k, v, o, lse, do, causal=causal)
         for a, b in zip(fast_grads, slow_grads):  # dq is summed with atomics: equal up to the order of adds
@@ -505,7 +466,11 @@ def test_gpu_prepared_path_matches_the_general_path(monkeypatch, variant, dtype,
 def test_gpu_direct_launch_matches_cuda_core_launch(monkeypatch, variant, dtype):
     # prepared._DirectLaunch (cuLaunchKernel on a prebuilt kernelParams array) against cuda.core's launch
     import torch
+    from numba.cuda import dispatcher
 
+    if not prepared._core_launch(dispatcher):
+        pytest.skip("this numba-cuda has no cuda.core launch to compare with (Colab's 0.22)")
+    monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")  # =direct would not read FLASHLAB_DIRECT_LAUNCH
     q, k, v = (torch.randn(2, 3, 300, 64, device="cuda", dtype=getattr(torch, dtype)) for _ in range(3))
     runs = []
     for direct in ("1", "0"):

@@ -11,6 +11,7 @@ mask off by one, a lost softcap factor, a wrong ALiBi sign or a dropout mask dra
 """
 import numpy as np
 import pytest
+from conftest import FAST_LAUNCH_ON
 
 import flashlab as fl
 from flashlab.kernels import flash_attention_backward
@@ -171,7 +172,7 @@ def test_prepared_calls_match_the_general_path(rng, monkeypatch, dtype):
             want = flash_attention_backward(q, k, v, o, lse, do, variant="tensor", seed=seed, **opts)
             if dtype != "bfloat16":  # the register forward takes float16 and float32
                 o_reg = flash_attention(q, k, v, variant="register", seed=seed, **opts)
-            monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
+            monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", FAST_LAUNCH_ON)
             o2, lse2 = flash_attention(q, k, v, variant="tensor", seed=seed, **opts)
             assert torch.equal(o2, o) and torch.equal(lse2, lse), opts
             if dtype != "bfloat16":

@@ -3,6 +3,7 @@ tensor.build(varlen=True)) against the NumPy varlen (flashlab/varlen.py) in floa
 packed batches, on a GPU at larger ones."""
 import numpy as np
 import pytest
+from conftest import FAST_LAUNCH_ON
 
 import flashlab as fl
 from flashlab.varlen import flash_attention_varlen as numpy_varlen
@@ -132,7 +133,7 @@ def test_prepared_varlen_calls_match_the_general_path(rng, monkeypatch, variant,
                 alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625]), variant=variant)
     monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
     want = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **opts)
-    monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
+    monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", FAST_LAUNCH_ON)
     before = len(prepared._CALLS)
     for _ in range(2):  # the first call prepares, the second only launches
         got = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **opts)
@@ -150,7 +151,7 @@ def test_prepared_varlen_calls_match_the_general_path(rng, monkeypatch, variant,
         drop = dict(opts, dropout_p=0.25, seed=seed)
         monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "0")
         want = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **drop)
-        monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", "1")
+        monkeypatch.setenv("FLASHLAB_FAST_LAUNCH", FAST_LAUNCH_ON)
         got = kvarlen.flash_attention_varlen(q, k, v, cu_q, cu_k, **drop)
         assert all(torch.equal(g, w) for g, w in zip(got, want)), seed
     assert len(prepared._CALLS) == before + 3

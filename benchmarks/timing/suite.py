@@ -300,6 +300,9 @@ def host_overhead(reps=2000):
     ways = (("prepared call, cuLaunchKernel (default)", {}),
             ("prepared call, cuda.core launch", {"FLASHLAB_DIRECT_LAUNCH": "0"}),
             ("general path", {"FLASHLAB_FAST_LAUNCH": "0"}))
+    if prepared.launch_mode() == "direct":  # started with FLASHLAB_FAST_LAUNCH=direct: cuLaunchKernel alone
+        ways = ((f"prepared call, cuLaunchKernel (FLASHLAB_FAST_LAUNCH=direct, {prepared.state()})", {}),
+                ("general path", {"FLASHLAB_FAST_LAUNCH": "0"}))
     rows = []
     for name, fn in cases.items():
         for way, env in ways if "torch tensors" in name else (("general path", {}),):

@@ -16,11 +16,21 @@ argument (PreparedKernel.launch(..., seed)), so a new seed every training step s
 
 The argument list is the one numba-cuda builds (`_Kernel._prepare_args`): per array (meminfo 0, parent 0,
 size, itemsize, pointer, shape..., strides in bytes...), int64 as ctypes.c_int64, float32 as ctypes.c_float;
-tests/test_plan.py checks the two agree. Launches go to torch's current stream. This path needs numba-cuda's
-`_Kernel` internals (checked once: `available()`), and launches with cuLaunchKernel on a kernelParams array
-built once (`_DirectLaunch`; FLASHLAB_DIRECT_LAUNCH=0 goes through cuda.core's launch instead). It is on by
-default since it was measured on a GPU (benchmarks/results/host.csv); FLASHLAB_FAST_LAUNCH=0 sends every call
-the general way.
+tests/marshal_check.py checks, without a GPU, that each kernel parameter gets the bytes numba-cuda's own launch
+would give it (tests/test_plan.py runs it against the installed numba-cuda, tests/test_colab.py against Colab's).
+Launches go to torch's current stream, with cuLaunchKernel on a kernelParams array built once (`_DirectLaunch`;
+FLASHLAB_DIRECT_LAUNCH=0 goes through cuda.core's launch, as numba-cuda imports it, instead).
+
+Whether calls take this path (`available()`, checked once per setting) is FLASHLAB_FAST_LAUNCH's:
+- unset or 1: on where numba-cuda has `_Kernel` and cuda.core's launch (`launch`, `LaunchConfig`,
+  `CUDA_CORE_GE_1_0` in its dispatcher, as 0.30 has): the setup measured on a GPU (benchmarks/results/host.csv).
+- 0: off; every call goes the general way.
+- direct: on wherever numba-cuda has `_Kernel` and cuda.bindings imports, every kernel launched with
+  `_DirectLaunch` (FLASHLAB_DIRECT_LAUNCH is not read). This is for numba-cuda releases without cuda.core's
+  launch, such as Colab's 0.22, where the default leaves the path off: their argument layout is checked on the CPU
+  (tests/marshal_check.py), but the path has not yet run on a GPU with them: scripts/gpu_check_colab_fast_path.sh
+  is that check, on Colab's numba and numba-cuda brought to a GPU machine by scripts/colab_gpu_bundle.py.
+`state()` says which applies; flashlab.doctor() prints it as `fast launch`.
 """
 from __future__ import annotations
 
@@ -41,26 +51,72 @@ _CU_STREAMS: dict = {}  # stream handle -> cuda.bindings CUstream
 MAX_CALLS = 256
 
 
+def launch_mode() -> str:
+    """FLASHLAB_FAST_LAUNCH read: "off" (0, false, no), "direct" (direct) or "on" (unset, 1, anything else)."""
+    value = os.environ.get("FLASHLAB_FAST_LAUNCH", "1").strip().lower()
+    if value in ("0", "false", "no"):
+        return "off"
+    return "direct" if value == "direct" else "on"
+
+
 def available() -> bool:
-    """True on a GPU with the numba-cuda internals this path uses, unless FLASHLAB_FAST_LAUNCH=0."""
-    if os.environ.get("FLASHLAB_FAST_LAUNCH", "1").strip() in ("0", "false", "no"):
-        return False
-    return _supported()
+    """True where calls with torch tensors take the prepared path (FLASHLAB_FAST_LAUNCH, in the module docstring)."""
+    mode = launch_mode()
+    return mode != "off" and _supported(mode == "direct")
 
 
-@lru_cache(maxsize=1)
-def _supported() -> bool:
-    """numba-cuda's `_Kernel` (its argument layout) and cuda.core's launch, the fallback of _DirectLaunch. Colab's
-    numba-cuda 0.22 has `_Kernel` but no cuda.core launch: the direct launch alone would serve there (PreparedKernel
-    needs nothing else), but it has not run on a GPU with that release, so it stays off until it has."""
+def state() -> str:
+    """Why the prepared path is on or off, in one word: "on"; "direct" (on through FLASHLAB_FAST_LAUNCH=direct);
+    "off" (FLASHLAB_FAST_LAUNCH=0); "no-gpu"; "no-core-launch" (numba-cuda has `_Kernel` and cuda.bindings
+    imports, but its dispatcher has no cuda.core launch: Colab's 0.22, where FLASHLAB_FAST_LAUNCH=direct would turn
+    the path on); "no-bindings" (FLASHLAB_FAST_LAUNCH=direct, but cuda.bindings does not import); "unsupported"
+    (numba-cuda lacks what the path uses)."""
+    mode = launch_mode()
+    if mode == "off":
+        return "off"
+    if available():
+        return "direct" if mode == "direct" else "on"
+    if not has_gpu():
+        return "no-gpu"
+    nd = _numba_dispatcher()
+    if nd is None or not hasattr(nd, "_Kernel"):
+        return "unsupported"
+    if mode == "direct":
+        return "no-bindings"
+    return "no-core-launch" if _bindings() else "unsupported"
+
+
+@lru_cache(maxsize=2)
+def _supported(direct_only: bool) -> bool:
+    """This GPU and numba-cuda can take the prepared path: numba-cuda's `_Kernel` (the argument layout marshal
+    follows) and a launch. By default that is cuda.core's launch as numba-cuda's dispatcher imports it (the
+    fallback of _DirectLaunch: a setup that has run on GPUs); with direct_only (FLASHLAB_FAST_LAUNCH=direct),
+    cuda.bindings for _DirectLaunch alone. Colab's numba-cuda 0.22 has `_Kernel` but no cuda.core launch in its
+    dispatcher: the direct launch alone would serve there (PreparedKernel needs nothing else), but it has not run
+    on a GPU with that release, so by default the path stays off there."""
     if not has_gpu():
         return False
+    nd = _numba_dispatcher()
+    if nd is None or not hasattr(nd, "_Kernel"):
+        return False
+    return _bindings() if direct_only else _core_launch(nd)
+
+
+def _numba_dispatcher():
+    """numba-cuda's dispatcher module, or None where it does not import."""
     try:
         from numba.cuda import dispatcher as nd
-
-        return hasattr(nd, "_Kernel") and _core_launch(nd)
     except Exception:
+        return None
+    return nd
+
+
+def _bindings() -> bool:
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError:
         return False
+    return True
 
 
 def _core_launch(nd) -> bool:
@@ -68,13 +124,11 @@ def _core_launch(nd) -> bool:
 
 
 def _direct_launch_on() -> bool:
-    if os.environ.get("FLASHLAB_DIRECT_LAUNCH", "1").strip() in ("0", "false", "no"):
+    """PreparedKernel launches with _DirectLaunch where cuda.bindings imports: always under
+    FLASHLAB_FAST_LAUNCH=direct, else unless FLASHLAB_DIRECT_LAUNCH=0."""
+    if launch_mode() != "direct" and os.environ.get("FLASHLAB_DIRECT_LAUNCH", "1").strip() in ("0", "false", "no"):
         return False
-    try:
-        from cuda.bindings import driver  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _bindings()
 
 
 @dataclass(frozen=True)
@@ -138,10 +192,22 @@ def marshal(spec_or_value, numba_type, out: list):
     elif numba_type == types.float32:
         out.append(ctypes.c_float(spec_or_value))
     elif numba_type == types.boolean:
-        out.append(spec_or_value)
+        out.append(bool(spec_or_value))  # a Python bool: NumPy's has no ctypes value for _DirectLaunch to copy
     else:
         raise NotImplementedError(f"fast launch: argument type {numba_type}")
     return None
+
+
+def arguments(args):
+    """(numba types, argument list with blank pointers, the pointers' indices) of a kernel's arguments: Specs
+    for arrays, Python or NumPy scalars for the rest."""
+    types_ = tuple(a.numba_type if isinstance(a, Spec) else scalar_type(a) for a in args)
+    template, slots = [], []
+    for a, t in zip(args, types_):
+        slot = marshal(a, t, template)
+        if slot is not None:
+            slots.append(slot)
+    return types_, template, slots
 
 
 def scalar_type(value):
@@ -161,22 +227,19 @@ class PreparedKernel:
 
     def __init__(self, dispatcher, grid, block, args, shared=0):
         """shared: bytes of dynamic shared memory per block (the kernel opts in where it passes 48 KB)."""
-        from numba.cuda import dispatcher as nd
-
-        types_ = tuple(a.numba_type if isinstance(a, Spec) else scalar_type(a) for a in args)
+        nd = _numba_dispatcher()
+        types_, self.template, self.slots = arguments(args)
         dispatcher.compile(types_)
         kernel = dispatcher.overloads[types_]
         if getattr(kernel, "debug", False):
             raise RuntimeError("fast launch: debug kernels check errors after each launch; use the general path")
-        self.template, self.slots = [], []
-        for a, t in zip(args, types_):
-            slot = marshal(a, t, self.template)
-            if slot is not None:
-                self.slots.append(slot)
         allow_dynamic_shared(kernel, shared)
         self.kernel = kernel
         self.direct = _DirectLaunch.make(kernel, grid, block, self.template, self.slots, shared)
         if self.direct is None:  # through cuda.core (available() made sure one of the two exists)
+            if not _core_launch(nd):
+                raise RuntimeError("fast launch: this numba-cuda has no cuda.core launch and cuda.bindings does not "
+                                   "import; set FLASHLAB_FAST_LAUNCH=0")
             self.function = kernel._codelibrary.get_cufunc().kernel
             options = {"grid": tuple(grid), "block": int(block), "shmem_size": int(shared)}
             options["is_cooperative" if nd.CUDA_CORE_GE_1_0 else "cooperative_launch"] = False

@@ -8,6 +8,8 @@ Colab chose. To check the course there without Colab, this
    one place they are written), for the GPU image (with numba-cuda) or the CPU image (without);
 3. runs the setup cell's code as Colab would: `google.colab` imported, from a working folder outside the
    repository that holds an uploaded copy of the course (the wheel), so the cell installs it with --no-deps;
+   In the GPU image it then checks that the prepared launch path's kernel arguments are the ones that image's
+   numba-cuda builds (tests/marshal_check.py, run there: no GPU needed);
 4. runs notebooks there in the fast mode, copied to that folder (run_notebooks.py, in the new environment),
    and lists what went wrong: a cell that raised, a figure or explorer that drew nothing, data read from
    outside the installed package, a notebook that ran longer than NOTEBOOK_LIMIT_S.
@@ -185,6 +187,25 @@ def run_setup_cell(env_python: Path, content: Path, wheel: Path) -> str:
     return out
 
 
+MARSHAL_CHECK = ROOT / "tests" / "marshal_check.py"
+
+
+def check_marshal(env_python: Path, content: Path) -> str:
+    """tests/marshal_check.py in the environment, from `content` (flashlab as installed there): flashlab's kernel
+    argument lists against its numba-cuda's. Returns the output; raises if the check failed or did not run on the
+    installed flashlab."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMBA_ENABLE_CUDASIM")}
+    done = subprocess.run([str(env_python), str(MARSHAL_CHECK)], cwd=content, capture_output=True, text=True,
+                          env=env, timeout=300)
+    out = done.stdout + done.stderr
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    if done.returncode != 0 or not last.startswith("ok: "):
+        raise RuntimeError(f"{MARSHAL_CHECK.name} failed in the emulated Colab ({done.returncode}):\n{out[-4000:]}")
+    if str(env_python.parent.parent) not in last.rsplit("flashlab's", 1)[-1]:
+        raise RuntimeError(f"{MARSHAL_CHECK.name} checked a flashlab from outside the emulated environment: {last}")
+    return out
+
+
 def select(prefixes=()) -> list:
     """The lesson and exercise notebooks whose names start with one of `prefixes` (all without)."""
     paths = [p for folder in ("notebooks", "exercises") for p in sorted((ROOT / folder).glob("*.ipynb"))]
@@ -273,6 +294,10 @@ def emulate(image: str, prefixes=(), work: Path | None = None, workers: int = 1,
     setup = run_setup_cell(python, work / "content", wheel)
     seconds["setup cell"] = time.monotonic() - t
     log(f"[{image}] setup cell:\n" + "\n".join("    " + line for line in setup.strip().splitlines()))
+    if image == "gpu":
+        t = time.monotonic()
+        log(f"[{image}] " + check_marshal(python, work / "content").strip().splitlines()[-1])
+        seconds["kernel arguments"] = time.monotonic() - t
     t = time.monotonic()
     results = run_notebooks(python, select(prefixes), work / "content", workers)
     seconds["notebooks"] = time.monotonic() - t
