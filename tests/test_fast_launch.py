@@ -115,7 +115,7 @@ def test_direct_mode_prepares_the_direct_launch(world, dispatcher):
     world("direct", dispatcher=dispatcher)
     kernel = prepared.PreparedKernel(Dispatcher(), (4, 2), 128, ARGS)
     assert kernel.direct is not None and int(kernel.direct.handle) == 1234 and kernel.direct.grid == (4, 2, 1)
-    assert [h.value for h in kernel.direct.pointers] == [0, 0]  # the data pointers, filled in at launch
+    assert list(kernel.direct.ptrs) == [0, 0]  # the data pointers, filled in at launch
 
 
 def test_the_cuda_core_launch_gets_the_pointers_and_the_seed(world, monkeypatch):

@@ -260,17 +260,17 @@ class PreparedKernel:
 
 
 class _DirectLaunch:
-    """cuLaunchKernel with a kernelParams array built once: each argument lives in its own ctypes value, and a
-    call only writes the data pointers into theirs. cuda.core's launch instead converts every argument on
-    every call (an attention call has about 70: each array is 5 + 2 * ndim words)."""
+    """cuLaunchKernel with a kernelParams array built once: the data pointers live in one ctypes array, which a call
+    writes with one slice assignment, and every other argument in a ctypes value of its own, written once (the seed
+    on each call that passes one). cuda.core's launch instead converts every argument on every call (an attention
+    call has about 70: each array is 5 + 2 * ndim words)."""
 
     def __init__(self, driver, handle, grid, block, template, slots, shared=0):
         def value(a):
             if isinstance(a, bool):
                 return ctypes.c_bool(a)
             return ctypes.c_int64(a) if isinstance(a, int) else type(a)(a.value)
-        # the data pointers live side by side in one array, so a call writes them with one slice assignment (C's
-        # loop, not Python's); every other argument in a ctypes value of its own
+        # the data pointers side by side: one slice assignment writes them (C's loop, not Python's)
         self.ptrs = (ctypes.c_uint64 * len(slots))()
         self.values = [value(a) for a in template]
         addresses = [ctypes.addressof(v) for v in self.values]
