@@ -17,9 +17,9 @@ XDIST=(); $PY -c "import xdist" 2>/dev/null && XDIST=(-n 8)
 case "${1:-}" in
   tests)
     timeout "${2:-500}" $PY -m pytest -q -m gpu "${XDIST[@]}" -p no:cacheprovider -W ignore -rf tests/test_paged_kernel.py \
-      tests/test_register_options.py tests/test_gqa_kernels.py tests/test_torch_integration.py tests/test_varlen_kernels.py \
-      tests/test_varlen_kernels_backward.py tests/test_torch_varlen.py tests/test_kernel_dropout.py tests/test_tensor_options.py \
-      tests/test_tensor_backward_options.py tests/test_tensor_dropout.py tests/test_decoding.py 2>&1 | tee "$OUT/tests_options.txt" | tail -15 ;;
+      tests/test_kernel_options.py tests/test_gqa_kernels.py tests/test_torch_integration.py tests/test_varlen_kernels.py \
+      tests/test_varlen_kernels_backward.py tests/test_torch_varlen.py tests/test_kernel_dropout.py \
+      tests/test_prepared_options.py tests/test_tensor_dropout.py tests/test_decoding.py 2>&1 | tee "$OUT/tests_options.txt" | tail -15 ;;
   sanitize)
     # sanitize memcheck|racecheck [timeout]: the paged kernel's GPU test (its tensor and register builds) and the varlen
     # tensor forward's; sanitize backward: the tensor backward at d = 128 under memcheck. Serial on purpose:

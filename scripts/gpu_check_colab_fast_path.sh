@@ -11,7 +11,7 @@
 # 4. benchmarks/timing/bench_kernels.py --parts host with FLASHLAB_FAST_LAUNCH=direct: host time per call, the
 #    prepared call (cuLaunchKernel alone) against the general path -> host_colab.csv;
 # 5. the GPU tests that compare the prepared path with the general one, with FLASHLAB_FAST_LAUNCH=direct
-#    (tests/test_plan.py, test_varlen_kernels.py, test_tensor_backward_options.py, test_paged_kernel.py,
+#    (tests/test_plan.py, test_varlen_kernels.py, test_prepared_options.py, test_paged_kernel.py,
 #    test_torch_integration.py; not the wgmma kernels, which Colab's T4 never runs) -> pytest_gpu.log;
 # 6. the same host timing without the bundle, the machine's own numba-cuda and the default path -> host_image.csv;
 # and summary.md. Steps share a deadline (BUDGET_S, default 470 s) so the whole ends within 8 minutes.
@@ -95,7 +95,7 @@ $PY -c "import xdist" 2>/dev/null && PLUGINS+=(-n 8)
 $PY -c "import pytest_timeout" 2>/dev/null && PLUGINS+=(--timeout 240)
 "${COLAB[@]}" FLASHLAB_FAST_LAUNCH=direct timeout "$(limit 400 70)" $PY -m pytest -p no:cacheprovider -m gpu \
   "${PLUGINS[@]}" -v -rA -W ignore tests/test_plan.py tests/test_varlen_kernels.py \
-  tests/test_tensor_backward_options.py tests/test_paged_kernel.py tests/test_torch_integration.py \
+  tests/test_prepared_options.py tests/test_paged_kernel.py tests/test_torch_integration.py \
   -k "(prepared or direct_launch or torch_integration) and not wgmma and not long_sequences" \
   > "$OUTDIR/pytest_gpu.log" 2>&1
 say "pytest exit $? (124: cut at its time limit)"

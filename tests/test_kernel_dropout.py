@@ -1,8 +1,9 @@
 """Dropout in the register kernels: the forward drops P V's P, the backward regenerates the mask.
 
-In the simulator on small shapes, against flashlab's NumPy FA2 (same dropout_p and seed) and the float64
-reference: the kernels must drop exactly the elements the NumPy code drops, keyed by (seed, batch, query head,
-row, col), with l and lse dropout-free. GPU-sized versions carry the gpu marker."""
+The kernels must drop exactly the elements the NumPy code drops, keyed by (seed, batch, query head, row, col),
+bit for bit, and draw a new mask for a new seed without a new build. In the simulator on small shapes; GPU-sized
+versions carry the gpu marker. Dropout against float64 (alone and with the other options, forward and backward,
+every variant): tests/test_kernel_options.py."""
 import numpy as np
 import pytest
 
@@ -61,41 +62,6 @@ def test_kernels_drop_the_elements_numpy_drops(rng):
     assert np.array_equal(dv[..., :nq] == 0, np.swapaxes(drop, -1, -2))
 
 
-CASES = [  # (B, H, H_kv, nq, nk, splits, options)
-    (1, 2, 2, 37, 37, None, dict(dropout_p=0.3, seed=7)),
-    (1, 2, 2, 19, 45, None, dict(dropout_p=0.3, seed=BIG, causal=True)),
-    (2, 4, 2, 30, 21, None, dict(dropout_p=0.3, seed=12345, causal=True, align="bottom_right")),  # GQA, empty rows
-    (1, 2, 1, 25, 25, None, dict(dropout_p=0.3, seed=99, window_size=(6, 2))),  # MQA with a window
-    (1, 2, 2, 23, 30, None, dict(dropout_p=0.3, seed=2 ** 62 + 1, softcap=1.5)),
-    (1, 1, 1, 17, 70, 2, dict(dropout_p=0.3, seed=5)),  # split-KV forward: each chunk keys the mask by its columns
-]
-
-
-def check(rng, B, H, H_kv, nq, nk, splits, opts, d=16, dtype=np.float32, tol=(2e-5, 1e-4, 1e-4)):
-    """Forward (o, lse) against the NumPy FA2 (same dtype) and the float64 reference; backward against float64."""
-    q, k, v, do = inputs(rng, B, H, H_kv, nq, nk, d, dtype)
-    o, lse = flash_attention(q, k, v, variant="register", splits=splits, **opts)
-    f64 = [x.astype(np.float64) for x in (q, k, v, do)]
-    o64, lse64 = fl.reference_attention(*f64[:3], **opts)
-    fa2_o, fa2_lse = fl.flash_attention_v2(q, k, v, **opts)
-    plain_o, plain_lse = fl.reference_attention(*f64[:3], **{**opts, "dropout_p": 0.0})
-    empty = np.isinf(lse64)
-    assert np.array_equal(np.isinf(lse), empty) and np.all(o[empty] == 0)
-    assert np.array_equal(lse64, plain_lse)  # the reference's lse is dropout-free, so the kernel's must be too
-    assert np.max(np.abs(lse[~empty] - lse64[~empty])) < tol[1], opts
-    assert fl.relative_error(o, o64) < tol[0] and fl.relative_error(o, fa2_o) < tol[0], opts
-    assert fl.relative_error(o64, plain_o) > 0.1  # dropout changed the output: the comparison is not vacuous
-    got = flash_attention_backward(q, k, v, o, lse, do, variant="register", **opts)
-    want = fl.flash_attention_v2_backward(*f64[:3], o64, lse64, f64[3], **opts)  # tested against autograd
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        assert g.shape == w.shape and fl.relative_error(g, w) < tol[2], (name, opts)
-
-
-@pytest.mark.parametrize("B,H,H_kv,nq,nk,splits,opts", CASES)
-def test_register_kernels_dropout_match_numpy(rng, B, H, H_kv, nq, nk, splits, opts):
-    check(rng, B, H, H_kv, nq, nk, splits, opts)
-
-
 def test_p_zero_is_the_kernel_without_dropout(rng):
     q, k, v, do = inputs(rng, 1, 2, 2, 21, 27, 16)
     for opts in (dict(causal=True), dict(window_size=(5, 1))):
@@ -125,31 +91,7 @@ def test_seeds_draw_different_masks_with_one_build(rng):
     assert fl.relative_error(outs[0], outs[1]) > 0.1 and fl.relative_error(outs[0], outs[2]) > 0.1
 
 
-def test_dropout_needs_the_register_variant(rng):
-    q = rng.standard_normal((1, 1, 16, 16)).astype(np.float32)
-    lse = np.zeros((1, 1, 16), np.float32)
-    with pytest.raises(ValueError, match=r"dropout_p=0\.1 needs variant='register' or 'tensor'.*got variant='shared'"):
-        flash_attention(q, q, q, variant="shared", dropout_p=0.1)  # the tensor forward has dropout: test_tensor_dropout
-    # the backward has dropout on both its variants (tests/test_tensor_backward_options.py for the tensor one)
-    with pytest.raises(ValueError, match="variant must be 'register', 'tensor' or 'wgmma' for the backward"):
-        flash_attention_backward(q, q, q, q, lse, q, variant="shared", dropout_p=0.1, seed=1)
-    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
-        flash_attention(q, q, q, dropout_p=1.0)
-    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*63\)"):
-        flash_attention_backward(q, q, q, q, lse, q, dropout_p=0.1, seed=-1)
-
-
 gpu = pytest.mark.skipif(not fl.device.has_gpu(), reason="needs a CUDA GPU")
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_register_kernels_dropout_on_gpu(rng, d, dtype):
-    tol = (2e-5, 1e-4, 1e-4) if dtype == np.float32 else (1e-2, 1e-2, 2e-2)
-    for B, H, H_kv, nq, nk, splits, opts in CASES:
-        check(rng, B, H, H_kv, 8 * nq, 8 * nk, splits, opts, d=d, dtype=dtype, tol=tol)
 
 
 @pytest.mark.gpu

@@ -1,9 +1,10 @@
 """Dropout in the tensor-core forward (kernels/tensor.py, extras with dropout_p > 0, the seed a kernel argument).
 
-The mask must be flashlab.dropout's, keyed by (seed, batch, query head, row, key), bit for bit: the kernel's
-outputs are checked against the float64 reference with the same seed (which draws the mask with NumPy), and with
-V = I the zeros of O are the dropped elements themselves. l and lse stay dropout-free. In the simulator on a few
-blocks (block_q = block_k = 16); GPU-sized versions carry the gpu marker."""
+The mask must be flashlab.dropout's, keyed by (seed, batch, query head, row, key), bit for bit: with V = I the
+zeros of O are the dropped elements themselves; l and lse stay dropout-free; a new seed draws a new mask without a
+new build. In the simulator on a few blocks (block_q = block_k = 16); GPU-sized versions carry the gpu marker.
+Dropout against the float64 reference with the same seed (alone and with the other options, forward and backward,
+every variant): tests/test_kernel_options.py."""
 import numpy as np
 import pytest
 
@@ -19,39 +20,11 @@ from flashlab.kernels.tensor import TensorTile  # noqa: E402
 BIG = 2 ** 40 + 11  # a seed whose high 32 bits are not 0
 DT16 = {"f16": "float16", "bf16": "bfloat16"}
 
-CASES = [  # B, H, H_kv, Nq, Nk, dtype, splits, options
-    (1, 2, 1, 18, 29, np.float16, 2, dict(dropout_p=0.3, seed=BIG, causal=True)),  # GQA (h: the query head), split
-    (1, 1, 1, 18, 29, np.float32, 2, dict(dropout_p=0.3, seed=7, window_size=(5, 3))),  # 3xTF32, split-KV, window
-    (1, 1, 1, 18, 29, np.float16, 2, dict(dropout_p=0.2, seed=2 ** 62 + 1, causal=True, align="bottom_right")),
-    (2, 1, 1, 18, 29, np.float32, None, dict(dropout_p=0.3, seed=12345, causal=True)),  # 3xTF32, batch index
-]
-
 
 def inputs(rng, B, H, H_kv, nq, nk, dtype, d=16):
     q = (1.5 * rng.standard_normal((B, H, nq, d))).astype(dtype)
     k, v = (rng.standard_normal((B, H_kv, nk, d)).astype(dtype) for _ in range(2))
     return q, k, v
-
-
-def check(q, k, v, splits, opts, block=16, gpu=False):
-    kw = dict(block_q=block, block_k=block) if block else {}
-    o, lse = flash_attention(q, k, v, variant="tensor", splits=splits, **kw, **opts)
-    f64 = [x.astype(np.float64) for x in (q, k, v)]
-    want_o, want_lse = fl.reference_attention(*f64, **opts)
-    plain_o, plain_lse = fl.reference_attention(*f64, **{**opts, "dropout_p": 0.0})
-    empty = np.isinf(want_lse)
-    assert np.array_equal(want_lse, plain_lse)  # the reference's lse is dropout-free, so the kernel's must be too
-    assert np.array_equal(np.isinf(lse), empty) and np.all(o[empty] == 0), opts
-    # on a GPU: Nk ~ 500 keys of 16-bit rounding in O, and lse ~ 8 from d = 128 products
-    o_tol, lse_tol = (3e-3 if gpu else 2e-3, 1e-3) if q.dtype == np.float16 else (1e-5, 1e-4 if gpu else 1e-5)
-    assert np.max(np.abs(lse[~empty] - want_lse[~empty])) < lse_tol, opts
-    assert fl.relative_error(o, want_o) < o_tol, opts
-    assert fl.relative_error(want_o, plain_o) > 0.1, opts  # dropout changed the output: the check is not vacuous
-
-
-@pytest.mark.parametrize("B,H,H_kv,nq,nk,dtype,splits,opts", CASES)
-def test_tensor_dropout_matches_reference(rng, B, H, H_kv, nq, nk, dtype, splits, opts):
-    check(*inputs(rng, B, H, H_kv, nq, nk, dtype), splits, opts)
 
 
 def launch_words(q, k, v, precision, extras, seed, causal=False, tile=TensorTile(1, 16)):
@@ -68,7 +41,7 @@ def launch_words(q, k, v, precision, extras, seed, causal=False, tile=TensorTile
     return (F.from_bits16(o.view(np.uint16), DT16[precision]) if precision in DT16 else o), lse
 
 
-@pytest.mark.parametrize("precision", ["f16", "bf16", "tf32"])  # 3xTF32: in test_tensor_dropout_matches_reference
+@pytest.mark.parametrize("precision", ["f16", "bf16", "tf32"])  # 3xTF32: test_kernel_options.py's f32 cells
 def test_tensor_kernel_drops_the_elements_numpy_drops(rng, precision):
     """With V = I (d >= Nk) the output is P * Z / l: exactly 0 where the mask drops and only there (every P > 0,
     as there is no mask), for each batch, query head (GQA: two query heads share a K/V head) and row. Covers
@@ -115,18 +88,6 @@ def test_dropout_builds_and_the_paged_build():
 
 
 gpu = pytest.mark.skipif(not fl.device.has_gpu(), reason="needs a CUDA GPU")
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("dtype", [np.float16, np.float32])
-def test_tensor_dropout_on_gpu(rng, d, dtype):
-    """The simulator's cases at about 300 x 500, with the planner's tiles (and split-KV where it asks for it)."""
-    cases = [(B, H, H_kv, 17 * nq, 17 * nk, splits, opts) for B, H, H_kv, nq, nk, _, splits, opts in CASES]
-    cases.append((2, 4, 2, 300, 500, 4, dict(dropout_p=0.1, seed=BIG, window_size=(100, 20), softcap=20.0)))
-    for B, H, H_kv, nq, nk, splits, opts in cases:
-        check(*inputs(rng, B, H, H_kv, nq, nk, dtype, d), splits, opts, block=None, gpu=True)
 
 
 @pytest.mark.gpu
