@@ -8,10 +8,12 @@ What an option means, in one place:
   and sees key j when pos - left <= j <= pos + right and j < Nk; -1 leaves a side unbounded, and causal masking
   is right = 0 (or the window's right if smaller: Extras.right_bound). `key_band` gives the keys a run of rows
   can see, `query_band` the rows that can see a run of keys; a kernel visits only the tiles that overlap them;
-- the element mask (`outside`) and the score transforms (`capped`: softcap, then ALiBi's bias);
+- the element mask (`outside`) and the score transforms (`capped`: softcap, then ALiBi's bias); the kernels mask
+  through each row's `key_band`, compared in the tile's own columns, which tests/test_options_band.py holds equal
+  to `outside` element by element;
 - dropout: flashlab.dropout's hash, keyed by (seed, batch, query head, row, key);
-- the end-of-row guard (`finish_row`): a row that saw no key gets o = 0 and lse = +inf (NEG inside a split-KV
-  chunk, so that the merge ignores it).
+- the end-of-row convention (`row_end`): a row that saw no key gets o = 0 and lse = +inf (NEG inside a split-KV
+  chunk, so that the merge ignores it); each kernel's finish step applies it beside its own lse arithmetic.
 
 An option's presence is compiled in (`Features`, part of a build's key); its values are kernel arguments
 (`OptionArgs`: the window's bounds, the softcap and the ALiBi slopes), so a new window or slope set compiles
