@@ -274,6 +274,11 @@ def test_option_cell_on_gpu(rng, variant, direction, option, d):
             case = small._replace(nq=SCALE * small.nq, nk=SCALE * small.nk, empty=SCALE * small.empty)
             what = f"{variant} {direction} {option} {dtype} d={d} {case.opts}"
             q, k, v, do = (on_gpu(x, dtype) for x in inputs(rng, case, d, np.float64))
+            if direction == "forward" and dtype == "bf16" and (case.splits or 1) > 1:
+                # split-KV's merge writes float16 or float32: bfloat16 is refused, then runs unsplit
+                with pytest.raises(ValueError, match=rf"splits={case.splits} does not apply to bfloat16"):
+                    run_forward(variant, q, k, v, case)
+                case = case._replace(splits=None)
             if direction == "forward":
                 o, lse = run_forward(variant, q, k, v, case)
                 check_forward(*map(as_f64, (q, k, v)), case, as_f64(o), as_f64(lse), tol, what)

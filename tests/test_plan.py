@@ -214,6 +214,9 @@ def test_overrides_reach_the_plan():
         plan((1, 4, 256, 64), threads=64)
     with pytest.raises(ValueError, match="backward kernel does not split"):
         plan((1, 4, 256, 64), direction="backward", splits=2)
+    with pytest.raises(ValueError, match=r"splits=2 does not apply to bfloat16.*pass splits=None or 1"):
+        plan((1, 4, 256, 64), device=H100, variant="tensor", dtype="bfloat16", splits=2)
+    assert plan((1, 4, 256, 64), device=H100, variant="tensor", dtype="bfloat16", splits=1).splits == 1
     with pytest.raises(ValueError, match="variant for the backward"):
         plan((1, 4, 256, 64), direction="backward", variant="shared")
     with pytest.raises(ValueError, match="d = 48 is not supported"):

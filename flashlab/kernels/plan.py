@@ -472,7 +472,8 @@ def _choose_splits(p, variant, precision, dev, block_q, block_k, slots, splits):
         if variant == "shared" and splits > 1:
             raise ValueError("splits > 1 needs variant='register' or 'tensor'; the textbook kernel does not split")
         if precision == "bf16" and splits > 1:
-            raise ValueError("splits > 1 does not apply to bfloat16 (the merge writes float16 or float32)")
+            raise ValueError(f"splits={splits} does not apply to bfloat16: the merge of the key chunks writes float16 "
+                             f"or float32; pass splits=None or 1")
         chunk, n = split_chunk(p.Nk, splits, block_k)
         return n, chunk, f"splits={splits} asked for"
     if variant == "shared":
