@@ -225,7 +225,7 @@ print("\n".join(line for line in loop.splitlines() if "stamp(" not in line))  # 
 # grouped-query heads, against float64:
 
 # %%
-n_q, n_k = flashlab.size(200, 130), flashlab.size(260, 150)
+n_q, n_k = flashlab.size(200, 100), flashlab.size(260, 110)
 q = rng.standard_normal((1, 2, n_q, 64)).astype(np.float16)
 k, v = (rng.standard_normal((1, 1, n_k, 64)).astype(np.float16) for _ in range(2))
 o, lse = flash_attention(q, k, v, causal=True, variant="wgmma", block_k=64)
