@@ -18,10 +18,9 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir=. $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_FIRST)
 
 # One pytest worker per core (pytest-xdist): most tests run kernels in numba's simulator, on one core each.
-# --dist loadfile keeps each test file on one worker, so the notebooks execute once (a shared fixture);
-# --no-loadscope-reorder hands the files out in the order tests/conftest.py collects them, the longest first.
+# --dist loadfile keeps each test file on one worker, so the notebooks execute once (a shared fixture).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 # Regenerate notebooks/, exercises/ and solutions/ from course/.
 notebooks: $(STAMP)

@@ -10,18 +10,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import numpy as np
 import pytest
-
-# The longest files first (seconds on the 2-core CI machine, 2026-12: the Colab emulation ~530, the notebooks ~440,
-# then 70-150 each). `make test` runs each file on one pytest worker (--dist loadfile) and hands files out in the
-# order collected (--no-loadscope-reorder): the two longest start at once on the two workers, the others fill in
-# around them, and no long file is left to run alone at the end.
-SLOWEST_FILES = ("test_colab.py", "test_notebooks.py", "test_wgmma_backward.py", "test_kernel_options.py",
-                 "test_wgmma_forward.py", "test_grading_core.py", "test_plan.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
 from hypothesis import HealthCheck, settings
 
 from flashlab.build import parse_cells, strip_solutions
