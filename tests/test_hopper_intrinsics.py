@@ -380,6 +380,32 @@ def test_simulator_reports_a_barrier_that_can_never_complete():
 
 
 @cuda.jit
+def _half_at_a_named_barrier(out):
+    if cuda.threadIdx.x < 32:
+        hopper.named_barrier_sync(1, 64)  # waits for the second warp, which never comes
+    out[cuda.threadIdx.x] = 1
+
+
+@sim_only
+def test_simulator_reports_a_named_barrier_that_can_never_complete():
+    with pytest.raises(hopper.BarrierDeadlock, match="named barrier 1 for 64 threads; 32 arrived.*can never end"):
+        _half_at_a_named_barrier[1, 64](np.zeros(64, np.int32))
+
+
+def test_a_thread_whose_wait_is_done_is_not_stuck():
+    """The deadlock check counts a wait only while it is not done: a thread released by a barrier that has not run
+    again yet (a busy machine can keep it unscheduled past the grace) must not make the block look stuck."""
+    from types import SimpleNamespace
+
+    manager = SimpleNamespace(count=4, waiting=1, finished=1)  # one thread at syncthreads, one finished
+    block = SimpleNamespace(waits={"a": lambda: False, "b": lambda: True})
+    assert not hopper.every_thread_waits(manager, block)
+    block.waits["b"] = lambda: False
+    assert hopper.every_thread_waits(manager, block)
+    assert not hopper.every_thread_waits(SimpleNamespace(waiting=0, finished=0), block)  # numba's own block loop
+
+
+@cuda.jit
 def _reduce_rows(dst, out, rewrite_early):
     """32 threads stage a row of 32 float32s each (value row + lane / 64) in shared memory, then thread r adds row r
     to dst[r] with a bulk reduce; with rewrite_early, the rows are overwritten with -1 before the wait."""

@@ -423,7 +423,7 @@ class _Block:
         self.cond = threading.Condition()
         self.window = _Window()
         self.mbarriers, self.named, self.groups = {}, {}, {}
-        self.blocked = 0  # threads waiting in an mbarrier or named-barrier wait
+        self.waits = {}  # thread -> done() of the mbarrier or named-barrier wait it is in
 
 
 _BLOCK_LOCK = threading.Lock()
@@ -441,12 +441,23 @@ def _block(op):
     return me, manager, block
 
 
+def every_thread_waits(manager, block) -> bool:
+    """Whether each thread of the block is in a wait that is not done, at cuda.syncthreads(), or finished (flashlab's
+    block loop counts its threads: device.py)."""
+    count = getattr(manager, "count", None)
+    if count is None:
+        return False
+    return sum(not done() for done in block.waits.values()) + manager.waiting + manager.finished >= count
+
+
 def _wait(me, manager, block, done, what):
     """Wait, holding block.cond, until done(); raise BarrierDeadlock when every thread of the block is waiting
-    (here, at cuda.syncthreads() or finished) for STUCK_GRACE seconds, or after WAIT_LIMIT seconds."""
+    (here on a wait that is not done, at cuda.syncthreads() or finished) for STUCK_GRACE seconds, or after
+    WAIT_LIMIT seconds. A thread whose wait is done but that has not run again yet (a busy machine can leave it
+    unscheduled for longer than the grace) is not stuck."""
     if done():
         return
-    block.blocked += 1
+    block.waits[me] = done
     try:
         start, stuck = time.monotonic(), None
         while not done():
@@ -456,8 +467,7 @@ def _wait(me, manager, block, done, what):
             if done():
                 break
             now = time.monotonic()
-            count = getattr(manager, "count", None)  # flashlab's block loop counts its threads (device.py)
-            if count is not None and block.blocked + manager.waiting + manager.finished >= count:
+            if every_thread_waits(manager, block):
                 stuck = stuck or now
                 if now - stuck > STUCK_GRACE:
                     raise BarrierDeadlock(f"{what()}, and every thread of the block is waiting: it can never end")
@@ -466,7 +476,7 @@ def _wait(me, manager, block, done, what):
             if now - start > WAIT_LIMIT:
                 raise BarrierDeadlock(f"{what()}, after {WAIT_LIMIT:.0f} s")
     finally:
-        block.blocked -= 1
+        del block.waits[me]
 
 
 class _Warpgroup(_Warp):
