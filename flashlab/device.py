@@ -131,6 +131,26 @@ def kernel_size(full, fast):
     return size(full, fast) if has_gpu() else fast
 
 
+def in_simulator(fn, *args) -> None:
+    """Run fn(*args) in a fresh Python on Numba's CUDA simulator and print what it printed: for code this GPU cannot
+    run (lesson 20's Hopper kernels on Colab's T4), since one process cannot switch from its GPU to the simulator.
+    fn's source is read with inspect (a function defined in a notebook cell too), so fn imports what it uses, and
+    args are Python literals. Raises RuntimeError with the end of its error output if the run fails."""
+    import inspect
+    import subprocess
+    import textwrap
+
+    call = f"{fn.__name__}({', '.join(map(repr, args))})"
+    code = textwrap.dedent(inspect.getsource(fn)) + "\n" + call + "\n"
+    env = {k: v for k, v in os.environ.items() if k != SIMULATE_GPU}
+    env["NUMBA_ENABLE_CUDASIM"] = "1"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    print(done.stdout, end="")
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-8:])
+        raise RuntimeError(f"{call} failed in the simulator:\n{tail}")
+
+
 def get_cuda():
     """The `numba.cuda` module, imported after the backend is chosen. Raises with the fix if unusable."""
     _choose()

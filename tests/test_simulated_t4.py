@@ -118,3 +118,35 @@ def test_the_simulator_refuses_an_instruction_the_simulated_gpu_lacks(monkeypatc
     assert mma.unpack_f16x2(np.uint32(0x3C003C00)) == (1.0, 1.0)  # sm_75 has it
     monkeypatch.delenv(SIMULATE_GPU)
     assert mma.round_tf32(np.float32(1.0)) == np.float32(1.0)
+
+
+def test_hopper_code_runs_in_a_simulator_process_on_a_t4(t4, capsys):
+    """On a GPU other than Hopper (a T4: compute capability 7.5), lesson 20's kernel cells run in a fresh Python on
+    the simulator, which reports no GPU of its own, and their output is printed here."""
+    from flashlab.kernels import hopper
+
+    def where_it_runs(tag):
+        from flashlab.device import device_limits
+
+        print(tag, "ran with cc", device_limits()["cc"])
+
+    assert hopper.run_here_or_simulated(where_it_runs, "cell") is None
+    out = capsys.readouterr().out
+    assert "This GPU (compute capability 7.5) cannot run sm_90a code: where_it_runs runs in" in out, out
+    assert "cell ran with cc None" in out, out
+
+
+def test_hopper_code_runs_here_in_the_simulator():
+    from flashlab.kernels import hopper
+
+    assert hopper.run_here_or_simulated(lambda x: x + 1, 41) == 42  # no second process: a lambda has no source
+
+
+def test_a_failure_in_the_simulator_process_names_the_call_and_the_error():
+    from flashlab.device import in_simulator
+
+    def fails(n):
+        raise ValueError(f"boom {n}")
+
+    with pytest.raises(RuntimeError, match=r"fails\(3\) failed in the simulator:[\s\S]*ValueError: boom 3"):
+        in_simulator(fails, 3)

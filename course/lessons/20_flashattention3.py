@@ -31,8 +31,7 @@ import numpy as np
 import flashlab
 from flashlab import fragments as F
 from flashlab import pipeline, timeline
-from flashlab.kernels import wgmma
-from flashlab.kernels.forward import flash_attention
+from flashlab.kernels import hopper, wgmma
 
 DATA = pipeline.DATA
 rows = list(csv.DictReader(open(DATA / "wgmma_forward.csv")))
@@ -222,18 +221,29 @@ print("\n".join(line for line in loop.splitlines() if "stamp(" not in line))  # 
 # 4. `wgmma_wait(0)`: release V_{j−1}, rescale O and pack P_j into the A registers for the next iteration.
 #
 # The same call as every other variant runs it; here in the simulator on a small ragged causal problem with
-# grouped-query heads, against float64:
+# grouped-query heads, against float64. On a GPU other than Hopper (Colab's T4), whose process cannot run sm_90a
+# code nor switch to the simulator, `run_here_or_simulated` runs the function in a separate Python on the
+# simulator; so the function imports what it uses.
 
 # %%
-n_q, n_k = flashlab.size(200, 100), flashlab.size(260, 110)
-q = rng.standard_normal((1, 2, n_q, 64)).astype(np.float16)
-k, v = (rng.standard_normal((1, 1, n_k, 64)).astype(np.float16) for _ in range(2))
-o, lse = flash_attention(q, k, v, causal=True, variant="wgmma", block_k=64)
-ref, ref_lse = flashlab.reference_attention(*(x.astype(np.float64) for x in (q, np.repeat(k, 2, 1),
-                                                                             np.repeat(v, 2, 1))), causal=True)
-print(f"Nq = {n_q}, Nk = {n_k}, 2 query heads sharing 1 K/V head: max |O - O_float64| = "
-      f"{np.abs(o - ref).max():.1e} (float16 rounds at {2 ** -11:.1e} relative), max |lse error| = "
-      f"{np.abs(lse - ref_lse).max():.1e}")
+def forward_against_float64(n_q, n_k):
+    import numpy as np
+
+    import flashlab
+    from flashlab.kernels.forward import flash_attention
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 2, n_q, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 1, n_k, 64)).astype(np.float16) for _ in range(2))
+    o, lse = flash_attention(q, k, v, causal=True, variant="wgmma", block_k=64)
+    ref, ref_lse = flashlab.reference_attention(*(x.astype(np.float64) for x in (q, np.repeat(k, 2, 1),
+                                                                                 np.repeat(v, 2, 1))), causal=True)
+    print(f"Nq = {n_q}, Nk = {n_k}, 2 query heads sharing 1 K/V head: max |O - O_float64| = "
+          f"{np.abs(o - ref).max():.1e} (float16 rounds at {2 ** -11:.1e} relative), max |lse error| = "
+          f"{np.abs(lse - ref_lse).max():.1e}")
+
+
+hopper.run_here_or_simulated(forward_against_float64, flashlab.size(200, 100), flashlab.size(260, 110))
 
 # %% [markdown]
 # ## 6. Pingpong and overlap, predicted and measured
@@ -368,25 +378,32 @@ for n in (4096, 16384):
 # block starts a step behind the one before it and the last finishes about twice as late as its work alone would
 # take. The measured cost is printed below the speed figure.
 #
-# The same public call runs it, here in the simulator after the wgmma forward:
+# The same public call runs it, here in the simulator after the wgmma forward (on a GPU other than Hopper, in a
+# separate Python, as above):
 
 # %%
-from flashlab.kernels import flash_attention_backward
+def backward_against_float64(n_q, n_k):
+    import numpy as np
 
-n_q, n_k = flashlab.size(130, 80), flashlab.size(150, 100)
-q, do = (rng.standard_normal((1, 1, n_q, 64)).astype(np.float16) for _ in range(2))
-k, v = (rng.standard_normal((1, 1, n_k, 64)).astype(np.float16) for _ in range(2))
-o, lse = flash_attention(q, k, v, causal=True, variant="wgmma", block_k=64)
-grads = flash_attention_backward(q, k, v, o, lse, do, causal=True, variant="wgmma")
-q64, k64, v64, do64 = (x.astype(np.float64) for x in (q, k, v, do))
-s_ = np.where(np.arange(n_k)[None, :] > np.arange(n_q)[:, None], -np.inf, q64[0, 0] @ k64[0, 0].T / 8)
-p_ = np.exp(s_ - s_.max(-1, keepdims=True))
-p_ /= p_.sum(-1, keepdims=True)
-dp_ = do64[0, 0] @ v64[0, 0].T
-ds_ = p_ * (dp_ - (do64[0, 0] * (p_ @ v64[0, 0])).sum(-1, keepdims=True))
-for name, got, want in zip(("dq", "dk", "dv"), grads, (ds_ @ k64[0, 0] / 8, ds_.T @ q64[0, 0] / 8, p_.T @ do64[0, 0])):
-    print(f"{name}: max |error| against float64 {np.abs(got[0, 0] - want).max():.1e}, largest value "
-          f"{np.abs(want).max():.1f}")
+    from flashlab.kernels import flash_attention, flash_attention_backward
+
+    rng = np.random.default_rng(1)
+    q, do = (rng.standard_normal((1, 1, n_q, 64)).astype(np.float16) for _ in range(2))
+    k, v = (rng.standard_normal((1, 1, n_k, 64)).astype(np.float16) for _ in range(2))
+    o, lse = flash_attention(q, k, v, causal=True, variant="wgmma", block_k=64)
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal=True, variant="wgmma")
+    q64, k64, v64, do64 = (x[0, 0].astype(np.float64) for x in (q, k, v, do))
+    s_ = np.where(np.arange(n_k)[None, :] > np.arange(n_q)[:, None], -np.inf, q64 @ k64.T / 8)
+    p_ = np.exp(s_ - s_.max(-1, keepdims=True))
+    p_ /= p_.sum(-1, keepdims=True)
+    dp_ = do64 @ v64.T
+    ds_ = p_ * (dp_ - (do64 * (p_ @ v64)).sum(-1, keepdims=True))
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (ds_ @ k64 / 8, ds_.T @ q64 / 8, p_.T @ do64)):
+        print(f"{name}: max |error| against float64 {np.abs(got[0, 0] - want).max():.1e}, largest value "
+              f"{np.abs(want).max():.1f}")
+
+
+hopper.run_here_or_simulated(backward_against_float64, flashlab.size(130, 80), flashlab.size(150, 100))
 
 # %% [markdown]
 # On an H200 it is faster than lesson 17's `mma.sync` backward at every shape measured, and still well short of

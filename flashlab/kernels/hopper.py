@@ -63,7 +63,7 @@ import numpy as np
 from numba import uint64
 
 from .. import fragments as F
-from ..device import get_cuda
+from ..device import device_limits, get_cuda, in_simulator
 from .mma import SIMULATOR, WAIT_LIMIT, WarpDivergence, _address, _Warp, requires_cc
 
 cuda = get_cuda()
@@ -78,6 +78,19 @@ def runs_on(cc) -> bool:
     PTX ISA, code for an "a" target such as sm_90a uses features of that architecture only and does not run on later
     GPUs, as code for plain sm_90 would."""
     return cc is not None and tuple(cc) == CC
+
+
+def run_here_or_simulated(fn, *args):
+    """fn(*args) where this process can run the Hopper kernels (Numba's CUDA simulator, or a GPU of compute
+    capability 9.0); on any other GPU (Colab's T4, say), fn(*args) in a fresh Python on the simulator, through
+    flashlab.device.in_simulator (whose rules fn follows: it imports what it uses, args are literals)."""
+    cc = device_limits()["cc"]
+    if cc is None or runs_on(cc):
+        return fn(*args)
+    print(f"This GPU (compute capability {cc[0]}.{cc[1]}) cannot run sm_90a code: {fn.__name__} runs in Numba's "
+          f"CUDA simulator, in a separate Python.")
+    return in_simulator(fn, *args)
+
 
 FENCE = "wgmma.fence.sync.aligned;"
 COMMIT = "wgmma.commit_group.sync.aligned;"
