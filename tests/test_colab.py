@@ -3,8 +3,7 @@
 Most learners open the course in Colab, where the setup cell installs flashlab with `--no-deps` over Colab's own
 packages. The emulation (tests/colab_runtime/emulate.py) rebuilds both of Colab's runtimes from
 tests/colab_runtime/versions.toml, installs the built wheel there, runs the setup cell as Colab would and every
-lesson and exercise notebook in the fast mode, from a folder outside the repository (in the GPU image, those that
-import numba: the images differ only by numba-cuda), and in the GPU image checks
+lesson and exercise notebook in the fast mode, from a folder outside the repository, and in the GPU image checks
 that the prepared launch path's kernel arguments are the ones its numba-cuda builds (tests/marshal_check.py). It
 needs PyPI (as `make test` does to build .venv/); the other tests here are quick and need nothing.
 """
@@ -170,17 +169,16 @@ def colab(tmp_path_factory, wheel):
     return {"work": work, "python": python, "wheel": wheel}
 
 
-def _emulate(colab, image, notebooks):
+def _emulate(colab, image):
     work, python, wheel = colab["work"], colab["python"], colab["wheel"]
     content = work / f"content-{image}"
     setup = emulate.run_setup_cell(python, content, wheel)
     assert "flashlab doctor" in setup and "smoke kernel     ok" in setup, setup
-    results = emulate.run_notebooks(python, notebooks, content, WORKERS)
+    results = emulate.run_notebooks(python, emulate.select(), content, WORKERS)
     print(f"\nColab {image} image, notebook times (FLASHLAB_FAST=1):")
     for name, r in results.items():
         print(f"  {name:40s} {r['seconds']:5.1f} s")
-    assert len(results) == len(notebooks)
-    colab[image] = results
+    assert len(results) == len(emulate.select()) >= 30
     return setup, emulate.problems(results, work / "env", wheel)
 
 
@@ -188,8 +186,7 @@ def _emulate(colab, image, notebooks):
 @pytest.mark.slow
 def test_colab_cpu_runtime_runs_every_lesson_and_exercise(colab):
     assert emulate.installed(colab["python"], "numba-cuda") is None, "the CPU image has no numba-cuda"
-    setup, problems = _emulate(colab, "cpu", emulate.select())
-    assert len(colab["cpu"]) >= 30
+    setup, problems = _emulate(colab, "cpu")
     assert "numba-cuda       not installed" in setup and "numba's built-in" in setup, setup
     assert not problems, "\n".join(problems)
 
@@ -197,20 +194,10 @@ def test_colab_cpu_runtime_runs_every_lesson_and_exercise(colab):
 @pytest.mark.notebook
 @pytest.mark.slow
 def test_colab_gpu_runtime_runs_every_lesson_and_exercise(colab):
-    """The GPU image is the CPU image plus numba-cuda, which takes effect only where numba is imported. After the
-    CPU image's test, so, the notebooks that never imported numba there (the NumPy lessons) are not run again;
-    run alone, this test runs them all."""
     emulate.switch_image(colab["python"], "gpu")
     want = next(p for p in emulate.versions()["images"]["gpu"] if p.startswith("numba-cuda=="))
     assert emulate.installed(colab["python"], "numba-cuda") == want.split("==")[1]
-    notebooks = emulate.select()
-    if "cpu" in colab:
-        ran = {str(p.relative_to(emulate.ROOT)): p for p in notebooks}
-        assert set(colab["cpu"]) == set(ran)
-        # a notebook that crashed, or whose report did not say, runs again
-        notebooks = [ran[name] for name, r in colab["cpu"].items() if r["imported_numba"] is not False or r["crash"]]
-        assert len(notebooks) >= 20, [p.name for p in notebooks]  # the kernel lessons and their exercises, at least
-    setup, problems = _emulate(colab, "gpu", notebooks)
+    setup, problems = _emulate(colab, "gpu")
     assert "numba's built-in" not in setup, setup
     assert not problems, "\n".join(problems)
 

@@ -11,7 +11,6 @@ notebook runs in a fresh kernel from the folder it lies in, with two cells added
     python run_notebooks.py OUT.json NOTEBOOK ...
 
 OUT.json: {notebook: {"seconds", "crash", "opened": [data files], "kernel_prefix": the kernel's sys.prefix,
-"imported_numba": whether the kernel had imported numba by the end,
 "cells": [{"index", "seconds", "source", "errors": [[ename, evalue]], "images", "widgets": [images drawn inside
 each explorer (interact) widget], "verdicts": [text of flashlab.check's verdicts]}]}}
 """
@@ -45,8 +44,7 @@ _vb.use_widgets = lambda interactive=None: _vb.widgets_available() and (interact
 REPORT = """\
 import json as _json
 with open(%r, "w") as _f:
-    _json.dump({"opened": sorted(_flashlab_opened), "prefix": _sys.prefix,
-               "numba": any(_m == "numba" or _m.startswith("numba.") for _m in _sys.modules)}, _f)
+    _json.dump({"opened": sorted(_flashlab_opened), "prefix": _sys.prefix}, _f)
 """
 
 
@@ -134,8 +132,7 @@ def run(path):
     os.unlink(log)
     shutil.rmtree(sockets, ignore_errors=True)
     return {"seconds": seconds, "crash": crash, "cells": cells, "opened": report.get("opened", []),
-            "kernel_prefix": report.get("prefix"), "imported_numba": report.get("numba"),
-            "added_cells_seconds": extra_seconds}
+            "kernel_prefix": report.get("prefix"), "added_cells_seconds": extra_seconds}
 
 
 def main(argv):
