@@ -220,10 +220,10 @@ print("\n".join(line for line in loop.splitlines() if "stamp(" not in line))  # 
 #    (FA3's intra-warpgroup overlap: P V reads P_{j−1}'s registers, the softmax writes only S's);
 # 4. `wgmma_wait(0)`: release V_{j−1}, rescale O and pack P_j into the A registers for the next iteration.
 #
-# The same call as every other variant runs it; here in the simulator on a small ragged causal problem with
-# grouped-query heads, against float64. On a GPU other than Hopper (Colab's T4), whose process cannot run sm_90a
-# code nor switch to the simulator, `run_here_or_simulated` runs the function in a separate Python on the
-# simulator; so the function imports what it uses.
+# The same call as every other variant runs it, here on a small ragged causal problem with grouped-query heads,
+# against float64: on a Hopper GPU, or else in the simulator. A process that holds another GPU (Colab's T4) can
+# neither run sm_90a code nor switch to the simulator, so there `hopper.run_here_or_simulated` runs the function
+# in a separate Python on the simulator; that is why the function imports what it uses.
 
 # %%
 def forward_against_float64(n_q, n_k):
@@ -378,8 +378,8 @@ for n in (4096, 16384):
 # block starts a step behind the one before it and the last finishes about twice as late as its work alone would
 # take. The measured cost is printed below the speed figure.
 #
-# The same public call runs it, here in the simulator after the wgmma forward (on a GPU other than Hopper, in a
-# separate Python, as above):
+# The same public call runs it, after the wgmma forward (on a GPU other than Hopper, in a separate Python on the
+# simulator, as above):
 
 # %%
 def backward_against_float64(n_q, n_k):
