@@ -226,24 +226,25 @@ print("\n".join(line for line in loop.splitlines() if "stamp(" not in line))  # 
 # in a separate Python on the simulator; that is why the function imports what it uses.
 
 # %%
-def forward_against_float64(n_q, n_k):
+def forward_against_float64(n_q, n_k, heads):
     import numpy as np
 
     import flashlab
     from flashlab.kernels.forward import flash_attention
 
     rng = np.random.default_rng(0)
-    q = rng.standard_normal((1, 2, n_q, 64)).astype(np.float16)
+    q = rng.standard_normal((1, heads, n_q, 64)).astype(np.float16)
     k, v = (rng.standard_normal((1, 1, n_k, 64)).astype(np.float16) for _ in range(2))
     o, lse = flash_attention(q, k, v, causal=True, variant="wgmma", block_k=64)
-    ref, ref_lse = flashlab.reference_attention(*(x.astype(np.float64) for x in (q, np.repeat(k, 2, 1),
-                                                                                 np.repeat(v, 2, 1))), causal=True)
-    print(f"Nq = {n_q}, Nk = {n_k}, 2 query heads sharing 1 K/V head: max |O - O_float64| = "
+    ref, ref_lse = flashlab.reference_attention(*(x.astype(np.float64) for x in (q, np.repeat(k, heads, 1),
+                                                                                 np.repeat(v, heads, 1))), causal=True)
+    print(f"Nq = {n_q}, Nk = {n_k}, {heads} query head(s) sharing 1 K/V head: max |O - O_float64| = "
           f"{np.abs(o - ref).max():.1e} (float16 rounds at {2 ** -11:.1e} relative), max |lse error| = "
           f"{np.abs(lse - ref_lse).max():.1e}")
 
 
-hopper.run_here_or_simulated(forward_against_float64, flashlab.size(200, 100), flashlab.size(260, 110))
+hopper.run_here_or_simulated(forward_against_float64, flashlab.size(200, 100), flashlab.size(260, 110),
+                             flashlab.size(2, 1))
 
 # %% [markdown]
 # ## 6. Pingpong and overlap, predicted and measured
@@ -378,19 +379,22 @@ for n in (4096, 16384):
 # block starts a step behind the one before it and the last finishes about twice as late as its work alone would
 # take. The measured cost is printed below the speed figure.
 #
-# The same public call runs it, after the wgmma forward (on a GPU other than Hopper, in a separate Python on the
-# simulator, as above):
+# The same public call runs it, here on o and lse from the float64 reference (rounded as the forward stores them),
+# so that the check is the backward's alone (on a GPU other than Hopper, in a separate Python on the simulator, as
+# above):
 
 # %%
 def backward_against_float64(n_q, n_k):
     import numpy as np
 
-    from flashlab.kernels import flash_attention, flash_attention_backward
+    import flashlab
+    from flashlab.kernels import flash_attention_backward
 
     rng = np.random.default_rng(1)
     q, do = (rng.standard_normal((1, 1, n_q, 64)).astype(np.float16) for _ in range(2))
     k, v = (rng.standard_normal((1, 1, n_k, 64)).astype(np.float16) for _ in range(2))
-    o, lse = flash_attention(q, k, v, causal=True, variant="wgmma", block_k=64)
+    o, lse = flashlab.reference_attention(*(x.astype(np.float64) for x in (q, k, v)), causal=True)
+    o, lse = o.astype(np.float16), lse.astype(np.float32)
     grads = flash_attention_backward(q, k, v, o, lse, do, causal=True, variant="wgmma")
     q64, k64, v64, do64 = (x[0, 0].astype(np.float64) for x in (q, k, v, do))
     s_ = np.where(np.arange(n_k)[None, :] > np.arange(n_q)[:, None], -np.inf, q64 @ k64.T / 8)
