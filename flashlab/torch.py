@@ -151,8 +151,8 @@ def _forward(q, k, v, causal, scale, options=None):
         variant = _cuda_variant(q, bool(options))  # tensor and register take every option
         if variant == "tensor":  # the tensor kernel reads 16-byte chunks of rows: the last dim must be contiguous
             q4, k4, v4 = (x if x.stride(-1) == 1 else x.contiguous() for x in (q4, k4, v4))
-        elif variant == "wgmma":  # TMA reads (B, H, N, d) as one matrix of rows
-            q4, k4, v4 = (x.contiguous() for x in (q4, k4, v4))
+        elif variant == "wgmma":  # TMA reads any (B, H, N, d) strides but a few (_tma_readable)
+            q4, k4, v4 = (_tma_readable(x) for x in (q4, k4, v4))
         o, lse = flash_attention(q4.detach(), k4.detach(), v4.detach(), causal=causal, scale=scale, variant=variant,
                                  **options)
         return (o, lse) if four else (o.squeeze(0), lse.squeeze(0))
@@ -160,6 +160,16 @@ def _forward(q, k, v, causal, scale, options=None):
 
     o, lse = flash_attention_v2(_to_numpy(q), _to_numpy(k), _to_numpy(v), causal=causal, scale=scale, **options)
     return torch.from_numpy(o), torch.from_numpy(lse)
+
+
+def _tma_readable(x):
+    """x, or a contiguous copy where TMA cannot read it in place: the wgmma kernels' tensor maps take a contiguous
+    last axis and other strides of multiples of 16 bytes (kernels/wgmma.check_tma_strides); a (B, N, H, d) tensor's
+    transpose(1, 2), as a GPT makes its heads, passes, so neither direction copies it."""
+    from .kernels import hopper
+
+    readable = x.dim() == 4 and hopper.tma_strides(x.shape, tuple(2 * s for s in x.stride()), x.data_ptr(), 2)
+    return x if readable else x.contiguous()
 
 
 def _cuda_variant(q, options: bool = False) -> str:
@@ -187,7 +197,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, options=None):
         if wgmma_backward_fits(str(q.dtype).replace("torch.", ""), q.shape[-1], device_limits()["cc"], q.shape[-2],
                                k.shape[-2], gqa=q.shape[-3] != k.shape[-3], options=bool(options)):
             variant = "wgmma"
-            args = [x.contiguous() for x in args]  # TMA reads (B, H, N, d) as one matrix of rows
+            args = [_tma_readable(x) for x in args]  # a GPT's (B, N, H, d) heads are read in place
         elif variant == "tensor":  # 16-byte copies of rows: the last dim must be contiguous (do may be a broadcast)
             args = [x if x.stride(-1) == 1 else x.contiguous() for x in args]
         grads = flash_attention_backward(*(x.detach() for x in args), causal=causal, scale=scale, variant=variant,

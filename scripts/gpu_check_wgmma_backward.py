@@ -2,7 +2,13 @@
 error; whether deterministic=True repeats its bits (and the default does not); then its speed, with and without
 deterministic=True, against torch's SDPA backward and flashlab's tensor (mma.sync) backward, in the same run.
 
-    python scripts/gpu_check_wgmma_backward.py [--quick] [--only accuracy,repeatability,tiles,speed]
+    python scripts/gpu_check_wgmma_backward.py [--quick] [--only accuracy,repeatability,tiles,speed,short,layout]
+
+short: the wgmma and tensor backwards at sequences shorter than the bar's (N 512 to 2048), where the library's
+default (plan.WGMMA_BACKWARD_MIN_N) decides between them. layout: inputs laid out (B, N, H, d), as a GPT's heads
+(x.view(B, N, H, d).transpose(1, 2)), which the wgmma kernels read in place through 4-D tensor maps: the forward's
+O and lse and the backward's gradients must be the same bits as from contiguous copies, and the public calls
+(flashlab.torch, autograd) are timed beside torch's SDPA on the same views.
 
 Both run through flash_attention_backward with torch tensors (the prepared path, after a first call). Timing:
 flashlab.bench.time_cuda, the median of 10 after two warm-ups; TFLOP/s count the backward as 2.5x the forward's
@@ -124,6 +130,67 @@ def speed(quick):
                 f"  wgmma/sdpa {t['sdpa'] / t['wgmma']:.2f}  wgmma/tensor {t['tensor'] / t['wgmma']:.2f}", flush=True)
 
 
+def short():
+    import torch
+
+    from flashlab.kernels import flash_attention, flash_attention_backward
+    from gpu_check_wgmma_forward import timed
+
+    print("backward at short sequences, us a call (host time included): wgmma and tensor", flush=True)
+    for dtype in ("bfloat16", "float16"):
+        for B, H in ((8, 4), (1, 16)):
+            for N in (512, 1024, 2048):
+                for d in (64, 128):
+                    for causal in (True, False):
+                        q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=getattr(torch, dtype))
+                                       for _ in range(4))
+                        o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+                        t = {name: timed(lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal,
+                                                                          variant=name), 20)
+                             for name in ("wgmma", "tensor")}
+                        print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} "
+                              f"wgmma {t['wgmma'] * 1e6:7.1f}  tensor {t['tensor'] * 1e6:7.1f}  "
+                              f"tensor/wgmma {t['tensor'] / t['wgmma']:.2f}", flush=True)
+
+
+def layout():
+    import torch
+    import torch.nn.functional as Fn
+
+    from flashlab.kernels import flash_attention, flash_attention_backward
+    from flashlab.torch import scaled_dot_product_attention as flash_sdpa
+    from gpu_check_wgmma_forward import timed
+
+    for B, H, N, d, causal in ((8, 4, 1024, 64, True), (2, 8, 777, 128, False), (4, 16, 2048, 64, True)):
+        x = torch.randn(B, N, 4 * H * d, device="cuda", dtype=torch.bfloat16)  # as a linear layer's output
+        views = [t.view(B, N, H, d).transpose(1, 2) for t in x.split(H * d, dim=2)]
+        q, k, v, do = views
+        copies = [t.contiguous() for t in views]
+        o, lse = flash_attention(q, k, v, causal=causal, variant="wgmma")
+        o_c, lse_c = flash_attention(*copies[:3], causal=causal, variant="wgmma")
+        same = torch.equal(o, o_c) and torch.equal(lse, lse_c)
+        o_view = o.transpose(1, 2).is_contiguous()
+        grads = flash_attention_backward(q, k, v, o, lse, do, causal=causal, variant="wgmma")
+        grads_c = flash_attention_backward(*copies[:3], o_c.contiguous(), lse_c, copies[3], causal=causal,
+                                           variant="wgmma")
+        same_grads = all(torch.equal(a, b) for a, b in zip(grads, grads_c))  # dQ's atomics: within an ulp
+        close = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, grads_c))
+        print(f"layout B{B} H{H} N{N} d{d} {'causal' if causal else 'full'}: forward same bits {same}, O laid out "
+              f"(B, N, H, d) {o_view}; backward same bits {same_grads} (max |difference| {close:.2e})", flush=True)
+        leaf = x.detach().requires_grad_()
+
+        def step(fn):  # as a GPT's layer: heads are views of one linear output, the gradient flows back into it
+            q, k, v, _ = (t.view(B, N, H, d).transpose(1, 2) for t in leaf.split(H * d, dim=2))
+            torch.autograd.grad(fn(q, k, v, is_causal=causal), leaf, do)
+
+        t = {name: timed(lambda: step(fn), 20) for name, fn in (("flashlab", flash_sdpa),
+                                                                ("sdpa", Fn.scaled_dot_product_attention))}
+        t.update({f"{name} forward": timed(lambda: fn(*views[:3], is_causal=causal), 20)
+                  for name, fn in (("flashlab", flash_sdpa), ("sdpa", Fn.scaled_dot_product_attention))})
+        print("   us a call, forward + backward through autograd: " + "  ".join(
+            f"{name} {x * 1e6:7.1f}" for name, x in t.items()), flush=True)
+
+
 def main():
     import torch
 
@@ -132,7 +199,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="float16 and B = 1 only")
     sections = {"accuracy": accuracy, "repeatability": repeatability, "tiles": tiles,
-                "speed": lambda: speed(args.quick)}
+                "speed": lambda: speed(args.quick), "short": short, "layout": layout}
     ap.add_argument("--only", default=",".join(sections),
                     help="the sections to run, comma-separated (default: all, in this order)")
     args = ap.parse_args()

@@ -9,6 +9,7 @@ prints a table. Simulated launches are one block of 128 threads (or fewer), one 
 import numpy as np
 import pytest
 
+from device_views import heads_of_rows, strided_on_device
 from flashlab import fragments as F
 from flashlab.device import get_cuda, has_gpu
 
@@ -504,6 +505,72 @@ def test_tma_box_past_the_end_equals_the_model(rng, swizzle, box_cols):
         want = F.tma_image(F.tma_box(m, row, col, 64, box_cols), swizzle)
         np.testing.assert_array_equal(out, want, err_msg=f"box at row {row}, column {col}")
         assert (out == 0).any() == (row + 64 > 200 or col + box_cols > 72 or row < 0 or col < 0)
+
+
+_TMA4_KERNELS = {}
+
+
+def _tma4_kernel(box_rows, box_cols):
+    key = (box_rows, box_cols)
+    if key not in _TMA4_KERNELS:
+        size = box_rows * box_cols
+
+        @cuda.jit
+        def load(tmap, col, row, head, batch, out):
+            tile = cuda.shared.array(size, uint16, alignment=TILE_ALIGN)
+            bar = cuda.shared.array(1, uint64)
+            t = cuda.threadIdx.x
+            if t == 0:
+                hopper.mbarrier_init(bar, 0, 1)
+            cuda.syncthreads()
+            if t == 0:
+                hopper.mbarrier_arrive_expect_tx(bar, 0, size * 2)
+                hopper.tma_load_4d(tile, 0, tmap, col, row, head, batch, bar, 0)
+            hopper.mbarrier_wait_parity(bar, 0, 0)
+            for e in range(t, size, cuda.blockDim.x):
+                out[e] = tile[e]
+        _TMA4_KERNELS[key] = load
+    return _TMA4_KERNELS[key]
+
+
+@pytest.mark.parametrize("layout", ["BHNd", "BNHd"])
+def test_tma_4d_reads_one_head_in_place(rng, layout):
+    """A 4-D map of (B, H, N, d) = (2, 3, 100, 64) values, contiguous or the (B, N, H, d) layout's transpose(1, 2)
+    (a GPT's heads): each box is the model's image of x[batch, head]'s rows, zeros past its last row and for a
+    head or batch outside the array."""
+    B, H, N, d = 2, 3, 100, 64
+    x = rng.integers(1, 2**16, (B, H, N, d)).astype(np.uint16)
+    d_x, keep = strided_on_device(x if layout == "BHNd" else heads_of_rows(x))
+    tmap = hopper.tensor_map_4d(d_x, 64, 64, 128)
+    for row, head, batch in ((0, 0, 0), (64, 2, 1), (40, 1, 0), (0, 3, 0), (0, 0, 2)):
+        out = np.zeros(64 * 64, np.uint16)
+        _tma4_kernel(64, 64)[1, 64](tmap, 0, row, head, batch, out)
+        inside = head < H and batch < B
+        want = F.tma_image(F.tma_box(x[batch, head] if inside else np.zeros((N, d), np.uint16), row, 0, 64, 64), 128)
+        np.testing.assert_array_equal(out, want, err_msg=f"box at row {row}, head {head}, batch {batch}")
+    del keep
+
+
+def test_tma_strides_takes_a_gpt_layout_and_refuses_what_tma_cannot_read():
+    B, N, H, d = 2, 10, 4, 64  # (B, N, 3 H d) as a linear layer makes it, q = [..., :H d] as (B, H, N, d)
+    strides = (N * 3 * H * d * 2, d * 2, 3 * H * d * 2, 2)
+    assert hopper.tma_strides((B, H, N, d), strides, 0, 2) == strides
+    # an axis of length 1 is never stepped: its stride (often 1 in torch) becomes the array's extent
+    assert hopper.tma_strides((1, H, N, d), (2, d * 2, 3 * H * d * 2, 2), 0, 2)[0] % 16 == 0
+    assert hopper.tma_strides((B, H, N, d), (strides[0], 0, strides[2], 2), 0, 2) is None  # a broadcast head
+    assert hopper.tma_strides((B, H, N, d), (strides[0], 2 * 60, strides[2], 2), 0, 2) is None  # 120 bytes
+    assert hopper.tma_strides((B, H, N, d), (strides[0], strides[1], strides[2], 4), 0, 2) is None  # every other
+    assert hopper.tma_strides((B, H, N, d), strides, 8, 2) is None  # an unaligned start
+    with pytest.raises(ValueError, match="multiples of 16"):
+        hopper.tensor_map_4d(cuda.to_device(np.zeros((2, 3, 8, 60), np.uint16)), 8, 60, 0)
+
+
+def test_tma_load_refuses_a_map_of_the_other_rank():
+    tmap = hopper.tensor_map_2d(cuda.to_device(np.zeros((64, 64), np.uint16)), 64, 64, 128)
+    if not SIMULATOR:
+        pytest.skip("the simulator's check (the GPU reads whatever the map says)")
+    with pytest.raises(ValueError, match="tensor_map_2d"):
+        _tma4_kernel(64, 64)[1, 32](tmap, 0, 0, 0, 0, np.zeros(64 * 64, np.uint16))
 
 
 def test_tensor_map_refuses_a_box_wider_than_its_swizzle():

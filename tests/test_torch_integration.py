@@ -495,3 +495,46 @@ def test_cuda_long_sequences_on_hopper_take_the_wgmma_backward(rng, monkeypatch,
     ours, ref = cuda_vs_float64(q, k, v, causal)
     assert seen == ["wgmma"]
     assert all(g.dtype == torch.float16 and rel(g, r) < 2e-2 for g, r in zip(ours[1:], ref[1:]))
+
+
+def test_a_gpts_heads_are_read_in_place_and_odd_strides_copied():
+    """flashlab.torch hands the wgmma kernels a GPT's heads (views of one linear output) as they lie, and copies
+    only what TMA cannot read: a broadcast, rows of 60 values (120 bytes), a last axis with a stride."""
+    import flashlab.torch as ft
+
+    B, N, H, d = 2, 16, 4, 64
+    x = torch.zeros(B, N, 3 * H * d, dtype=torch.float16)
+    q = x[..., :H * d].view(B, N, H, d).transpose(1, 2)
+    assert ft._tma_readable(q) is q
+    for odd in (torch.zeros(1, 1, N, d).expand(B, H, N, d), torch.zeros(B, H, N, 68)[..., :60],
+                torch.zeros(B, H, N, 2 * d)[..., ::2]):
+        out = ft._tma_readable(odd)
+        assert out is not odd and out.is_contiguous()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("N,causal", [(1024, True), (300, False)])
+def test_cuda_a_gpts_heads_on_hopper(N, causal):
+    """The GPT's layout (q, k, v views of one (B, N, 3 H d) tensor) through autograd on Hopper: the wgmma forward's
+    O comes back laid out (B, N, H, d), so that y.transpose(1, 2).reshape(B, N, H d) is a view, as torch's is; the
+    gradient of the linear output matches torch's SDPA in float64."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernels need Hopper")
+    B, H, d = 2, 4, 64
+    g = torch.Generator(device="cuda").manual_seed(N)
+    x = torch.randn(B, N, 3 * H * d, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+    do = torch.randn(B, N, H * d, device="cuda", generator=g).to(torch.bfloat16)
+
+    def layer(fn, x):
+        q, k, v = (t.view(B, N, H, d).transpose(1, 2) for t in x.split(H * d, dim=2))
+        y = fn(q, k, v, is_causal=causal)
+        return y, y.transpose(1, 2).reshape(B, N, H * d)
+
+    y, out = layer(sdpa, x)
+    assert y.transpose(1, 2).is_contiguous()  # O laid out (B, N, H, d): the reshape made no copy
+    dx, = torch.autograd.grad(out, x, do)
+    x64 = x.detach().double().requires_grad_()
+    _, out64 = layer(F.scaled_dot_product_attention, x64)
+    dx64, = torch.autograd.grad(out64, x64, do.double())
+    assert rel(out.double(), out64) < 2e-2 and rel(dx.double(), dx64) < 2e-2

@@ -4,6 +4,7 @@ scripts/gpu_check_wgmma_backward.py runs the same check beside torch's error and
 import numpy as np
 import pytest
 
+from device_views import heads_of_rows, strided_on_device
 from flashlab import fragments as F
 from flashlab.device import get_cuda, has_gpu
 
@@ -40,10 +41,20 @@ def rounded(rng, shape, dtype):
     return rounded_like(rng.standard_normal(shape), dtype)
 
 
-def run_backward(q, k, v, do, o, lse, causal, dtype, **options):
-    """wgmma_backward.backward on float64 inputs rounded to dtype: (dq, dk, dv) as float64."""
+def run_backward(q, k, v, do, o, lse, causal, dtype, heads_inside_rows=False, **options):
+    """wgmma_backward.backward on float64 inputs rounded to dtype: (dq, dk, dv) as float64. heads_inside_rows: the
+    inputs lie in memory as (B, N, H, d), read in place through their strides."""
     d = q.shape[-1]
-    words = lambda x: cuda.to_device(np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32))  # noqa: E731
+    kept = []
+
+    def words(x):
+        x = np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32)
+        if not heads_inside_rows:
+            return cuda.to_device(x)
+        dev, base = strided_on_device(heads_of_rows(x))
+        kept.append(base)
+        return dev
+
     out = [cuda.to_device(np.zeros(x.shape[:3] + (d // 2,), np.uint32)) for x in (q, k, v)]
     wb.backward(words(q), words(k), words(v), words(o), cuda.to_device(lse.astype(np.float32)), words(do), *out,
                 d ** -0.5, causal, dtype, **options)
@@ -69,6 +80,20 @@ def test_gradients_match_float64(B, H, Nq, Nk, d, causal, dtype):
     q, k, v, do = (rounded(rng, (B, H, n, d), dtype) for n in (Nq, Nk, Nk, Nq))
     o, lse, *want = gradients(q, k, v, do, d ** -0.5, causal)
     check_close(run_backward(q, k, v, do, rounded_like(o, dtype), lse, causal, dtype), want, v, dtype)
+
+
+def test_inputs_with_heads_inside_rows_are_read_in_place():
+    """q, k, v, o and dO laid out (B, N, H, d), as a GPT's attention gets them, and grouped-query heads: the same
+    gradients as from contiguous copies, within the bound."""
+    rng = np.random.default_rng(3)
+    B, H, H_kv, Nq, Nk, d, dtype = 2, 2, 1, 70, 60, 64, "float16"
+    q, do = (rounded(rng, (B, H, Nq, d), dtype) for _ in range(2))
+    k, v = (rounded(rng, (B, H_kv, Nk, d), dtype) for _ in range(2))
+    group = H // H_kv
+    o, lse, dq, dk, dv = gradients(q, np.repeat(k, group, 1), np.repeat(v, group, 1), do, d ** -0.5, True)
+    dk, dv = (x.reshape(B, H_kv, group, Nk, d).sum(2) for x in (dk, dv))
+    got = run_backward(q, k, v, do, rounded_like(o, dtype), lse, True, dtype, heads_inside_rows=True)
+    check_close(got, (dq, dk, dv), v, dtype, terms=group)
 
 
 def test_a_dropped_ds_term_would_fail():

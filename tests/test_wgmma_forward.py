@@ -12,6 +12,7 @@ more than 0.05.
 import numpy as np
 import pytest
 
+from device_views import heads_of_rows, strided_on_device
 from flashlab import fragments as F
 from flashlab.device import get_cuda, has_gpu
 
@@ -52,9 +53,19 @@ def assert_close(o, lse, q, k, v, causal, dtype):
     assert lerr <= 1e-5 * (1 + np.abs(lse_ref).max()), f"max |lse - lse_float64| = {lerr:.3g}"
 
 
-def run_kernel(q, k, v, causal, dtype, tile):
-    """wgmma.forward on numba device arrays of 16-bit pairs (bfloat16 has no NumPy type: this is its way in)."""
-    words = lambda x: cuda.to_device(np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32))  # noqa: E731
+def run_kernel(q, k, v, causal, dtype, tile, heads_inside_rows=False):
+    """wgmma.forward on numba device arrays of 16-bit pairs (bfloat16 has no NumPy type: this is its way in).
+    heads_inside_rows: q, k and v lie in memory as (B, N, H, d), read in place through their strides."""
+    kept = []
+
+    def words(x):
+        x = np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32)
+        if not heads_inside_rows:
+            return cuda.to_device(x)
+        dev, base = strided_on_device(heads_of_rows(x))
+        kept.append(base)
+        return dev
+
     B, H, Nq, d = q.shape
     o = cuda.to_device(np.zeros((B, H, Nq, d // 2), np.uint32))
     lse = cuda.to_device(np.zeros((B, H, Nq), np.float32))
@@ -77,6 +88,23 @@ def test_kernel_matches_float64(B, H, H_kv, Nq, Nk, d, causal, dtype, tile):
     q, k, v = inputs(rng, B, H, H_kv, Nq, Nk, d, dtype)
     o, lse = run_kernel(q, k, v, causal, dtype, tile)
     assert_close(o, lse, q, k, v, causal, dtype)
+
+
+def test_kernel_reads_heads_inside_rows_in_place():
+    """q, k, v laid out (B, N, H, d), as a GPT's linear layer leaves them, and viewed as (B, H, N, d): the 4-D tensor
+    maps step over the other heads (GQA: 2 query heads on 1 K/V head, 2 batches), and a tile past a head's last
+    row reads zeros, not the next row's other heads."""
+    rng = np.random.default_rng(11)
+    q, k, v = inputs(rng, 2, 2, 1, 70, 90, 64, "float16")
+    o, lse = run_kernel(q, k, v, True, "float16", wgmma.WgmmaTile(64, 2), heads_inside_rows=True)
+    assert_close(o, lse, q, k, v, True, "float16")
+
+
+def test_wgmma_refuses_strides_tma_cannot_read():
+    x = np.zeros((1, 2, 8, 64), np.float16)
+    q, _ = strided_on_device(np.zeros((1, 2, 8, 68), np.float16)[..., :64])  # rows of 136 bytes
+    with pytest.raises(ValueError, match="reads q with TMA.*multiples of 16 bytes"):
+        flash_attention(q, x, x, variant="wgmma")
 
 
 def test_flash_attention_variant_wgmma_with_huge_logits():

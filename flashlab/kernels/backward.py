@@ -105,8 +105,9 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
 
 
 def _wgmma_backward(q, k, v, o, lse, do, causal, scale, deterministic=False, library=None):
-    """variant="wgmma" (kernels/wgmma_backward.py): opt-in, 16-bit inputs on Hopper (or the simulator), contiguous,
-    GQA, d 64 or 128. library: the options (window_size, align, alibi_slopes, softcap, dropout_p, seed) or None.
+    """variant="wgmma" (kernels/wgmma_backward.py): opt-in, 16-bit inputs on Hopper (or the simulator), any strides
+    TMA can read (wgmma.check_tma_strides: a (B, N, H, d) tensor's transpose(1, 2) is read in place), GQA, d 64 or
+    128. library: the options (window_size, align, alibi_slopes, softcap, dropout_p, seed) or None.
     Torch CUDA tensors without options take the prepared path after the first call with their key
     (PreparedWgmmaBackward)."""
     key = prepared.torch_key(q, k, v, o, lse, do) if prepared.available() and library is None else None
@@ -123,10 +124,8 @@ def _wgmma_backward(q, k, v, o, lse, do, causal, scale, deterministic=False, lib
     if cc is not None and not hopper.runs_on(cc):
         raise RuntimeError(f"variant='wgmma' needs a Hopper GPU (compute capability 9.0: its sm_90a code runs on no "
                            f"other); this one has {cc[0]}.{cc[1]}. Use variant='tensor'")
-    for name, x in (("q", q_d), ("k", k_d), ("v", v_d), ("o", o_d), ("do", do_d)):
-        if not x.is_c_contiguous():
-            raise ValueError(f"variant='wgmma' reads {name} as one contiguous (B, H, N, d) array; pass a contiguous "
-                             f"copy, or use variant='tensor'")
+    for name, x in (("q", q_d), ("k", k_d), ("v", v_d), ("do", do_d)):
+        wgmma.check_tma_strides(name, x)
     B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale, words=True,
                                                          gqa=True)
     if d not in (64, 128):
@@ -151,13 +150,15 @@ def _wgmma_backward(q, k, v, o, lse, do, causal, scale, deterministic=False, lib
 
 class PreparedWgmmaBackward:
     """The wgmma backward for torch CUDA tensors of one key: wgmma_backward.launches prepared once; a call
-    allocates the gradients, finds the tensor maps of K, V, Q and dO (wgmma.torch_map: made once per buffer) and
-    launches preprocess, main and the dQ cast."""
+    allocates the gradients (contiguous), finds the tensor maps of K, V, Q and dO (wgmma.torch_map: made once per
+    buffer, with the tensors' own strides) and launches preprocess, main and the dQ cast."""
 
     def __init__(self, described, q, k, v, o, lse, do):
         self.dtype, self.shapes = q.dtype, (tuple(q.shape), tuple(k.shape))
         specs = {n: prepared.torch_spec(x) for n, x in zip(("q", "k", "v", "o", "do"), (q, k, v, o, do))}
-        specs.update(dq=specs["q"], dk=specs["k"], dv=specs["k"])
+        values = specs["q"].dtype
+        specs.update(dq=prepared.Spec.contiguous(self.shapes[0], values),
+                     **{n: prepared.Spec.contiguous(self.shapes[1], values) for n in ("dk", "dv")})
         specs = {n: x.words() for n, x in specs.items()}
         maps = prepared.Spec((16,), (8,), np.dtype(np.uint64))
         specs.update(lse=prepared.torch_spec(lse), **{name: maps for name in wgmma_backward.MAPS})
@@ -169,8 +170,7 @@ class PreparedWgmmaBackward:
 
         dq = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
         dk, dv = (torch.empty(self.shapes[1], dtype=self.dtype, device=q.device) for _ in range(2))
-        maps = tuple(wgmma.torch_map(x.data_ptr(), x.shape[0] * x.shape[1] * x.shape[2], x.shape[3],
-                                     wgmma_backward.MAP_ROWS[name], q.device)
+        maps = tuple(wgmma.torch_map(x, wgmma_backward.MAP_ROWS[name])
                      for name, x in (("k_map", k), ("v_map", v), ("q_map", q), ("do_map", do)))
         self.launches(prepared.current_stream(q), (o.data_ptr(), lse.data_ptr(), dq.data_ptr(), dk.data_ptr(),
                                                    dv.data_ptr(), do.data_ptr(), *maps), q.device)

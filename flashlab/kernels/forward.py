@@ -92,10 +92,7 @@ def _wgmma_forward(q, k, v, causal, scale, variant, block_q, block_k, tile, prec
         raise RuntimeError(f"variant='wgmma' needs a Hopper GPU (compute capability 9.0: its sm_90a code runs on no "
                            f"other); this one has {cc[0]}.{cc[1]}. Use variant='tensor'")
     for name, x in (("q", q_d), ("k", k_d), ("v", v_d)):
-        if not x.is_c_contiguous():
-            raise ValueError(f"variant='wgmma' reads {name} with TMA as one contiguous (B, H, N, d) array; got "
-                             f"{name} with strides {tuple(x.strides)} (bytes, as 32-bit pairs): pass a contiguous "
-                             "copy, or use variant='tensor'")
+        wgmma.check_tma_strides(name, x)
     B, H, Nq, Nk, d, causal, scale = check_kernel_inputs(q_d, k_d, v_d, causal=causal, scale=scale, words=True,
                                                          gqa=True)
     tile_ = wgmma.choose_tile(d, causal, block_k)
@@ -235,19 +232,19 @@ class PreparedForward:
 
 class PreparedWgmma:
     """flash_attention(..., variant="wgmma") for torch tensors of one key, as kernels/prepared.py prepares the other
-    variants: the kernel and its argument list once; a call allocates O and lse with torch, finds the tensor maps
-    of its Q, K and V (wgmma.torch_map: made once per buffer) and launches."""
+    variants: the kernel and its argument list once; a call allocates O (in q's layout: wgmma.output_like) and
+    lse with torch, finds the tensor maps of its Q, K and V (wgmma.torch_map: made once per buffer, with the
+    tensors' own strides) and launches."""
 
     def __init__(self, q, k, v, causal: bool, scale: float, dtype: str, tile: wgmma.WgmmaTile):
         B, H, Nq, d = q.shape
-        _, H_kv, Nk, _ = k.shape
-        self.rows = (B * H * Nq, B * H_kv * Nk)
-        self.d, self.block_q, self.block_k, self.dtype = d, tile.block_q, tile.block_k, q.dtype
-        self.shapes = ((B, H, Nq, d), (B, H, Nq))
+        H_kv = k.shape[1]
+        self.block_q, self.block_k = tile.block_q, tile.block_k
+        self.lse_shape = (B, H, Nq)
         maps = prepared.Spec((16,), (8,), np.dtype(np.uint64))
-        args = [maps, maps, maps, prepared.Spec.contiguous((B, H, Nq, d // 2), np.uint32),
-                prepared.Spec.contiguous(self.shapes[1], np.float32), np.int64(Nq), np.int64(Nk), np.int64(H),
-                np.int64(H // H_kv), np.float32(scale * LOG2E),
+        o = prepared.torch_spec(wgmma.output_like(q)).words()
+        args = [maps, maps, maps, o, prepared.Spec.contiguous(self.lse_shape, np.float32), np.int64(Nq),
+                np.int64(k.shape[2]), np.int64(H // H_kv), np.float32(scale * LOG2E),
                 prepared.Spec.contiguous((1, 1, len(wgmma.EVENTS)), np.uint64)]
         self.no_stamps = wgmma.no_stamps().device_ctypes_pointer.value  # the build without a timeline ignores it
         self.kernel = prepared.PreparedKernel(wgmma.build(d, dtype, causal, tile), wgmma.grid(B, H, Nq, tile),
@@ -256,12 +253,9 @@ class PreparedWgmma:
     def __call__(self, q, k, v):
         import torch  # optional: only torch tensors come here
 
-        o = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
-        lse = torch.empty(self.shapes[1], dtype=torch.float32, device=q.device)
-        (nq, nk), d, dev = self.rows, self.d, q.device
-        pointers = [wgmma.torch_map(q.data_ptr(), nq, d, self.block_q, dev),
-                    wgmma.torch_map(k.data_ptr(), nk, d, self.block_k, dev),
-                    wgmma.torch_map(v.data_ptr(), nk, d, self.block_k, dev), o.data_ptr(), lse.data_ptr(),
-                    self.no_stamps]
+        o = wgmma.output_like(q)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        pointers = [wgmma.torch_map(q, self.block_q), wgmma.torch_map(k, self.block_k),
+                    wgmma.torch_map(v, self.block_k), o.data_ptr(), lse.data_ptr(), self.no_stamps]
         self.kernel.launch(prepared.current_stream(q), pointers)
         return o, lse

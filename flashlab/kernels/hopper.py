@@ -17,6 +17,9 @@ arrivals and bytes, so that threads wait for a copy to land). As in mma.py, each
     mbarrier_arrive(bar, i); mbarrier_arrive_expect_tx(bar, i, nbytes)
     done = mbarrier_try_wait_parity(bar, i, parity); mbarrier_wait_parity(bar, i, parity)
     tma_load_2d(tile, i, tmap, col, row, bar, j)         # tmap = tensor_map_2d(matrix, box_rows, box_cols, swizzle)
+    tma_load_4d(tile, i, tmap, col, row, head, batch, bar, j)   # tmap = tensor_map_4d(x, box_rows, box_cols, swizzle):
+                                                         # a box of rows of x[batch, head] (any strides: a view of
+                                                         # (B, N, H, d) memory as (B, H, N, d) is read in place)
     bulk_copy(tile, i, src, k, nbytes, bar, j)           # nbytes contiguous bytes from src[k:], completing on bar[j]
     bulk_reduce_add(dst, k, tile, i, nbytes)             # dst[k:] += nbytes of float32s from shared memory
     bulk_commit(); bulk_wait_read(0); bulk_wait(0)       # close the thread's group; wait until all but the newest n
@@ -107,6 +110,8 @@ MBAR_WAIT = ("{ .reg .pred p; WAIT${:uid}: mbarrier.try_wait.parity.shared::cta.
              "@!p bra WAIT${:uid}; }")
 TMA_LOAD_2D = ("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
                "[$0], [$1, {$2, $3}], [$4];")
+TMA_LOAD_4D = ("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+               "[$0], [$1, {$2, $3, $4, $5}], [$6];")
 BULK_COPY = ("{ .reg .u64 g; cvta.to.global.u64 g, $1; "
              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [g], $2, [$3]; }")
 # shared -> global, adding float32s (atomically, element by element), completing in a bulk group of the thread's
@@ -276,6 +281,17 @@ def _gpu_functions():
         return types.void(dst, types.intp, tmap, types.int32, types.int32, bar, types.intp), codegen
 
     @intrinsic
+    def tma_load_4d(typingctx, dst, dst_index, tmap, col, row, head, batch, bar, bar_index):
+        def codegen(context, builder, sig, args):
+            a = sig.args
+            ins = [shared(context, builder, a[0], args[0], args[1]), pointer(context, builder, a[2], args[2]),
+                   *args[3:7], shared(context, builder, a[7], args[7], args[8])]
+            asm(builder, ir.VoidType(), ins, TMA_LOAD_4D, "r,l,r,r,r,r,r,~{memory}")
+            return context.get_dummy_value()
+        return types.void(dst, types.intp, tmap, types.int32, types.int32, types.int32, types.int32, bar,
+                          types.intp), codegen
+
+    @intrinsic
     def bulk_copy(typingctx, dst, dst_index, src, src_index, nbytes, bar, bar_index):
         def codegen(context, builder, sig, args):
             a = sig.args
@@ -312,7 +328,8 @@ def _gpu_functions():
                mbarrier_init=barrier_op(MBAR_INIT, 1), mbarrier_arrive=barrier_op(MBAR_ARRIVE, 0),
                mbarrier_arrive_expect_tx=barrier_op(MBAR_EXPECT_TX, 1),
                mbarrier_try_wait_parity=mbarrier_try_wait_parity, mbarrier_wait_parity=barrier_op(MBAR_WAIT, 1),
-               tma_load_2d=tma_load_2d, bulk_copy=bulk_copy, bulk_reduce_add=bulk_reduce_add,
+               tma_load_2d=tma_load_2d, tma_load_4d=tma_load_4d, bulk_copy=bulk_copy,
+               bulk_reduce_add=bulk_reduce_add,
                bulk_commit=statement(BULK_COMMIT), bulk_wait_read=literal_statement(BULK_WAIT_READ, _check_pending),
                bulk_wait=literal_statement(BULK_WAIT, _check_pending),
                named_barrier_sync=named_barrier(BAR_SYNC), named_barrier_arrive=named_barrier(BAR_ARRIVE))
@@ -702,17 +719,26 @@ def _sim_functions():
                   lambda: f"thread {me.thread_id} waits for the phase of parity {int(parity) & 1} of mbarrier "
                           f"{int(index)} to complete; it is in {b.describe()}")
 
-    def tma_load_2d(dst, dst_index, tmap, col, row, bar, bar_index):
-        _, _, block = _block("tma_load_2d")
-        src, box_rows, box_cols, swizzle = _source(tmap)
-        box = F.tma_box(src, int(row), int(col), box_rows, box_cols)
-        start = block.window.address(dst, dst_index, "tma_load_2d")
+    def tma_load(op, dst, dst_index, tmap, rank, col, row, head, batch, bar, bar_index):
+        _, _, block = _block(op)
+        src, box_rows, box_cols, swizzle = _source(tmap, rank, op)
+        if 0 <= head < src.shape[1] and 0 <= batch < src.shape[0]:
+            box = F.tma_box(src[batch, head], int(row), int(col), box_rows, box_cols)
+        else:  # the box lies outside the tensor: zeros, as on the GPU
+            box = np.zeros((box_rows, box_cols), src.dtype)
+        start = block.window.address(dst, dst_index, op)
         boundary = 8 * swizzle if swizzle else 128
         if start % boundary:
-            raise ValueError(f"tma_load_2d: the destination (shared address 0x{start:x}) must start on a "
+            raise ValueError(f"{op}: the destination (shared address 0x{start:x}) must start on a "
                              f"{boundary}-byte boundary" + (f" for {swizzle}-byte swizzle" if swizzle else ""))
-        block.window.write(start + F.box_offsets(box_rows, box_cols, box.itemsize, swizzle), box, "tma_load_2d")
-        complete_tx(block, bar, bar_index, box.nbytes, "tma_load_2d")
+        block.window.write(start + F.box_offsets(box_rows, box_cols, box.itemsize, swizzle), box, op)
+        complete_tx(block, bar, bar_index, box.nbytes, op)
+
+    def tma_load_2d(dst, dst_index, tmap, col, row, bar, bar_index):
+        tma_load("tma_load_2d", dst, dst_index, tmap, 2, col, row, 0, 0, bar, bar_index)
+
+    def tma_load_4d(dst, dst_index, tmap, col, row, head, batch, bar, bar_index):
+        tma_load("tma_load_4d", dst, dst_index, tmap, 4, col, row, int(head), int(batch), bar, bar_index)
 
     def bulk_operands(op, block, memory, index, role, shared, shared_index, nbytes):
         """A bulk copy's checks: nbytes a positive multiple of 16, the global `role` (source or destination)
@@ -807,7 +833,8 @@ def _sim_functions():
                setmaxnreg_dec=setmaxnreg("dec"), mbarrier_init=mbarrier_init, mbarrier_arrive=mbarrier_arrive,
                mbarrier_arrive_expect_tx=mbarrier_arrive_expect_tx,
                mbarrier_try_wait_parity=mbarrier_try_wait_parity, mbarrier_wait_parity=mbarrier_wait_parity,
-               tma_load_2d=tma_load_2d, bulk_copy=bulk_copy, bulk_reduce_add=bulk_reduce_add,
+               tma_load_2d=tma_load_2d, tma_load_4d=tma_load_4d, bulk_copy=bulk_copy,
+               bulk_reduce_add=bulk_reduce_add,
                bulk_commit=bulk_commit, bulk_wait_read=bulk_wait_read, bulk_wait=bulk_wait,
                named_barrier_sync=named_barrier(True), named_barrier_arrive=named_barrier(False))
     return {name: _hopper_only(fn) for name, fn in fns.items()}, lambda *key: _hopper_only(_sim_wgmma(*key))
@@ -859,33 +886,83 @@ def tensor_map_2d(matrix, box_rows, box_cols, swizzle=128):
         if not 1 <= value <= 256:
             raise ValueError(f"{name} must be in [1, 256]; got {value}")
     F.box_offsets(box_rows, box_cols, itemsize, swizzle)  # checks the box's row against the swizzle
-    if SIMULATOR:
-        ary = getattr(matrix, "_ary", matrix)
+    return _tensor_map(matrix, address, (rows, 1, 1), (strides[0], 0, 0), cols, itemsize, box_rows, box_cols,
+                       swizzle, 2)
+
+
+def tensor_map_4d(array, box_rows, box_cols, swizzle=128):
+    """A TMA tensor map of a 4-D device array (B, H, rows, cols), for tma_load_4d: boxes of box_rows x box_cols
+    elements of one x[batch, head] matrix, swizzled as tensor_map_2d's; elements outside it (past its rows or
+    columns, or of a batch or head outside the array) read as zeros. The last axis must be contiguous; the other
+    strides are any multiples of 16 bytes, so a (B, N, H, d) tensor's (B, H, N, d) view (x.transpose(1, 2)) is
+    read where it lies, with no copy."""
+    address, shape, strides, itemsize = _matrix_facts(array)
+    if len(shape) != 4:
+        raise ValueError(f"array must be 4-D (B, H, rows, cols); got shape {shape}")
+    B, H, rows, cols = shape
+    given, strides = strides, tma_strides(shape, strides, address, itemsize)
+    if strides is None:
+        raise ValueError(f"array must have a contiguous last axis, other strides that are positive multiples of 16 "
+                         f"bytes and a 16-byte aligned start; got strides {tuple(given)} (bytes), address "
+                         f"0x{address:x}")
+    if itemsize not in (1, 2, 4, 8):
+        raise ValueError(f"array elements must be 1, 2, 4 or 8 bytes; got {itemsize}")
+    for name, value in (("box_rows", box_rows), ("box_cols", box_cols)):
+        if not 1 <= value <= 256:
+            raise ValueError(f"{name} must be in [1, 256]; got {value}")
+    F.box_offsets(box_rows, box_cols, itemsize, swizzle)
+    return _tensor_map(array, address, (rows, H, B), (strides[2], strides[1], strides[0]), cols, itemsize, box_rows,
+                       box_cols, swizzle, 4)
+
+
+def tma_strides(shape, strides, address, itemsize):
+    """The strides (bytes) a tensor map is encoded with for an array of this shape, strides (bytes), start and
+    itemsize, or None where TMA cannot read it in place: the last axis must be contiguous, the start 16-byte
+    aligned, and every other stride a positive multiple of 16 bytes, except along an axis of length 1, which is
+    never stepped (its stride, whatever the array says, becomes the array's extent)."""
+    extent = max([16] + [st * n for st, n in zip(strides, shape)])
+    extent += -extent % 16
+    out = tuple(st if n > 1 else extent for st, n in zip(strides[:-1], shape[:-1])) + (strides[-1],)
+    if (shape[-1] > 1 and strides[-1] != itemsize) or address % 16 or any(st <= 0 or st % 16 for st in out[:-1]):
+        return None
+    return out
+
+
+def _tensor_map(x, address, dims, strides, cols, itemsize, box_rows, box_cols, swizzle, rank):
+    """The map of a tensor map_2d or _4d has checked: dims (rows, heads, batches) and their strides in bytes."""
+    if SIMULATOR:  # a record of the array, kept alive by the caller as on a GPU
+        ary = getattr(x, "_ary", x)
         root = ary
         while isinstance(root.base, np.ndarray):
             root = root.base
         _SOURCES[address] = (weakref.ref(root), _address(root))
-        words = [_TMAP_MAGIC, address, cols, rows, strides[0], box_cols, box_rows, itemsize, swizzle]
+        words = [_TMAP_MAGIC, address, cols, dims[0], strides[0], box_cols, box_rows, itemsize, swizzle, rank,
+                 dims[1], strides[1], dims[2], strides[2]]
         return cuda.to_device(np.array(words + [0] * (16 - len(words)), np.uint64))
-    return cuda.to_device(_encode_tiled(address, rows, cols, strides[0], itemsize, box_rows, box_cols, swizzle))
+    return cuda.to_device(_encode_tiled(address, (cols, *dims[:rank - 1]), strides[:rank - 1], itemsize, box_rows,
+                                        box_cols, swizzle))
 
 
-def _encode_tiled(address, rows, cols, row_stride, itemsize, box_rows, box_cols, swizzle):
+def _encode_tiled(address, dims, strides, itemsize, box_rows, box_cols, swizzle):
+    """cuTensorMapEncodeTiled's 128 bytes: dims from the innermost (columns, rows[, heads, batches]), strides in
+    bytes of every dimension but the first, a box of box_rows x box_cols (one of every outer dimension)."""
     from cuda.bindings import driver as cu
 
+    rank = len(dims)
     kind = {1: "UINT8", 2: "UINT16", 4: "UINT32", 8: "UINT64"}[itemsize]  # TMA copies bits; the type sets the size
     mode = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}[swizzle]
+    box = [box_cols, box_rows] + [1] * (rank - 2)
     err, tmap = cu.cuTensorMapEncodeTiled(
-        getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), cu.cuuint32_t(2), address,
-        [cu.cuuint64_t(cols), cu.cuuint64_t(rows)], [cu.cuuint64_t(row_stride)],
-        [cu.cuuint32_t(box_cols), cu.cuuint32_t(box_rows)], [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{kind}"), cu.cuuint32_t(rank), address,
+        [cu.cuuint64_t(x) for x in dims], [cu.cuuint64_t(x) for x in strides],
+        [cu.cuuint32_t(x) for x in box], [cu.cuuint32_t(1)] * rank,
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{mode}"),
         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err} (matrix {rows} x {cols}, row stride {row_stride} "
-                           f"bytes, box {box_rows} x {box_cols}, swizzle {swizzle})")
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err} (dims {tuple(dims)} from the innermost, strides "
+                           f"{tuple(strides)} bytes, box {box_rows} x {box_cols}, swizzle {swizzle})")
     try:
         return np.array([int(x) for x in tmap.opaque], dtype=np.uint64)
     except (AttributeError, TypeError):  # a cuda-bindings whose CUtensorMap exposes only its address
@@ -893,21 +970,24 @@ def _encode_tiled(address, rows, cols, row_stride, itemsize, box_rows, box_cols,
         return np.frombuffer(ctypes.string_at(tmap.getPtr(), 128), dtype=np.uint64).copy()
 
 
-def _source(tmap):
-    """Simulator: (the matrix as raw bits, box_rows, box_cols, swizzle) of a tensor map record."""
-    words = [int(x) for x in getattr(tmap, "_ary", tmap)[:9]]
-    magic, address, cols, rows, stride, box_cols, box_rows, itemsize, swizzle = words
+def _source(tmap, rank, op):
+    """Simulator: (the array as raw bits, (batches, heads, rows, cols), box_rows, box_cols, swizzle) of a tensor map
+    record made for a load of this rank."""
+    words = [int(x) for x in getattr(tmap, "_ary", tmap)[:14]]
+    magic, address, cols, rows, stride, box_cols, box_rows, itemsize, swizzle, made, heads, head_stride, batches, \
+        batch_stride = words
     if magic != _TMAP_MAGIC:
-        raise ValueError("tma_load_2d: tmap is not a tensor map made by tensor_map_2d")
+        raise ValueError(f"{op}: tmap is not a tensor map made by tensor_map_2d or tensor_map_4d")
+    if made != rank:
+        raise ValueError(f"{op}: tmap was made by tensor_map_{made}d; {op} takes tensor_map_{rank}d's")
     ref, root_address = _SOURCES.get(address, (lambda: None, 0))
     root = ref()
     if root is None:
-        raise RuntimeError("tma_load_2d: the tensor map's matrix no longer exists (keep it alive while the map "
-                           "is used)")
+        raise RuntimeError(f"{op}: the tensor map's array no longer exists (keep it alive while the map is used)")
     flat = root.reshape(-1).view(np.uint8)
-    matrix = np.ndarray((rows, cols), f"u{itemsize}", buffer=flat, offset=address - root_address,
-                        strides=(stride, itemsize))
-    return matrix, box_rows, box_cols, swizzle
+    array = np.ndarray((batches, heads, rows, cols), f"u{itemsize}", buffer=flat, offset=address - root_address,
+                       strides=(batch_stride, head_stride, stride, itemsize))
+    return array, box_rows, box_cols, swizzle
 
 
 # ----------------------------------------------------------------------------------------- exports
@@ -946,7 +1026,7 @@ setmaxnreg_inc, setmaxnreg_dec = _FNS["setmaxnreg_inc"], _FNS["setmaxnreg_dec"]
 mbarrier_init, mbarrier_arrive = _FNS["mbarrier_init"], _FNS["mbarrier_arrive"]
 mbarrier_arrive_expect_tx = _FNS["mbarrier_arrive_expect_tx"]
 mbarrier_try_wait_parity, mbarrier_wait_parity = _FNS["mbarrier_try_wait_parity"], _FNS["mbarrier_wait_parity"]
-tma_load_2d, bulk_copy = _FNS["tma_load_2d"], _FNS["bulk_copy"]
+tma_load_2d, tma_load_4d, bulk_copy = _FNS["tma_load_2d"], _FNS["tma_load_4d"], _FNS["bulk_copy"]
 bulk_reduce_add, bulk_commit = _FNS["bulk_reduce_add"], _FNS["bulk_commit"]
 bulk_wait_read, bulk_wait = _FNS["bulk_wait_read"], _FNS["bulk_wait"]
 named_barrier_sync, named_barrier_arrive = _FNS["named_barrier_sync"], _FNS["named_barrier_arrive"]

@@ -29,9 +29,9 @@ algorithm and changes who does what inside a thread block. A block owns 64 query
 
 Where a block works: grid (query blocks, heads, batch), the last query blocks of a head first (under causal
 masking they have the most tiles). GQA: query head h reads K/V head h // (H / H_kv). Q, K and V are read by TMA
-through 2-D tensor maps over all rows of the input, (B * H * N, d); a tile that runs past its head's last row
-reads the next head's rows (or zeros past the end) and the mask removes those keys; query rows past Nq are
-computed and not stored.
+through 4-D tensor maps over (B, H, N, d) with the inputs' own strides, so a (B, N, H, d) tensor's transpose(1, 2)
+(a GPT's heads) is read in place; a tile that runs past its head's last row reads zeros, the mask removes those
+keys, and query rows past Nq are computed and not stored.
 
 Where this kernel stops short of FlashAttention-3: a block per query tile rather than a persistent kernel with a
 tile scheduler (whose next tile's loads overlap this one's epilogue); O is written from registers, not staged
@@ -55,6 +55,7 @@ cuda = get_cuda()  # a module global: the simulator swaps it for its own fake mo
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 BOX = 64  # columns of one TMA box: 128 bytes of 16-bit values, the 128-byte swizzle's row
+WORDS = BOX // 2  # the same box in the 32-bit words (pairs of values) that the tensor maps are made of
 SWIZZLE = 128
 # registers a thread: at launch (65536 / threads, a multiple of 8), then after setmaxnreg the producer's and the
 # consumers' (FlashAttention-3's split: 24 * 128 + 240 * 256 and 32 * 128 + 160 * 384, each at most 65536)
@@ -129,11 +130,12 @@ _BUILDS = {}
 def build(d: int, dtype: str, causal: bool, tile: WgmmaTile = WgmmaTile()):
     """The kernel for (d, dtype, causal, tile). Arguments:
 
-        (q_map, k_map, v_map, o, lse, n_q, n_k, n_heads, group, scale_log2)
+        (q_map, k_map, v_map, o, lse, n_q, n_k, group, scale_log2, stamps)
 
-    q_map, k_map, v_map: hopper.tensor_map_2d of Q (B * H * Nq, d), K and V (B * H_kv * Nk, d) as uint16, boxes
-    of (block_q or block_k) x 64 with 128-byte swizzle; o: (B, H, Nq, d / 2) uint32 (pairs of 16-bit values);
-    lse: (B, H, Nq) float32; group = H / H_kv. grid(B, H, Nq, tile), tile.threads threads, tile.shared_bytes(d) bytes
+    q_map, k_map, v_map: tensor_map (hopper.tensor_map_4d) of Q (B, H, Nq, d / 2), K and V (B, H_kv, Nk, d / 2)
+    as uint32 words (pairs of 16-bit values; any strides but the last), boxes of (block_q or block_k) x 32 words
+    with 128-byte swizzle; o: (B, H, Nq, d / 2) uint32 words (any strides); lse: (B, H, Nq) float32;
+    group = H / H_kv. grid(B, H, Nq, tile), tile.threads threads, tile.shared_bytes(d) bytes
     of dynamic shared memory."""
     key = (d, dtype, causal, tile)
     if key not in _BUILDS:
@@ -164,28 +166,30 @@ def _kernel(d, dtype, causal, tile):
     ZERO, ONE, NEG32 = float32(0.0), float32(1.0), float32(NEG)
 
     @_step
-    def produce(sm, at, bar, q_map, k_map, v_map, q_row, kv_row, n_tiles, stamps):
+    def produce(sm, at, bar, q_map, k_map, v_map, q0, h, h_kv, b, n_tiles, stamps):
         """One thread: Q's tile, then K and V tile by tile into the ring, each half of a slot refilled once the
-        consumers released it (K as soon as S = Q K^T is done, V once P V is)."""
+        consumers released it (K as soon as S = Q K^T is done, V once P V is). Boxes are 32 words (64 values)
+        wide, at rows of head h (K and V: h_kv) of batch b."""
         hopper.mbarrier_arrive_expect_tx(bar, 0, Q_BYTES)
         for x in range(BOXES):
-            hopper.tma_load_2d(sm, at + x * (Q_BOX // 2), q_map, int32(BOX * x), int32(q_row), bar, 0)
+            hopper.tma_load_4d(sm, at + x * (Q_BOX // 2), q_map, int32(WORDS * x), int32(q0), int32(h), int32(b),
+                               bar, 0)
         for j in range(n_tiles):
             s = j % ST
-            row = int32(kv_row + j * BK)
+            row = int32(j * BK)
             if j >= ST:  # fill j // ST of slot s: wait until the consumers released fill j // ST - 1
                 hopper.mbarrier_wait_parity(bar, EMPTY_K + s, int32((j // ST - 1) & 1))
             stamp(stamps, 0, j, READY)
             hopper.mbarrier_arrive_expect_tx(bar, FULL_K + s, KV_BYTES)
             for x in range(BOXES):
-                hopper.tma_load_2d(sm, at + (K_AT + s * KV_BYTES + x * K_BOX) // 2, k_map, int32(BOX * x), row,
-                                   bar, FULL_K + s)
+                hopper.tma_load_4d(sm, at + (K_AT + s * KV_BYTES + x * K_BOX) // 2, k_map, int32(WORDS * x), row,
+                                   int32(h_kv), int32(b), bar, FULL_K + s)
             if j >= ST:
                 hopper.mbarrier_wait_parity(bar, EMPTY_V + s, int32((j // ST - 1) & 1))
             hopper.mbarrier_arrive_expect_tx(bar, FULL_V + s, KV_BYTES)
             for x in range(BOXES):
-                hopper.tma_load_2d(sm, at + (V_AT + s * KV_BYTES + x * K_BOX) // 2, v_map, int32(BOX * x), row,
-                                   bar, FULL_V + s)
+                hopper.tma_load_4d(sm, at + (V_AT + s * KV_BYTES + x * K_BOX) // 2, v_map, int32(WORDS * x), row,
+                                   int32(h_kv), int32(b), bar, FULL_V + s)
             stamp(stamps, 0, j, ISSUED)
 
     @_step
@@ -320,7 +324,7 @@ def _kernel(d, dtype, causal, tile):
     jit = cuda.jit(fastmath=FASTMATH) if SIMULATOR else cuda.jit(fastmath=FASTMATH, max_registers=LAUNCH_REGISTERS)
 
     @jit
-    def flash_fwd_wgmma(q_map, k_map, v_map, o, lse, n_q, n_k, n_heads, group, scale_log2, stamps):
+    def flash_fwd_wgmma(q_map, k_map, v_map, o, lse, n_q, n_k, group, scale_log2, stamps):
         sm = cuda.shared.array(0, uint16)  # Q, K stages, V stages (dynamic: up to 227 KB)
         bar = cuda.shared.array(N_BARRIERS, uint64)
         tid = U(cuda.threadIdx.x)
@@ -338,8 +342,7 @@ def _kernel(d, dtype, causal, tile):
         if wg == U(0):
             hopper.setmaxnreg_dec(PRODUCER_REGISTERS)
             if tid == U(0):
-                produce(sm, at // U(2), bar, q_map, k_map, v_map, (b * U(n_heads) + h) * U(n_q) + q0,
-                        (b * U(n_heads // group) + h // U(group)) * U(n_k), n_tiles, stamps)
+                produce(sm, at // U(2), bar, q_map, k_map, v_map, q0, h, h // U(group), b, n_tiles, stamps)
             return
         hopper.setmaxnreg_inc(CONSUMER_REGISTERS)
         lane = tid % U(32)
@@ -411,21 +414,22 @@ def _kernel(d, dtype, causal, tile):
 
 
 # ------------------------------------------------------------------------------------------------ host side
-_MAPS = OrderedDict()  # (address, rows, cols, box_rows) -> tensor map on the device: encoded once per buffer
+_MAPS = OrderedDict()  # (address, shape, strides, box_rows) -> tensor map on the device: encoded once per buffer
 _MAPS_KEPT = 64
 
 
-def tensor_map(matrix, box_rows):
-    """hopper.tensor_map_2d of a (rows, d) uint16 device matrix with (box_rows x 64) boxes, swizzled 128 bytes.
-    A map encodes only the address, shape and box, so one made for the same buffer serves again (a training loop
-    or a benchmark passes the same tensors call after call); the last _MAPS_KEPT are kept."""
+def tensor_map(words, box_rows):
+    """hopper.tensor_map_4d of a (B, H, N, d/2) uint32 device array (16-bit values in pairs; its last axis
+    contiguous, any other strides) with boxes of box_rows x 32 words (64 values), swizzled 128 bytes. A map encodes
+    only the address, shape, strides and box, so one made for the same buffer serves again (a training loop or a
+    benchmark passes the same tensors call after call); the last _MAPS_KEPT are kept."""
     if SIMULATOR:  # the simulator's map refers to the array object itself
-        return hopper.tensor_map_2d(matrix, box_rows, BOX, SWIZZLE)
-    cai = matrix.__cuda_array_interface__
-    key = (cai["data"][0], *cai["shape"], box_rows)
+        return hopper.tensor_map_4d(words, box_rows, WORDS, SWIZZLE)
+    cai = words.__cuda_array_interface__
+    key = (cai["data"][0], tuple(cai["shape"]), cai.get("strides"), box_rows)
     tmap = _MAPS.get(key)
     if tmap is None:
-        tmap = _MAPS[key] = hopper.tensor_map_2d(matrix, box_rows, BOX, SWIZZLE)
+        tmap = _MAPS[key] = hopper.tensor_map_4d(words, box_rows, WORDS, SWIZZLE)
         if len(_MAPS) > _MAPS_KEPT:
             _MAPS.popitem(last=False)
     else:
@@ -433,19 +437,48 @@ def tensor_map(matrix, box_rows):
     return tmap
 
 
-_TORCH_MAPS = OrderedDict()  # the prepared path's maps: (address, rows, cols, box_rows, device) -> torch tensor
+def check_tma_strides(name: str, words):
+    """Refuse a (B, H, N, d/2) array of words that TMA cannot read in place (hopper.tma_strides: its last axis
+    contiguous, its other strides and its start multiples of 16 bytes)."""
+    address, shape, strides, itemsize = hopper._matrix_facts(words)
+    if hopper.tma_strides(shape, strides, address, itemsize) is None:
+        raise ValueError(f"variant='wgmma' reads {name} with TMA, which needs its last axis contiguous and its other "
+                         f"strides and start multiples of 16 bytes; got {name} with strides {tuple(strides)} (bytes, "
+                         f"as 32-bit pairs) at address 0x{address:x}: pass a contiguous copy, or use variant='tensor'")
 
 
-def torch_map(address: int, rows: int, cols: int, box_rows: int, device) -> int:
-    """The device address of a tensor map of the (rows, cols) 16-bit matrix at `address` (contiguous), made once
-    per (buffer, box) as tensor_map does, kept as a torch tensor on `device`."""
-    key = (address, rows, cols, box_rows, device)
+def output_like(q):
+    """An empty torch tensor for O, shaped as q (B, H, N, d): laid out (B, N, H, d) where q is (a GPT's heads,
+    x.view(B, N, H, d).transpose(1, 2)), so that O.transpose(1, 2).reshape(B, N, H * d) needs no copy, as with
+    torch's attention; else contiguous."""
+    import torch  # optional: only torch tensors come here
+
+    B, H, N, d = q.shape
+    if H > 1 and N > 1 and q.stride(1) < q.stride(2):
+        return torch.empty((B, N, H, d), dtype=q.dtype, device=q.device).transpose(1, 2)
+    return torch.empty((B, H, N, d), dtype=q.dtype, device=q.device)
+
+
+_TORCH_MAPS = OrderedDict()  # the prepared path's maps: (address, shape, strides, box_rows, device) -> torch tensor
+
+
+def torch_map(x, box_rows: int) -> int:
+    """The device address of a tensor map of the 16-bit torch tensor x (B, H, N, d) (its last axis contiguous,
+    the other strides multiples of 8 values: a (B, N, H, d) tensor's transpose(1, 2) is read in place), made once
+    per (buffer, layout, box) as tensor_map does and kept as a torch tensor on x's device."""
+    key = (x.data_ptr(), x.shape, x.stride(), box_rows, x.device)
     tmap = _TORCH_MAPS.get(key)
     if tmap is None:
         import torch  # optional: only torch tensors come here
 
-        words = hopper._encode_tiled(address, rows, cols, 2 * cols, 2, box_rows, BOX, SWIZZLE)
-        tmap = _TORCH_MAPS[key] = torch.from_numpy(words.view(np.int64)).to(device)
+        B, H, N, d = x.shape
+        strides = hopper.tma_strides(x.shape, tuple(2 * st for st in x.stride()), x.data_ptr(), 2)
+        if strides is None:
+            raise ValueError(f"variant='wgmma' reads its inputs with TMA: the last axis contiguous, the other strides "
+                             f"multiples of 8 values and a 16-byte aligned start; got strides {tuple(x.stride())} "
+                             f"(values), address 0x{x.data_ptr():x}. Pass a contiguous copy")
+        words = hopper._encode_tiled(x.data_ptr(), (d // 2, N, H, B), strides[2::-1], 4, box_rows, WORDS, SWIZZLE)
+        tmap = _TORCH_MAPS[key] = torch.from_numpy(words.view(np.int64)).to(x.device)
         if len(_TORCH_MAPS) > _MAPS_KEPT:
             _TORCH_MAPS.popitem(last=False)
     else:
@@ -477,10 +510,8 @@ def forward(q_words, k_words, v_words, o_words, lse, scale, causal, dtype, tile:
     d = 2 * w
     tile = tile or choose_tile(d, causal)
     kernel = build(d, dtype, bool(causal), tile)
-    as_rows = lambda x, n: x.reshape(x.shape[0] * x.shape[1] * n, w).view(np.uint16)  # noqa: E731
-    q_map = tensor_map(as_rows(q_words, Nq), tile.block_q)
-    k_map = tensor_map(as_rows(k_words, Nk), tile.block_k)
-    v_map = tensor_map(as_rows(v_words, Nk), tile.block_k)
+    q_map = tensor_map(q_words, tile.block_q)
+    k_map, v_map = tensor_map(k_words, tile.block_k), tensor_map(v_words, tile.block_k)
     launch_with_shared(kernel, grid(B, H, Nq, tile), tile.threads, tile.shared_bytes(d), q_map, k_map, v_map, o_words, lse,
-                       np.int64(Nq), np.int64(Nk), np.int64(H), np.int64(H // H_kv),
+                       np.int64(Nq), np.int64(Nk), np.int64(H // H_kv),
                        np.float32(scale * LOG2E), stamps if stamps is not None else no_stamps())

@@ -63,6 +63,7 @@ BK = 64  # keys per block: one consumer warpgroup (wgmma's M)
 BQ = 64  # queries per tile
 CONSUMER = 128  # one consumer warpgroup, threads 0..127 (a warpgroup must start at a warp index divisible by 4)
 BOX = 64  # 16-bit values per 128-byte swizzled row
+WORDS = BOX // 2  # the same row in the 32-bit words (pairs of values) that the tensor maps are made of
 SWIZZLE = 128
 SBO = 8 * 128  # 8 rows of 128 bytes
 DTYPES = ("float16", "bfloat16")
@@ -115,8 +116,8 @@ def build(d: int, dtype: str, causal: bool, tile: BackwardTile | None = None, de
         (k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, turns, n_q, n_k, scale, scale_log2,
          left, right, cap, slopes, seed)
 
-    maps: hopper.tensor_map_2d of K, V (B * H_kv * Nk, d) and Q, dO (B * H * Nq, d) as uint16, 64 x 64 boxes,
-    128-byte swizzle; lse, D: (B, H, Nq) float32; dq_acc (B, H, Nq, d) float32 (added to); dk, dv
+    maps: hopper.tensor_map_4d of K, V (B, H_kv, Nk, d/2) and Q, dO (B, H, Nq, d/2) as uint32 words (any strides
+    but the last), boxes of 64 rows x 32 words, 128-byte swizzle; lse, D: (B, H, Nq) float32; dq_acc (B, H, Nq, d) float32 (added to); dk, dv
     (B, H_kv, Nk, d/2) uint32 pairs; H a multiple of H_kv. Grid (ceil(Nk / BK), H_kv, B), tile.threads threads,
     tile.shared_bytes(d) bytes of dynamic shared memory.
 
@@ -170,7 +171,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
     ZERO = float32(0.0)
 
     @_step
-    def produce(sm, at, bar, stats, k_map, v_map, q_map, do_map, lse, D, b, hq0, kv_row, i0, n_tiles, n_work, n_q,
+    def produce(sm, at, bar, stats, k_map, v_map, q_map, do_map, lse, D, b, h_kv, hq0, k0, i0, n_tiles, n_work, n_q,
                 lane):
         """The producer warp: lane 0 copies K and V once, then Q_i and dO_i of each (query head, tile) of the block's
         work into the ring with TMA; then every lane loads two queries' lse (times log2 e) and D into the slot's
@@ -180,24 +181,22 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         if lane == U(0):
             hopper.mbarrier_arrive_expect_tx(bar, KV_FULL, 2 * KV_BYTES)
             for x in range(BOXES):
-                hopper.tma_load_2d(sm, at + (K_AT + x * KV_BOX) // 2, k_map, int32(BOX * x), int32(kv_row), bar,
-                                   KV_FULL)
-                hopper.tma_load_2d(sm, at + (V_AT + x * KV_BOX) // 2, v_map, int32(BOX * x), int32(kv_row), bar,
-                                   KV_FULL)
-        n_heads = U(lse.shape[1])
+                hopper.tma_load_4d(sm, at + (K_AT + x * KV_BOX) // 2, k_map, int32(WORDS * x), int32(k0),
+                                   int32(h_kv), int32(b), bar, KV_FULL)
+                hopper.tma_load_4d(sm, at + (V_AT + x * KV_BOX) // 2, v_map, int32(WORDS * x), int32(k0),
+                                   int32(h_kv), int32(b), bar, KV_FULL)
         for j in range(n_work):
             s = j % ST
             if j >= ST:
                 hopper.mbarrier_wait_parity(bar, EMPTY + s, int32((j // ST - 1) & 1))
             h, q0 = work_item(U(j), hq0, i0, n_tiles)
             if lane == U(0):
-                row = int32((b * n_heads + h) * n_q + q0)
                 hopper.mbarrier_arrive_expect_tx(bar, FULL + s, 2 * QD_BYTES)
                 for x in range(BOXES):
-                    hopper.tma_load_2d(sm, at + (Q_AT + s * QD_BYTES + x * QD_BOX) // 2, q_map, int32(BOX * x), row,
-                                       bar, FULL + s)
-                    hopper.tma_load_2d(sm, at + (DO_AT + s * QD_BYTES + x * QD_BOX) // 2, do_map, int32(BOX * x),
-                                       row, bar, FULL + s)
+                    hopper.tma_load_4d(sm, at + (Q_AT + s * QD_BYTES + x * QD_BOX) // 2, q_map, int32(WORDS * x),
+                                       int32(q0), int32(h), int32(b), bar, FULL + s)
+                    hopper.tma_load_4d(sm, at + (DO_AT + s * QD_BYTES + x * QD_BOX) // 2, do_map, int32(WORDS * x),
+                                       int32(q0), int32(h), int32(b), bar, FULL + s)
             for r in range(BQ // 32):
                 i = lane + U(32 * r)
                 query = q0 + i
@@ -460,8 +459,8 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         cuda.syncthreads()
         if tid >= U(CONSUMER):
             if tid < U(CONSUMER + 32):
-                produce(sm, at // U(2), bar, stats, k_map, v_map, q_map, do_map, lse, D, b, h_kv * group,
-                        (b * n_kv_heads + h_kv) * U(n_k) + k0, i0, n_tiles, n_work, U(n_q), tid - U(CONSUMER))
+                produce(sm, at // U(2), bar, stats, k_map, v_map, q_map, do_map, lse, D, b, h_kv, h_kv * group, k0,
+                        i0, n_tiles, n_work, U(n_q), tid - U(CONSUMER))
             return
         warp, lane = tid // U(32), tid % U(32)
         g, t = lane // U(4), lane % U(4)
@@ -575,8 +574,6 @@ def backward(q_words, k_words, v_words, o_words, lse, do_words, dq_words, dk_wor
     arrays = dict(q=q_words, k=k_words, v=v_words, o=o_words, lse=lse, do=do_words, dq=dq_words, dk=dk_words,
                   dv=dv_words)
     for name in MAPS:
-        x = arrays[name[:-4]]
-        rows = x.reshape(x.shape[0] * x.shape[1] * x.shape[2], w).view(np.uint16)
-        arrays[name] = hopper.tensor_map_2d(rows, MAP_ROWS[name], BOX, SWIZZLE)
+        arrays[name] = hopper.tensor_map_4d(arrays[name[:-4]], MAP_ROWS[name], WORDS, SWIZZLE)
     launches(B, H, Nq, Nk, 2 * w, scale, causal, dtype, H_kv, tile, deterministic, extras).run(
         arrays, seed=np.int64(seed))

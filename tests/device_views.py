@@ -1,0 +1,33 @@
+"""Device arrays with a NumPy view's strides, for the tests of kernels that read strided inputs in place (the wgmma
+kernels' 4-D tensor maps): a (B, N, H, d) tensor's transpose(1, 2), as a GPT makes its heads."""
+import numpy as np
+
+from flashlab.device import get_cuda
+
+
+def strided_on_device(view):
+    """(device array with the strides of `view`, what must stay alive while it is used). view is a NumPy view of a
+    contiguous base: the simulator wraps the view itself; on a GPU the base is copied and the view described over
+    the copy through __cuda_array_interface__."""
+    from numba import config
+
+    cuda = get_cuda()
+    base = view.base if view.base is not None else view
+    if config.ENABLE_CUDASIM:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(view), base
+    d_base = cuda.to_device(np.ascontiguousarray(base))
+    offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+
+    class View:
+        __cuda_array_interface__ = {"shape": view.shape, "strides": view.strides, "typestr": view.dtype.str,
+                                    "data": (d_base.device_ctypes_pointer.value + offset, False), "version": 3}
+
+    return cuda.as_cuda_array(View()), d_base
+
+
+def heads_of_rows(x):
+    """x (B, H, N, ...) laid out as (B, N, H, ...) in memory: the same values, x's transpose(1, 2) of a contiguous
+    copy (what q.view(B, N, H, d).transpose(1, 2) gives a GPT)."""
+    return np.ascontiguousarray(np.swapaxes(x, 1, 2)).swapaxes(1, 2)
