@@ -8,7 +8,7 @@ CPU tensors run the NumPy FA2 (`flash_attention_v2` / `flash_attention_v2_backwa
 Numba kernels (`flashlab.kernels`): the forward on Hopper's wgmma (variant "wgmma", FlashAttention-3: float16 and
 bfloat16 at d = 64 or 128, without the library's options), else on tensor cores (variant "tensor": float16,
 bfloat16, and float32 through 3xTF32) on GPUs that have them for the dtype, else the register kernel; the backward on
-Hopper's wgmma where it was measured faster (kernels/wgmma_backward.py: 16-bit, d = 64 or 128, Nq and Nk of 4096
+Hopper's wgmma where it was measured faster (kernels/wgmma_backward.py: 16-bit, d = 64 or 128, Nq and Nk of 1024
 or more, no options or GQA; kernels/plan.wgmma_backward_fits), else on tensor cores for float16 and bfloat16
 (kernels/tensor_backward.py), on the FP32 units for float32. Under
 `torch.autocast`, q, k and v are cast to the autocast dtype first, as PyTorch's own attention is. The
@@ -136,6 +136,33 @@ def _options(window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=
     return out
 
 
+# Plain 4-D CUDA calls, by (direction, the tensors' key: shapes, strides, dtypes, device; causal, scale): the
+# kernels' prepared call that the first such call made (kernels.forward.prepared_call, backward.prepared_call). A
+# later call with the same key goes straight to it: no variant choice, stride checks or kernel-side key (a GPT's
+# attention calls with one key every step, and a training step is host-bound at small sizes; measured in
+# benchmarks/profiling/torch_call_host.py).
+_CALLS: dict = {}
+
+
+def _fast_call(direction, tensors, causal, scale):
+    """The kept prepared call for these tensors, or None (then the general way runs, and keeps one)."""
+    from .kernels import prepared
+
+    call = _CALLS.get((direction, prepared.torch_key(*tensors), causal, scale))
+    if call is None or any(t.data_ptr() % 16 for t in tensors):  # TMA and cp.async read 16-byte aligned rows
+        return None
+    return call
+
+
+def _keep_call(direction, tensors, causal, scale, call):
+    from .kernels import prepared
+
+    if call is not None:
+        if len(_CALLS) >= prepared.MAX_CALLS:
+            _CALLS.pop(next(iter(_CALLS)))
+        _CALLS[(direction, prepared.torch_key(*tensors), causal, scale)] = call
+
+
 def _forward(q, k, v, causal, scale, options=None):
     """(o, lse) as tensors on q's device: the NumPy FA2 on the CPU, the Numba kernel on CUDA."""
     import torch
@@ -143,7 +170,12 @@ def _forward(q, k, v, causal, scale, options=None):
     options = options or {}
     if q.is_cuda:
         from .kernels import flash_attention
+        from .kernels.forward import prepared_call
 
+        plain = not options and q.dim() == 4
+        call = _fast_call("forward", (q, k, v), causal, scale) if plain else None
+        if call is not None:
+            return call(q, k, v)
         four = q.dim() == 4
         # (B, N, d) as (1, B, N, d): the NumPy code reads the leading dim as heads of batch 0 (the dropout key's
         # head, ALiBi's (H,) slopes), so CUDA draws the CPU's mask
@@ -155,6 +187,8 @@ def _forward(q, k, v, causal, scale, options=None):
             q4, k4, v4 = (_tma_readable(x) for x in (q4, k4, v4))
         o, lse = flash_attention(q4.detach(), k4.detach(), v4.detach(), causal=causal, scale=scale, variant=variant,
                                  **options)
+        if plain and all(a is b for a, b in zip((q4, k4, v4), (q, k, v))):  # no copies: the same tensors can take the kept call
+            _keep_call("forward", (q, k, v), causal, scale, prepared_call(q, k, v, causal, scale, variant))
         return (o, lse) if four else (o.squeeze(0), lse.squeeze(0))
     from .tiled import flash_attention_v2
 
@@ -188,11 +222,16 @@ def _backward(q, k, v, o, lse, do, causal, scale, options=None):
     if q.is_cuda:
         from .device import device_limits
         from .kernels import flash_attention_backward
-        from .kernels.backward import default_variant
+        from .kernels.backward import default_variant, prepared_call
         from .kernels.plan import wgmma_backward_fits
 
+        plain = not options and q.dim() == 4
+        tensors = (q, k, v, o, lse, do)
+        call = _fast_call("backward", tensors, causal, scale) if plain else None
+        if call is not None:
+            return call(*tensors)
         four = q.dim() == 4
-        args = [x if four else x.unsqueeze(0) for x in (q, k, v, o, lse, do)]
+        args = [x if four else x.unsqueeze(0) for x in tensors]
         variant = default_variant(q) if q.shape[-1] in _TENSOR_D else "register"  # both variants take the options
         if wgmma_backward_fits(str(q.dtype).replace("torch.", ""), q.shape[-1], device_limits()["cc"], q.shape[-2],
                                k.shape[-2], gqa=q.shape[-3] != k.shape[-3], options=bool(options)):
@@ -202,6 +241,8 @@ def _backward(q, k, v, o, lse, do, causal, scale, options=None):
             args = [x if x.stride(-1) == 1 else x.contiguous() for x in args]
         grads = flash_attention_backward(*(x.detach() for x in args), causal=causal, scale=scale, variant=variant,
                                          **options)
+        if plain and all(a is t for a, t in zip(args, tensors)) and all(g.dtype == q.dtype for g in grads):
+            _keep_call("backward", tensors, causal, scale, prepared_call(*tensors, causal, scale, variant))
         grads = tuple(g.to(q.dtype) for g in grads)
         return grads if four else tuple(g.squeeze(0) for g in grads)
     from .tiled import flash_attention_v2_backward

@@ -130,14 +130,14 @@ def speed(quick):
                 f"  wgmma/sdpa {t['sdpa'] / t['wgmma']:.2f}  wgmma/tensor {t['tensor'] / t['wgmma']:.2f}", flush=True)
 
 
-def short():
+def short(dtypes=("bfloat16", "float16")):
     import torch
 
     from flashlab.kernels import flash_attention, flash_attention_backward
     from gpu_check_wgmma_forward import timed
 
     print("backward at short sequences, us a call (host time included): wgmma and tensor", flush=True)
-    for dtype in ("bfloat16", "float16"):
+    for dtype in dtypes:
         for B, H in ((8, 4), (1, 16)):
             for N in (512, 1024, 2048):
                 for d in (64, 128):
@@ -199,7 +199,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="float16 and B = 1 only")
     sections = {"accuracy": accuracy, "repeatability": repeatability, "tiles": tiles,
-                "speed": lambda: speed(args.quick), "short": short, "layout": layout}
+                "speed": lambda: speed(args.quick), "short": lambda: short(("float16",) if args.quick else ("bfloat16", "float16")), "layout": layout}
     ap.add_argument("--only", default=",".join(sections),
                     help="the sections to run, comma-separated (default: all, in this order)")
     args = ap.parse_args()

@@ -8,8 +8,8 @@ kernels   the attention alone at the GPT's shape and two longer ones, bfloat16, 
           backward; flashlab.torch's forward and torch's;
 layer     one layer's work, as the GPT calls it (q, k, v strided views of one linear's output, under autocast):
           linear, attention forward and backward, wall time per step over 50 steps after 20;
-train     gpt.compare_attention over 80 steps (tokens/s after 30), torch, flashlab, and flashlab with the wgmma
-          backward forced at N 1024 (plan.WGMMA_BACKWARD_MIN_N lowered);
+train     gpt.compare_attention over 80 steps (tokens/s after 30), torch, flashlab, and flashlab with the tensor
+          backward at N 1024 (plan.WGMMA_BACKWARD_MIN_N raised to 4096), then torch again;
 profile   torch.profiler over 5 training steps of each: the operators by CUDA time and by CPU self time
           (flashlab's Python shows as the self time of FlashAttentionFunction and its backward);
 cprofile  cProfile over 50 of layer's steps with flashlab's attention: which Python functions the host time goes to.
@@ -102,9 +102,9 @@ def train():
     runs = gpt.compare_attention({"torch": Fn.scaled_dot_product_attention, "flashlab": flash_sdpa}, setup,
                                  device="cuda", progress=False, autocast_dtype=torch.bfloat16)["runs"]
     old = plan.WGMMA_BACKWARD_MIN_N
-    plan.WGMMA_BACKWARD_MIN_N = 1024
+    plan.WGMMA_BACKWARD_MIN_N = 4096  # N 1024: the tensor backward
     try:
-        runs.update(gpt.compare_attention({"flashlab_wgmma_bwd": flash_sdpa,
+        runs.update(gpt.compare_attention({"flashlab_tensor_bwd": flash_sdpa,
                                            "torch_again": Fn.scaled_dot_product_attention}, setup, device="cuda",
                                           progress=False, autocast_dtype=torch.bfloat16)["runs"])
     finally:

@@ -104,15 +104,43 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, v
     return tuple(like_input(x, kind) for x in (dq, dk, dv))
 
 
+def _tensor_key(tensors, causal, scale, precision, block_q, block_k, library):
+    return prepared.prepared_key("tensor backward", tensors, causal, scale, precision, block_q, block_k,
+                                 options=library)
+
+
+def _wgmma_key(tensors, causal, scale, deterministic):
+    key = prepared.torch_key(*tensors) if prepared.available() else None
+    return None if key is None else ("wgmma_backward", key, causal, scale, deterministic)
+
+
+def prepared_call(q, k, v, o, lse, do, causal: bool, scale, variant: str):
+    """The prepared call, (dq, dk, dv) = call(q, k, v, o, lse, do), that flash_attention_backward(q, k, v, o, lse,
+    do, causal=causal, scale=scale, variant=variant) made for torch tensors of this key, without the library's
+    options, or None (not made yet; the register backward's; the general path). flashlab.torch keeps it, so that
+    its next call skips the checks and the key's assembly here."""
+    tensors = (q, k, v, o, lse, do)
+    if variant == "wgmma":
+        key = _wgmma_key(tensors, causal, scale, False)
+    elif variant == "tensor":
+        key = _tensor_key(tensors, causal, scale, None, None, None, dict(
+            window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0))
+    else:
+        return None
+    call = None if key is None else prepared.lookup(key)
+    if call is None or variant == "wgmma":
+        return call
+    return lambda q, k, v, o, lse, do: call(q, k, v, o, lse, do, 0)  # no dropout: the seed is not read
+
+
 def _wgmma_backward(q, k, v, o, lse, do, causal, scale, deterministic=False, library=None):
     """variant="wgmma" (kernels/wgmma_backward.py): opt-in, 16-bit inputs on Hopper (or the simulator), any strides
     TMA can read (wgmma.check_tma_strides: a (B, N, H, d) tensor's transpose(1, 2) is read in place), GQA, d 64 or
     128. library: the options (window_size, align, alibi_slopes, softcap, dropout_p, seed) or None.
     Torch CUDA tensors without options take the prepared path after the first call with their key
     (PreparedWgmmaBackward)."""
-    key = prepared.torch_key(q, k, v, o, lse, do) if prepared.available() and library is None else None
+    key = _wgmma_key((q, k, v, o, lse, do), causal, scale, deterministic) if library is None else None
     if key is not None:
-        key = ("wgmma_backward", key, causal, scale, deterministic)
         call = prepared.lookup(key)
         if call is not None:
             return call(q, k, v, o, lse, do)
@@ -254,8 +282,8 @@ def _tensor_backward(q, k, v, o, lse, do, *, causal=False, scale=None, precision
     Torch CUDA tensors take a prepared path (PreparedTensorBackward) unless plan= is given."""
     library = dict(window_size=window_size, align=align, alibi_slopes=alibi_slopes, softcap=softcap,
                    dropout_p=dropout_p)
-    key = None if plan is not None else prepared.prepared_key("tensor backward", (q, k, v, o, lse, do), causal, scale,
-                                                           precision, block_q, block_k, options=library)
+    key = None if plan is not None else _tensor_key((q, k, v, o, lse, do), causal, scale, precision, block_q,
+                                                     block_k, library)
     if key is not None:
         call = prepared.lookup(key)
         if call is None:

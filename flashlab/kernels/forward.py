@@ -56,9 +56,8 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     if not plain:
         return _with_extras(q, k, v, options, library)
     if prepared.available():
-        key = prepared.torch_key(q, k, v)
+        key = _plain_key(q, k, v, options)
         if key is not None:
-            key = ("forward", key, options)
             call = prepared.lookup(key)
             if call is None:
                 plan_, scale_, _ = setup(q, k, v, *options)
@@ -70,6 +69,31 @@ def flash_attention(q, k, v, *, causal=False, scale=None, variant="register", bl
     return like_input(o, kind), like_input(lse, kind)
 
 
+def _plain_key(q, k, v, options):
+    """The key of a prepared call without the library's options (options: flash_attention's other arguments)."""
+    key = prepared.torch_key(q, k, v)
+    return None if key is None else ("forward", key, options)
+
+
+def _wgmma_key(q, k, v, causal, scale, block_k):
+    key = prepared.torch_key(q, k, v) if prepared.available() else None
+    return None if key is None else ("wgmma", key, causal, scale, block_k)
+
+
+def prepared_call(q, k, v, causal: bool, scale, variant: str):
+    """The prepared call, (o, lse) = call(q, k, v), that flash_attention(q, k, v, causal=causal, scale=scale,
+    variant=variant) made for torch tensors of this key (shapes, strides, dtypes, device), or None: not made yet,
+    or a call that goes the general way. flashlab.torch keeps it, so that its next call skips the checks and the
+    key's assembly here."""
+    if not prepared.available():
+        return None
+    if variant == "wgmma":
+        key = _wgmma_key(q, k, v, causal, scale, None)
+    else:
+        key = _plain_key(q, k, v, (causal, scale, variant, None, None, None, None, None, None))
+    return None if key is None else prepared.lookup(key)
+
+
 def _wgmma_forward(q, k, v, causal, scale, variant, block_q, block_k, tile, precision, splits, plan):
     """variant="wgmma" (kernels/wgmma.py): FlashAttention-3's forward, 16-bit inputs on Hopper."""
     for name, value in (("block_q", block_q), ("tile", tile), ("precision", precision), ("splits", splits),
@@ -77,9 +101,8 @@ def _wgmma_forward(q, k, v, causal, scale, variant, block_q, block_k, tile, prec
         if value is not None:
             raise ValueError(f"variant='wgmma' takes block_k alone (its block_q is 64 rows per consumer warpgroup); "
                              f"got {name}={value!r}")
-    key = prepared.torch_key(q, k, v) if prepared.available() else None
+    key = _wgmma_key(q, k, v, causal, scale, block_k)
     if key is not None:
-        key = ("wgmma", key, causal, scale, block_k)
         call = prepared.lookup(key)
         if call is not None:
             return call(q, k, v)

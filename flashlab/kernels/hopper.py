@@ -861,7 +861,9 @@ def _matrix_facts(matrix):
     cai = matrix.__cuda_array_interface__
     itemsize = np.dtype(cai["typestr"]).itemsize
     shape = tuple(cai["shape"])
-    strides = cai.get("strides") or (shape[-1] * itemsize, itemsize)[-len(shape):]
+    strides = cai.get("strides")
+    if strides is None:  # C-contiguous
+        strides = tuple(int(np.prod(shape[i + 1:])) * itemsize for i in range(len(shape)))
     return cai["data"][0], shape, tuple(strides), itemsize
 
 
