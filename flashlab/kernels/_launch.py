@@ -92,6 +92,23 @@ def check_row_stride(name: str, stride: int, layout: str = "(B, H, N, d)"):
                          f"{name}")
 
 
+def _words_view(dev):
+    """A float16 device array (last axis contiguous, even) as uint32 pairs, with no copy: numba views only
+    C-contiguous arrays as a dtype of another size, so a strided one (a (B, N, H, d) tensor's transpose) is
+    described afresh through __cuda_array_interface__."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM or dev.is_c_contiguous():
+        return dev.view(np.uint32)
+    cai = dev.__cuda_array_interface__
+
+    class Words:
+        __cuda_array_interface__ = dict(cai, typestr="<u4", shape=(*dev.shape[:-1], dev.shape[-1] // 2),
+                                        strides=(*dev.strides[:-1], 4))
+
+    return get_cuda().as_cuda_array(Words())
+
+
 def _words(x, name: str, layout: str):
     if _is_torch(x):
         import torch  # optional: only torch tensors come here
@@ -109,7 +126,7 @@ def _words(x, name: str, layout: str):
     dtype = np.dtype(dev.dtype).name
     if dtype == "float16":
         _check_pairs(name, tuple(dev.shape), dev.strides[-1] // 2 if len(dev.shape) else 1, layout)
-        return dev.view(np.uint32), kind, dtype
+        return _words_view(dev), kind, dtype
     return dev, kind, dtype  # float32, or a dtype the checks reject with a clear message
 
 

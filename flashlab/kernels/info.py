@@ -99,7 +99,7 @@ def _wgmma_info(d, block_k, causal, dtype, asm):
         kernel = wgmma.build(d, dtype, causal, config)
         maps = types.Array(types.uint64, 1, "C")
         sig = (maps, maps, maps, types.Array(types.uint32, 4, "C"), types.Array(types.float32, 3, "C"),
-               types.int64, types.int64, types.int64, types.int64, types.float32, types.Array(types.uint64, 3, "C"))
+               types.int64, types.int64, types.int64, types.float32, types.Array(types.uint64, 3, "C"))
         kernel.compile(sig)
         compiled = kernel.overloads[sig]
         info["registers_per_thread"] = int(compiled.regs_per_thread)
