@@ -3,6 +3,7 @@
     git archive OLD_REV flashlab | tar -x -C /tmp/old           # the old package, anywhere
     python benchmarks/timing/ab_kernels.py /tmp/old out.csv      # this checkout against it
     python benchmarks/timing/ab_kernels.py /tmp/old out.csv --runs forward --resume --deadline 500
+    python benchmarks/timing/ab_kernels.py /tmp/old out.csv --runs wgmma --n 4096,16384 --d 64,128   # Hopper
     python benchmarks/timing/ab_kernels.py --summary out.csv
 
 The old package is imported under another name (flashlab_old; its imports are relative), so both versions run in
@@ -35,6 +36,9 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "timing"))
 
 from suite import SUITE_BH, SUITE_D, SUITE_N, SUITE_RUNS  # noqa: E402
 
+# Hopper's FlashAttention-3 kernels (compute capability 9.0 only): not in the suite's default runs; --runs wgmma
+WGMMA_RUNS = tuple((direction, "wgmma", dtype) for direction in ("forward", "backward")
+                   for dtype in ("float16", "bfloat16"))
 COLUMNS = ("direction", "variant", "dtype", "B", "H", "N", "d", "causal", "old_ms", "new_ms", "ratio", "rounds",
            "same_bits", "note")
 
@@ -173,7 +177,8 @@ def main():
     if a.summary:
         summary(list(csv.DictReader(a.summary.open())))
         return
-    runs = [r for r in SUITE_RUNS if not a.runs or any(f in " ".join(r) for f in a.runs.split(","))]
+    runs = [r for r in SUITE_RUNS + WGMMA_RUNS if (not a.runs and r in SUITE_RUNS)
+            or (a.runs and any(f in " ".join(r) for f in a.runs.split(",")))]
     ns = tuple(int(x) for x in a.n.split(",")) if a.n else SUITE_N
     ds = tuple(int(x) for x in a.d.split(",")) if a.d else SUITE_D
     bhs = tuple(tuple(int(y) for y in x.split("x")) for x in a.bh.split(",")) if a.bh else SUITE_BH
