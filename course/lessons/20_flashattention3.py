@@ -170,8 +170,10 @@ for name, tile, major, k0 in [("Q, step 0", 128, "K", 0), ("Q, step 5", 128, "K"
 #
 # **TMA** (the Tensor Memory Accelerator) copies a 2-D box of a matrix into shared memory when one thread asks:
 # `cp.async.bulk.tensor` with a *tensor map* (the matrix's address, shape, strides, box and swizzle, encoded on
-# the host by `cuTensorMapEncodeTiled`). Rows past the end of the matrix arrive as zeros. The thread does not
-# wait: the copy reports to an **mbarrier**, a 64-bit counter in shared memory that completes a *phase* when the
+# the host by `cuTensorMapEncodeTiled`). Rows past the end of the matrix arrive as zeros. A map has up to five
+# dimensions with any strides that are multiples of 16 bytes: this course's kernels use four, (B, H, N, d), so
+# that one map serves every head, and a GPT's heads (`x.view(B, N, H, d).transpose(1, 2)` of one linear layer's
+# output) are read where they lie, with no copy. The thread does not wait: the copy reports to an **mbarrier**, a 64-bit counter in shared memory that completes a *phase* when the
 # expected arrivals have arrived and the expected bytes have landed (`arrive.expect_tx` announces them). Phases
 # alternate parity 0, 1, 0, …; `try_wait.parity p` returns once the phase of parity p has completed.
 #
