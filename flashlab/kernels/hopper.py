@@ -436,10 +436,13 @@ class _MBarrier:
     def __init__(self, count):
         self.phase, self.pending, self.expected, self.tx = 0, count, count, 0
 
-    def settle(self):
+    def settle(self) -> bool:
+        """Complete the phase if nothing is pending; True if it did (the only change a waiter waits for)."""
         if self.pending == 0 and self.tx == 0:  # the phase completes: the next begins with every arrival due
             self.phase ^= 1
             self.pending = self.expected
+            return True
+        return False
 
     def describe(self):
         return (f"phase {self.phase} (parity {self.phase}) with {self.pending} of {self.expected} arrivals pending "
@@ -685,8 +688,8 @@ def _sim_functions():
                                    "in one phase")
             b.tx += nbytes
             b.pending -= 1
-            b.settle()
-            block.cond.notify_all()
+            if b.settle():  # wake the waiters only when the phase completes (256 consumers arrive on one barrier)
+                block.cond.notify_all()
 
     def mbarrier_arrive(bar, index):
         arrive(_block("mbarrier_arrive")[2], bar, index, 0, "mbarrier_arrive")
@@ -700,8 +703,8 @@ def _sim_functions():
         with block.cond:
             b = barrier(block, bar, index, op)
             b.tx -= nbytes
-            b.settle()
-            block.cond.notify_all()
+            if b.settle():
+                block.cond.notify_all()
 
     def mbarrier_try_wait_parity(bar, index, parity):
         _, _, block = _block("mbarrier_try_wait_parity")
