@@ -31,3 +31,16 @@ def heads_of_rows(x):
     """x (B, H, N, ...) laid out as (B, N, H, ...) in memory: the same values, x's transpose(1, 2) of a contiguous
     copy (what q.view(B, N, H, d).transpose(1, 2) gives a GPT)."""
     return np.ascontiguousarray(np.swapaxes(x, 1, 2)).swapaxes(1, 2)
+
+
+def words_on_device(x, dtype: str, heads_inside_rows: bool, kept: list):
+    """x (B, H, N, d) rounded to the 16-bit dtype as a device array of uint32 pairs, contiguous or (heads_inside_rows)
+    laid out (B, N, H, d) and read through its strides; what must stay alive while it is used goes to `kept`."""
+    from flashlab import fragments as F
+
+    words = np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32)
+    if not heads_inside_rows:
+        return get_cuda().to_device(words)
+    dev, base = strided_on_device(heads_of_rows(words))
+    kept.append(base)
+    return dev

@@ -467,14 +467,15 @@ def test_a_partial_warpgroup_may_not_issue_wgmma():
 _TMA_KERNELS = {}
 
 
-def _tma_kernel(box_rows, box_cols):
-    key = (box_rows, box_cols)
+def _tma_kernel(box_rows, box_cols, rank=2):
+    """load(tmap, col, row, head, batch, out): thread 0 loads one box with tma_load_2d (rank 2: head and batch
+    unread) or tma_load_4d, completing on a barrier that every thread waits on; out = the raw tile."""
+    key = (box_rows, box_cols, rank)
     if key not in _TMA_KERNELS:
         size = box_rows * box_cols
 
         @cuda.jit
-        def load(tmap, col, row, out):
-            """Thread 0 loads a box completing on a barrier that every thread waits on; out = the raw tile."""
+        def load(tmap, col, row, head, batch, out):
             tile = cuda.shared.array(size, uint16, alignment=TILE_ALIGN)
             bar = cuda.shared.array(1, uint64)
             t = cuda.threadIdx.x
@@ -483,7 +484,10 @@ def _tma_kernel(box_rows, box_cols):
             cuda.syncthreads()
             if t == 0:
                 hopper.mbarrier_arrive_expect_tx(bar, 0, size * 2)
-                hopper.tma_load_2d(tile, 0, tmap, col, row, bar, 0)
+                if rank == 2:
+                    hopper.tma_load_2d(tile, 0, tmap, col, row, bar, 0)
+                else:
+                    hopper.tma_load_4d(tile, 0, tmap, col, row, head, batch, bar, 0)
             hopper.mbarrier_wait_parity(bar, 0, 0)
             for e in range(t, size, cuda.blockDim.x):
                 out[e] = tile[e]
@@ -501,36 +505,10 @@ def test_tma_box_past_the_end_equals_the_model(rng, swizzle, box_cols):
     kernel = _tma_kernel(64, box_cols)
     for row, col in ((0, 0), (160, 32), (-8, -8)):
         out = np.zeros(64 * box_cols, np.uint16)
-        kernel[1, 64](tmap, col, row, out)
+        kernel[1, 64](tmap, col, row, 0, 0, out)
         want = F.tma_image(F.tma_box(m, row, col, 64, box_cols), swizzle)
         np.testing.assert_array_equal(out, want, err_msg=f"box at row {row}, column {col}")
         assert (out == 0).any() == (row + 64 > 200 or col + box_cols > 72 or row < 0 or col < 0)
-
-
-_TMA4_KERNELS = {}
-
-
-def _tma4_kernel(box_rows, box_cols):
-    key = (box_rows, box_cols)
-    if key not in _TMA4_KERNELS:
-        size = box_rows * box_cols
-
-        @cuda.jit
-        def load(tmap, col, row, head, batch, out):
-            tile = cuda.shared.array(size, uint16, alignment=TILE_ALIGN)
-            bar = cuda.shared.array(1, uint64)
-            t = cuda.threadIdx.x
-            if t == 0:
-                hopper.mbarrier_init(bar, 0, 1)
-            cuda.syncthreads()
-            if t == 0:
-                hopper.mbarrier_arrive_expect_tx(bar, 0, size * 2)
-                hopper.tma_load_4d(tile, 0, tmap, col, row, head, batch, bar, 0)
-            hopper.mbarrier_wait_parity(bar, 0, 0)
-            for e in range(t, size, cuda.blockDim.x):
-                out[e] = tile[e]
-        _TMA4_KERNELS[key] = load
-    return _TMA4_KERNELS[key]
 
 
 @pytest.mark.parametrize("layout", ["BHNd", "BNHd"])
@@ -544,7 +522,7 @@ def test_tma_4d_reads_one_head_in_place(rng, layout):
     tmap = hopper.tensor_map_4d(d_x, 64, 64, 128)
     for row, head, batch in ((0, 0, 0), (64, 2, 1), (40, 1, 0), (0, 3, 0), (0, 0, 2)):
         out = np.zeros(64 * 64, np.uint16)
-        _tma4_kernel(64, 64)[1, 64](tmap, 0, row, head, batch, out)
+        _tma_kernel(64, 64, 4)[1, 64](tmap, 0, row, head, batch, out)
         inside = head < H and batch < B
         want = F.tma_image(F.tma_box(x[batch, head] if inside else np.zeros((N, d), np.uint16), row, 0, 64, 64), 128)
         np.testing.assert_array_equal(out, want, err_msg=f"box at row {row}, head {head}, batch {batch}")
@@ -570,7 +548,7 @@ def test_tma_load_refuses_a_map_of_the_other_rank():
     if not SIMULATOR:
         pytest.skip("the simulator's check (the GPU reads whatever the map says)")
     with pytest.raises(ValueError, match="tensor_map_2d"):
-        _tma4_kernel(64, 64)[1, 32](tmap, 0, 0, 0, 0, np.zeros(64 * 64, np.uint16))
+        _tma_kernel(64, 64, 4)[1, 32](tmap, 0, 0, 0, 0, np.zeros(64 * 64, np.uint16))
 
 
 def test_tensor_map_refuses_a_box_wider_than_its_swizzle():
@@ -647,7 +625,7 @@ def test_gpu_tma_boxes(rng, swizzle, box_cols, box_rows):
     tmap = hopper.tensor_map_2d(d_m, box_rows, box_cols, swizzle)
     for row, col in ((0, 0), (250, 40), (-3, -16)):
         out = np.zeros(box_rows * box_cols, np.uint16)
-        _tma_kernel(box_rows, box_cols)[1, 128](tmap, col, row, out)
+        _tma_kernel(box_rows, box_cols)[1, 128](tmap, col, row, 0, 0, out)
         np.testing.assert_array_equal(out, F.tma_image(F.tma_box(m, row, col, box_rows, box_cols), swizzle))
 
 

@@ -4,7 +4,7 @@ scripts/gpu_check_wgmma_backward.py runs the same check beside torch's error and
 import numpy as np
 import pytest
 
-from device_views import heads_of_rows, strided_on_device
+from device_views import words_on_device
 from flashlab import fragments as F
 from flashlab.device import get_cuda, has_gpu
 
@@ -46,15 +46,7 @@ def run_backward(q, k, v, do, o, lse, causal, dtype, heads_inside_rows=False, **
     inputs lie in memory as (B, N, H, d), read in place through their strides."""
     d = q.shape[-1]
     kept = []
-
-    def words(x):
-        x = np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32)
-        if not heads_inside_rows:
-            return cuda.to_device(x)
-        dev, base = strided_on_device(heads_of_rows(x))
-        kept.append(base)
-        return dev
-
+    words = lambda x: words_on_device(x, dtype, heads_inside_rows, kept)  # noqa: E731
     out = [cuda.to_device(np.zeros(x.shape[:3] + (d // 2,), np.uint32)) for x in (q, k, v)]
     wb.backward(words(q), words(k), words(v), words(o), cuda.to_device(lse.astype(np.float32)), words(do), *out,
                 d ** -0.5, causal, dtype, **options)

@@ -12,7 +12,7 @@ more than 0.05.
 import numpy as np
 import pytest
 
-from device_views import heads_of_rows, strided_on_device
+from device_views import strided_on_device, words_on_device
 from flashlab import fragments as F
 from flashlab.device import get_cuda, has_gpu
 
@@ -57,15 +57,7 @@ def run_kernel(q, k, v, causal, dtype, tile, heads_inside_rows=False):
     """wgmma.forward on numba device arrays of 16-bit pairs (bfloat16 has no NumPy type: this is its way in).
     heads_inside_rows: q, k and v lie in memory as (B, N, H, d), read in place through their strides."""
     kept = []
-
-    def words(x):
-        x = np.ascontiguousarray(F.to_bits16(x, dtype)).view(np.uint32)
-        if not heads_inside_rows:
-            return cuda.to_device(x)
-        dev, base = strided_on_device(heads_of_rows(x))
-        kept.append(base)
-        return dev
-
+    words = lambda x: words_on_device(x, dtype, heads_inside_rows, kept)  # noqa: E731
     B, H, Nq, d = q.shape
     o = cuda.to_device(np.zeros((B, H, Nq, d // 2), np.uint32))
     lse = cuda.to_device(np.zeros((B, H, Nq), np.float32))

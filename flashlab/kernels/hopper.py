@@ -885,12 +885,6 @@ def tensor_map_2d(matrix, box_rows, box_cols, swizzle=128):
     if strides[1] != itemsize or strides[0] % 16 or address % 16:
         raise ValueError(f"matrix must have contiguous rows, a row stride that is a multiple of 16 bytes and a "
                          f"16-byte aligned start; got strides {strides} (bytes), address 0x{address:x}")
-    if itemsize not in (1, 2, 4, 8):
-        raise ValueError(f"matrix elements must be 1, 2, 4 or 8 bytes; got {itemsize}")
-    for name, value in (("box_rows", box_rows), ("box_cols", box_cols)):
-        if not 1 <= value <= 256:
-            raise ValueError(f"{name} must be in [1, 256]; got {value}")
-    F.box_offsets(box_rows, box_cols, itemsize, swizzle)  # checks the box's row against the swizzle
     return _tensor_map(matrix, address, (rows, 1, 1), (strides[0], 0, 0), cols, itemsize, box_rows, box_cols,
                        swizzle, 2)
 
@@ -910,12 +904,6 @@ def tensor_map_4d(array, box_rows, box_cols, swizzle=128):
         raise ValueError(f"array must have a contiguous last axis, other strides that are positive multiples of 16 "
                          f"bytes and a 16-byte aligned start; got strides {tuple(given)} (bytes), address "
                          f"0x{address:x}")
-    if itemsize not in (1, 2, 4, 8):
-        raise ValueError(f"array elements must be 1, 2, 4 or 8 bytes; got {itemsize}")
-    for name, value in (("box_rows", box_rows), ("box_cols", box_cols)):
-        if not 1 <= value <= 256:
-            raise ValueError(f"{name} must be in [1, 256]; got {value}")
-    F.box_offsets(box_rows, box_cols, itemsize, swizzle)
     return _tensor_map(array, address, (rows, H, B), (strides[2], strides[1], strides[0]), cols, itemsize, box_rows,
                        box_cols, swizzle, 4)
 
@@ -934,7 +922,13 @@ def tma_strides(shape, strides, address, itemsize):
 
 
 def _tensor_map(x, address, dims, strides, cols, itemsize, box_rows, box_cols, swizzle, rank):
-    """The map of a tensor map_2d or _4d has checked: dims (rows, heads, batches) and their strides in bytes."""
+    """The map of the array tensor_map_2d or _4d checked: dims (rows, heads, batches) and their strides in bytes."""
+    if itemsize not in (1, 2, 4, 8):
+        raise ValueError(f"elements must be 1, 2, 4 or 8 bytes; got {itemsize}")
+    for name, value in (("box_rows", box_rows), ("box_cols", box_cols)):
+        if not 1 <= value <= 256:
+            raise ValueError(f"{name} must be in [1, 256]; got {value}")
+    F.box_offsets(box_rows, box_cols, itemsize, swizzle)  # checks the box's row against the swizzle
     if SIMULATOR:  # a record of the array, kept alive by the caller as on a GPU
         ary = getattr(x, "_ary", x)
         root = ary
