@@ -13,6 +13,10 @@ train     gpt.compare_attention over 80 steps (tokens/s after 30), torch, flashl
 profile   torch.profiler over 5 training steps of each: the operators by CUDA time and by CPU self time
           (flashlab's Python shows as the self time of FlashAttentionFunction and its backward);
 cprofile  cProfile over 50 of layer's steps with flashlab's attention: which Python functions the host time goes to.
+split     a training step split into its phases (batch, forward, backward, clip, optimizer): the host's time in each,
+          from perf_counter with no synchronisation, beside the step's wall time (a synchronised step): where the
+          host's sum is the wall time, the step is host-bound and each phase's share says where. torch and
+          flashlab alternate in rounds of 20 steps (5 rounds), the same model and batches; medians per phase.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import flashlab  # noqa: E402,F401  (chooses the backend before numba.cuda is imported)
 
-PARTS = ("kernels", "layer", "train", "profile", "cprofile")
+PARTS = ("kernels", "layer", "train", "profile", "cprofile", "split")
 
 
 def kernels():
@@ -155,6 +159,67 @@ def cprofile():
     stats = pstats.Stats(pr)
     stats.sort_stats("tottime").print_stats(28)
     stats.sort_stats("cumtime").print_stats("flashlab", 30)
+
+
+def split(rounds=5, steps=20):
+    import statistics
+
+    import torch
+    import torch.nn.functional as Fn
+
+    from flashlab import gpt
+    from flashlab.torch import scaled_dot_product_attention as flash_sdpa
+
+    cfg = gpt.BF16_SETUP
+    tok = gpt.CharTokenizer(gpt.TINY_TEXT)
+    data = tok.encode(gpt.copy_text(cfg["text_chars"], 0))
+    phases = ("batch", "forward", "backward", "clip", "optimizer")
+    runs = {}
+    for name, fn in (("torch", Fn.scaled_dot_product_attention), ("flashlab", flash_sdpa)):
+        torch.manual_seed(0)
+        model = gpt.GPT(gpt.GPTConfig(tok.vocab_size, cfg["block_size"], cfg["n_layer"], cfg["n_head"],
+                                      cfg["n_embd"])).cuda()
+        model.use_attention(fn)
+        runs[name] = dict(model=model, opt=torch.optim.AdamW(model.parameters(), lr=cfg["lr"]),
+                          gen=torch.Generator().manual_seed(0), host={p: [] for p in phases}, wall=[])
+
+    def step(r, record):
+        t = [time.perf_counter()]
+        x, y = gpt.get_batch(data, cfg["block_size"], cfg["batch_size"], r["gen"])
+        x, y = x.cuda(), y.cuda()
+        t.append(time.perf_counter())
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = r["model"](x, y)
+        t.append(time.perf_counter())
+        r["opt"].zero_grad(set_to_none=True)
+        loss.backward()
+        t.append(time.perf_counter())
+        torch.nn.utils.clip_grad_norm_(r["model"].parameters(), cfg["grad_clip"])
+        t.append(time.perf_counter())
+        r["opt"].step()
+        t.append(time.perf_counter())
+        torch.cuda.synchronize()
+        if record:
+            for p, a, b in zip(phases, t, t[1:]):
+                r["host"][p].append(b - a)
+            r["wall"].append(time.perf_counter() - t[0])
+
+    for r in runs.values():  # compile and warm up
+        for _ in range(10):
+            step(r, False)
+    for _ in range(rounds):
+        for r in runs.values():
+            for _ in range(steps):
+                step(r, True)
+    tokens = cfg["batch_size"] * cfg["block_size"]
+    print(f"a training step, ms (median of {rounds * steps} steps, rounds of {steps} alternating): host time of "
+          "each phase, their sum, the synchronised step's wall time, tokens/s from it", flush=True)
+    for name, r in runs.items():
+        host = {p: statistics.median(v) * 1e3 for p, v in r["host"].items()}
+        wall = statistics.median(r["wall"]) * 1e3
+        print(f"{name:9s} " + "  ".join(f"{p} {v:6.2f}" for p, v in host.items()) +
+              f"  | host {sum(host.values()):6.2f}  wall {wall:6.2f}  {tokens / wall * 1e3:10,.0f} tokens/s",
+              flush=True)
 
 
 def main():
