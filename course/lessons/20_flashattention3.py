@@ -204,7 +204,10 @@ plt.show()
 # A thread block owns 64 query rows per consumer warpgroup (two consumers at d = 128, three at d = 64) and one
 # more warpgroup, the **producer**. One producer thread issues every TMA copy: Q once, then K and V tile by tile
 # into the ring. `setmaxnreg` hands registers from the producer, which needs almost none, to the consumers, which
-# hold S, P and O. Each consumer runs this loop (the kernel's own source):
+# hold S, P and O. The kernel is launched with 65536 / threads registers a thread (168 with two consumers), the
+# count the driver reports, but ptxas compiles the code after each `setmaxnreg` for its new budget: at d = 128
+# the consumers' code uses up to 200 of its 240 registers, the producer's 8 of 24 (read from the machine code,
+# `benchmarks/profiling/setmaxnreg_regions.py`). Each consumer runs this loop (the kernel's own source):
 
 # %%
 source = inspect.getsource(wgmma._kernel)
@@ -324,9 +327,6 @@ for r, x in zip(rows, ratio_tensor):
 # - **One block per query tile.** FA3 runs a persistent kernel: each block loops over many tiles, handed out by a
 #   scheduler, so the next tile's loads overlap this one's epilogue. Ours pays a block's start and end per tile,
 #   which shows most at N = 4096.
-# - **Registers.** ptxas allocates our consumers' registers under the launch's limit (65536 / threads: 168 with
-#   two consumers, 128 with three); `setmaxnreg` raises the limit at run time, but the code was not compiled to
-#   use more. FA3's d = 128 consumers hold more in flight.
 # - **The epilogue.** O goes from registers straight to global memory; FA3 stages it through shared memory and
 #   stores it with TMA.
 # - **Scope.** float16 and bfloat16, d = 64 and 128, causal, GQA and ragged lengths. No fp8 (lesson 11's block
@@ -440,8 +440,8 @@ for causal in ("0", "1"):
           f"{max(ratio):.2f} of the speed")
 
 # %% [markdown]
-# `flashlab.torch` takes this backward on Hopper where it was measured, sequences of 4096 and longer without options
-# or grouped-query heads, and lesson 17's kernel elsewhere.
+# `flashlab.torch` takes this backward on Hopper where it was measured faster, sequences of 1024 and longer without
+# options or grouped-query heads, and lesson 17's kernel elsewhere.
 #
 # Where it stops short of FlashAttention-3: one consumer warpgroup of 64 keys per block (FA3 runs two, with 240
 # registers each), so a warpgroup waits for each tile's products before its softmax, and only at d = 64 do two

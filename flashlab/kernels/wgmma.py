@@ -23,9 +23,10 @@ algorithm and changes who does what inside a thread block. A block owns 64 query
     Pingpong: the consumers take turns issuing their GEMMs (named barriers 1, 2, 3, round robin), so that one's
     softmax tends to run while another's GEMMs occupy the tensor cores.
     setmaxnreg moves registers from the producer (24 a thread; 32 with three consumers) to the consumers (240;
-    160), which hold S, P and O. ptxas honours it only under the launch's limit (max_registers, REGISTERS) and
-    fits every warpgroup's code within that limit (168 registers with two consumers, 128 with three, no spills:
-    benchmarks/results/h200/wgmma_forward_log.txt), so the consumers' code never uses the raised budget.
+    160), which hold S, P and O. ptxas needs the launch's limit to accept setmaxnreg (max_registers, REGISTERS:
+    168 registers with two consumers, 128 with three), reports that count, and compiles the code after each
+    setmaxnreg for its new budget: the consumers' code uses up to 155-200 registers, the producer's 6-13, with no
+    spills (the machine code ptxas 13.0 makes, benchmarks/results/setmaxnreg_regions_ptxas13.0.txt).
 
 Where a block works: grid (query blocks, heads, batch), the last query blocks of a head first (under causal
 masking they have the most tiles). GQA: query head h reads K/V head h // (H / H_kv). Q, K and V are read by TMA
