@@ -200,10 +200,9 @@ def _tma_readable(x):
     """x, or a contiguous copy where TMA cannot read it in place: the wgmma kernels' tensor maps take a contiguous
     last axis and other strides of multiples of 16 bytes (kernels/wgmma.check_tma_strides); a (B, N, H, d) tensor's
     transpose(1, 2), as a GPT makes its heads, passes, so neither direction copies it."""
-    from .kernels import hopper
+    from .kernels import wgmma
 
-    readable = x.dim() == 4 and hopper.tma_strides(x.shape, tuple(2 * s for s in x.stride()), x.data_ptr(), 2)
-    return x if readable else x.contiguous()
+    return x if x.dim() == 4 and wgmma.torch_strides(x) is not None else x.contiguous()
 
 
 def _cuda_variant(q, options: bool = False) -> str:

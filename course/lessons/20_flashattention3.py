@@ -206,8 +206,8 @@ plt.show()
 # into the ring. `setmaxnreg` hands registers from the producer, which needs almost none, to the consumers, which
 # hold S, P and O. The kernel is launched with 65536 / threads registers a thread (168 with two consumers), the
 # count the driver reports, but ptxas compiles the code after each `setmaxnreg` for its new budget: at d = 128
-# the consumers' code uses up to 200 of its 240 registers, the producer's 8 of 24 (read from the machine code,
-# `benchmarks/profiling/setmaxnreg_regions.py`). Each consumer runs this loop (the kernel's own source):
+# the consumers' code uses up to 200 of its 240 registers, the producer's 8 of 24 (read from the machine code
+# that ptxas 13.0 makes, `benchmarks/profiling/setmaxnreg_regions.py`). Each consumer runs this loop (the kernel's own source):
 
 # %%
 source = inspect.getsource(wgmma._kernel)

@@ -255,7 +255,7 @@ class PreparedForward:
 
 class PreparedWgmma:
     """flash_attention(..., variant="wgmma") for torch tensors of one key, as kernels/prepared.py prepares the other
-    variants: the kernel and its argument list once; a call allocates O (in q's layout: wgmma.output_like) and
+    variants: the kernel and its argument list once; a call allocates O (in q's layout: wgmma.output_strides) and
     lse with torch, finds the tensor maps of its Q, K and V (wgmma.torch_map: made once per buffer, with the
     tensors' own strides) and launches."""
 
@@ -265,7 +265,9 @@ class PreparedWgmma:
         self.block_q, self.block_k = tile.block_q, tile.block_k
         self.lse_shape = (B, H, Nq)
         maps = prepared.Spec((16,), (8,), np.dtype(np.uint64))
-        o = prepared.torch_spec(wgmma.output_like(q)).words()
+        self.o_strides = wgmma.output_strides(q)  # O's layout is the key's, decided once
+        self.dtype = q.dtype
+        o = prepared.Spec(tuple(q.shape), tuple(2 * st for st in self.o_strides), np.dtype(np.uint16)).words()
         args = [maps, maps, maps, o, prepared.Spec.contiguous(self.lse_shape, np.float32), np.int64(Nq),
                 np.int64(k.shape[2]), np.int64(H // H_kv), np.float32(scale * LOG2E),
                 prepared.Spec.contiguous((1, 1, len(wgmma.EVENTS)), np.uint64)]
@@ -276,7 +278,7 @@ class PreparedWgmma:
     def __call__(self, q, k, v):
         import torch  # optional: only torch tensors come here
 
-        o = wgmma.output_like(q)
+        o = torch.empty_strided(q.shape, self.o_strides, dtype=self.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
         pointers = [wgmma.torch_map(q, self.block_q), wgmma.torch_map(k, self.block_k),
                     wgmma.torch_map(v, self.block_k), o.data_ptr(), lse.data_ptr(), self.no_stamps]

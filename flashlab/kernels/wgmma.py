@@ -448,16 +448,27 @@ def check_tma_strides(name: str, words):
                          f"as 32-bit pairs) at address 0x{address:x}: pass a contiguous copy, or use variant='tensor'")
 
 
-def output_like(q):
-    """An empty torch tensor for O, shaped as q (B, H, N, d): laid out (B, N, H, d) where q is (a GPT's heads,
+def output_strides(q) -> tuple:
+    """The strides (in values) of O for q (B, H, N, d): laid out (B, N, H, d) where q is (a GPT's heads,
     x.view(B, N, H, d).transpose(1, 2)), so that O.transpose(1, 2).reshape(B, N, H * d) needs no copy, as with
     torch's attention; else contiguous."""
-    import torch  # optional: only torch tensors come here
-
     B, H, N, d = q.shape
     if H > 1 and N > 1 and q.stride(1) < q.stride(2):
-        return torch.empty((B, N, H, d), dtype=q.dtype, device=q.device).transpose(1, 2)
-    return torch.empty((B, H, N, d), dtype=q.dtype, device=q.device)
+        return (N * H * d, d, H * d, 1)
+    return (H * N * d, N * d, d, 1)
+
+
+def output_like(q):
+    """An empty torch tensor for O, shaped as q, with output_strides(q)."""
+    import torch  # optional: only torch tensors come here
+
+    return torch.empty_strided(tuple(q.shape), output_strides(q), dtype=q.dtype, device=q.device)
+
+
+def torch_strides(x):
+    """The strides in bytes a tensor map of the torch tensor x (B, H, N, d) of 16-bit values (the kernels' inputs)
+    is encoded with (hopper.tma_strides), or None where TMA cannot read x in place."""
+    return hopper.tma_strides(tuple(x.shape), tuple(2 * st for st in x.stride()), x.data_ptr(), 2)
 
 
 _TORCH_MAPS = OrderedDict()  # the prepared path's maps: (address, shape, strides, box_rows, device) -> torch tensor
@@ -473,7 +484,7 @@ def torch_map(x, box_rows: int) -> int:
         import torch  # optional: only torch tensors come here
 
         B, H, N, d = x.shape
-        strides = hopper.tma_strides(x.shape, tuple(2 * st for st in x.stride()), x.data_ptr(), 2)
+        strides = torch_strides(x)
         if strides is None:
             raise ValueError(f"variant='wgmma' reads its inputs with TMA: the last axis contiguous, the other strides "
                              f"multiples of 8 values and a 16-byte aligned start; got strides {tuple(x.stride())} "
