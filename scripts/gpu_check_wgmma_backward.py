@@ -2,7 +2,12 @@
 error; whether deterministic=True repeats its bits (and the default does not); then its speed, with and without
 deterministic=True, against torch's SDPA backward and flashlab's tensor (mma.sync) backward, in the same run.
 
-    python scripts/gpu_check_wgmma_backward.py [--quick] [--only accuracy,repeatability,tiles,speed,short,layout]
+    python scripts/gpu_check_wgmma_backward.py [--quick]
+        [--only accuracy,repeatability,tiles,consumers,speed,short,layout]
+
+consumers: one consumer warpgroup of 64 keys a block against two of 64 each (BackwardTile consumers=2, 128 keys
+a block, setmaxnreg), each through a prepared call of its own: the gradients of both against float64 beside
+torch's error, then both timed with torch's SDPA backward at the bar's shapes.
 
 short: the wgmma and tensor backwards at sequences shorter than the bar's (N 512 to 2048), where the library's
 default (plan.WGMMA_BACKWARD_MIN_N) decides between them. layout: inputs laid out (B, N, H, d), as a GPT's heads
@@ -104,6 +109,70 @@ def tiles():
             print(f"tiles, N {N:5d} d 64 {'causal' if causal else 'full':6s} " + "  ".join(line), flush=True)
 
 
+def prepared_backward(q, k, v, o, lse, do, causal, tile):
+    """A call of the wgmma backward with this tile (kernels/backward.PreparedWgmmaBackward): (dq, dk, dv)."""
+    from flashlab.kernels import wgmma_backward
+    from flashlab.kernels.backward import PreparedWgmmaBackward
+
+    (B, H, Nq, d), (_, H_kv, Nk, _) = q.shape, k.shape
+    described = wgmma_backward.launches(B, H, Nq, Nk, d, d ** -0.5, causal, str(q.dtype).replace("torch.", ""),
+                                        H_kv, tile=tile)
+    call = PreparedWgmmaBackward(described, q, k, v, o, lse, do)
+    return lambda: call(q, k, v, o, lse, do)
+
+
+def consumers(quick):
+    import torch
+    import torch.nn.functional as Fn
+
+    from flashlab.kernels import flash_attention, wgmma_backward
+    from gpu_check_wgmma_forward import timed
+
+    def tile(name, d):  # one consumer: capped at 168 registers at d 64 (two blocks an SM), as before; two: 128 keys
+        return wgmma_backward.BackwardTile(max_registers=168 if d == 64 else None) if name == "one" else \
+            wgmma_backward.BackwardTile(consumers=2)
+
+    for B, H, H_kv, Nq, Nk, d, causal, dtype in [(1, 2, 2, 300, 250, 64, True, "float16"),
+                                                 (2, 2, 2, 500, 777, 128, False, "bfloat16"),
+                                                 (1, 4, 2, 1024, 1024, 128, True, "float16"),
+                                                 (1, 1, 1, 1, 1, 64, False, "bfloat16"),
+                                                 (2, 4, 1, 200, 333, 64, False, "float16")]:
+        dt = getattr(torch, dtype)
+        g = torch.Generator(device="cuda").manual_seed(Nq)
+        q, do = (torch.randn(B, H, Nq, d, device="cuda", generator=g).to(dt) for _ in range(2))
+        k, v = (torch.randn(B, H_kv, Nk, d, device="cuda", generator=g).to(dt) for _ in range(2))
+        o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+        q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+        o64 = Fn.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, enable_gqa=H != H_kv)
+        want = torch.autograd.grad(o64, (q64, k64, v64), do.double())
+        qt, kt, vt = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=H != H_kv)
+        theirs = torch.autograd.grad(ot, (qt, kt, vt), do)
+        for name in ("one", "two"):
+            got = prepared_backward(q, k, v, o, lse, do, causal, tile(name, d))()
+            line = []
+            for grad, a, b, c in zip(("dq", "dk", "dv"), got, want, theirs):
+                e, et = ((x.double() - b).abs().max().item() for x in (a, c))
+                line.append(f"{grad} {e:.2e} (torch {et:.2e}, ratio {e / max(et, 1e-12):.2f})")
+            print(f"consumers {name}: B{B} H{H} H_kv{H_kv} Nq{Nq} Nk{Nk} d{d} {'causal' if causal else 'full'} "
+                  f"{dtype}: " + "; ".join(line), flush=True)
+    print("backward TFLOP/s, one consumer (64 keys a block) and two (128 keys, setmaxnreg), prepared calls; sdpa "
+          "through autograd", flush=True)
+    for dtype in (("float16",) if quick else ("float16", "bfloat16")):
+        for B, H, N, d, causal in SHAPES:
+            q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
+            o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+            flops = 2.5 * 4 * B * H * N * N * d / (2 if causal else 1)
+            qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
+            ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            t = {name: timed(prepared_backward(q, k, v, o, lse, do, causal, tile(name, d)), 10)
+                 for name in ("one", "two")}
+            t["sdpa"] = timed(lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True), 10)
+            print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
+                f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +
+                f"  two/one {t['one'] / t['two']:.2f}  two/sdpa {t['sdpa'] / t['two']:.2f}", flush=True)
+
+
 def speed(quick):
     import torch
     import torch.nn.functional as Fn
@@ -199,6 +268,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="float16 and B = 1 only")
     sections = {"accuracy": accuracy, "repeatability": repeatability, "tiles": tiles,
+                "consumers": lambda: consumers(args.quick),
                 "speed": lambda: speed(args.quick), "short": lambda: short(("float16",) if args.quick else ("bfloat16", "float16")), "layout": layout}
     ap.add_argument("--only", default=",".join(sections),
                     help="the sections to run, comma-separated (default: all, in this order)")

@@ -112,6 +112,52 @@ def test_grouped_query_heads_sum_into_their_kv_head():
     check_close(run_backward(q, k, v, do, rounded_like(o, dtype), lse, True, dtype), want, v, dtype, terms=2)
 
 
+TWO = wb.BackwardTile(consumers=2)
+
+
+@pytest.mark.parametrize("H,H_kv,Nq,Nk,d,causal,dtype,deterministic", [
+    (1, 1, 70, 150, 64, True, "float16", False),  # two blocks of 128 keys, the second ragged; dQ in 32-column halves
+    (1, 1, 90, 140, 128, False, "bfloat16", False),  # d = 128: each consumer's dQ half is one 64-column box
+    (2, 1, 200, 130, 64, True, "float16", True),  # GQA, deterministic: the turns of blocks of 128 keys, causal
+])
+def test_two_consumer_warpgroups_match_float64(H, H_kv, Nq, Nk, d, causal, dtype, deterministic):
+    """BackwardTile(consumers=2): 128 keys a block, two consumer warpgroups of 64 keys that share the Q/dO ring and
+    split dQ's columns, a producer warpgroup and setmaxnreg. Against float64; deterministic, two calls' bits too."""
+    rng = np.random.default_rng(Nq + Nk + d)
+    q, do = (rounded(rng, (1, H, Nq, d), dtype) for _ in range(2))
+    k, v = (rounded(rng, (1, H_kv, Nk, d), dtype) for _ in range(2))
+    group = H // H_kv
+    o, lse, dq, dk, dv = gradients(q, np.repeat(k, group, 1), np.repeat(v, group, 1), do, d ** -0.5, causal)
+    want = dq, dk.reshape(1, H_kv, group, Nk, d).sum(2), dv.reshape(1, H_kv, group, Nk, d).sum(2)
+    runs = [run_backward(q, k, v, do, rounded_like(o, dtype), lse, causal, dtype, tile=TWO,
+                         deterministic=deterministic) for _ in range(1 + deterministic)]
+    check_close(runs[0], want, v, dtype, terms=group)
+    for a, b in zip(runs[0], runs[-1]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_two_consumers_differ_from_one_only_in_dq_rounding():
+    """One consumer and two on the same inputs: dK and dV come from the same products in the same order (each
+    consumer's 64 keys), so they are the same bits; dQ's shares are summed over 128 keys, not 64, so it may differ
+    by rounding."""
+    rng = np.random.default_rng(5)
+    q, k, v, do = (rounded(rng, (1, 1, n, 64), "float16") for n in (64, 128, 128, 64))
+    o, lse, *want = gradients(q, k, v, do, 0.125, False)
+    one, two = (run_backward(q, k, v, do, rounded_like(o, "float16"), lse, False, "float16", tile=tile)
+                for tile in (None, TWO))
+    for name, a, b in zip(("dq", "dk", "dv"), one, two):
+        if name != "dq":
+            np.testing.assert_array_equal(a, b, err_msg=name)
+    check_close(two, want, v, "float16")
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(consumers=3), "consumers must be 1 or 2"),
+                                          (dict(consumers=2, producer=32), "producer must be 128")])
+def test_a_tile_that_cannot_run_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        wb.BackwardTile(**kwargs)
+
+
 @pytest.mark.parametrize("Nq,causal", [(70, False), (200, True), (70, True)])
 def test_deterministic_mode_adds_dq_in_key_block_order(Nq, causal):
     """deterministic=True: each query tile takes the key blocks' shares in turn (three key blocks: 0, 1, 2; causal,
@@ -182,20 +228,24 @@ def test_the_kernel_reads_its_operands_as_the_lessons_table_says():
     source = inspect.getsource(wb._kernel)
     assert 'mma_s = hopper.wgmma_ss(BQ, dtype)' in source  # S^T and dP^T: A and B K-major, from shared memory
     assert 'mma_kv = hopper.wgmma_rs(d, dtype, b_major="MN")' in source  # dV, dK: A from registers, B MN-major
-    assert 'mma_q = hopper.wgmma_ss(BOX, dtype, a_major="MN", b_major="MN")' in source  # dQ: dS^T read MN-major
+    assert 'mma_q = hopper.wgmma_ss(DQN, dtype, a_major="MN", b_major="MN")' in source  # dQ: dS^T read MN-major
     table = pipeline.BACKWARD_OPERANDS
     assert table["S^T = K Q^T"] == table["dP^T = V dO^T"] == ("shared", "K", "shared", "K")
     assert table["dV += P^T dO"] == table["dK += dS^T Q"] == ("registers", "K", "shared", "MN")
     assert table["dQ += dS K"] == ("shared", "MN", "shared", "MN")
 
 
-def test_deterministic_mode_takes_the_options():
+@pytest.mark.parametrize("consumers", [1, 2])
+def test_deterministic_mode_takes_the_options(consumers, monkeypatch):
     """deterministic=True under the options (causal bottom-right, a window, softcap) over three key blocks and three
-    query tiles, each block's band of tiles and each tile's band of blocks partial: dq, dk, dv against float64
-    gradients (flashlab.flash_attention_v2_backward on the reference's o and lse; o rounded to float16), through the
-    public call. Each option against float64 on one block: tests/test_kernel_options.py's wgmma cells."""
+    query tiles (two blocks of 128 keys with two consumers), each block's band of tiles and each tile's band of
+    blocks partial: dq, dk, dv against float64 gradients (flashlab.flash_attention_v2_backward on the reference's o
+    and lse; o rounded to float16), through the public call. Each option against float64 on one block:
+    tests/test_kernel_options.py's wgmma cells."""
     import flashlab as fl
     from flashlab.kernels import flash_attention_backward
+
+    monkeypatch.setattr(wb, "default_tile", lambda d: wb.BackwardTile(consumers=consumers))
 
     B, H, H_kv, nq, nk = 1, 1, 1, 150, 140
     opts = dict(causal=True, align="bottom_right", window_size=(70, 0), softcap=2.0)

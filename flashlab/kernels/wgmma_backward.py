@@ -59,9 +59,11 @@ from .options import Extras, Features, device_functions, plain_arguments
 cuda = get_cuda()
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
-BK = 64  # keys per block: one consumer warpgroup (wgmma's M)
 BQ = 64  # queries per tile
-CONSUMER = 128  # one consumer warpgroup, threads 0..127 (a warpgroup must start at a warp index divisible by 4)
+CONSUMER = 128  # threads of a consumer warpgroup, which owns 64 keys (a warpgroup starts at a warp index divisible by 4)
+# with two consumers, registers a thread at launch (65536 / 384, a multiple of 8) and after setmaxnreg the
+# producer's and the consumers' (24 * 128 + 240 * 256 <= 65536), as in the forward (wgmma.REGISTERS)
+REGISTERS = (168, 24, 240)
 BOX = 64  # 16-bit values per 128-byte swizzled row
 WORDS = BOX // 2  # the same row in the 32-bit words (pairs of values) that the tensor maps are made of
 SWIZZLE = 128
@@ -71,21 +73,43 @@ DTYPES = ("float16", "bfloat16")
 
 @dataclass(frozen=True)
 class BackwardTile:
-    """stages: slots of the Q/dO ring. producer: threads after the consumer's 128 that hold the producer; only one
-    of them issues copies, so one warp (32) is enough, and a block of 160 threads leaves registers for two blocks
-    per SM at d = 64 (two consumers whose softmax and products interleave); 128 is FA3's producer warpgroup."""
+    """consumers: consumer warpgroups, each of which owns 64 keys (wgmma's M), so a block holds BK = 64 * consumers
+    keys. With one, the producer is a warp (producer = 32): only one lane issues copies, and a block of 160
+    threads leaves registers for two blocks per SM at d = 64. With two (FlashAttention-3's split), the producer is
+    a warpgroup (producer = 128), because setmaxnreg is warpgroup-collective: it gives up registers (24 a thread)
+    so that the consumers get 240 (REGISTERS). stages: slots of the Q/dO ring, which both consumers read."""
     stages: int = 2
-    producer: int = 32
-    max_registers: int | None = None  # a cap for ptxas (None: its own); see default_tile
+    producer: int | None = None  # None: 32 with one consumer, 128 with two
+    max_registers: int | None = None  # a cap for ptxas (None: its own; with two consumers, REGISTERS' launch count)
+    consumers: int = 1
+
+    def __post_init__(self):
+        if self.consumers not in (1, 2):
+            raise ValueError(f"consumers must be 1 or 2; got {self.consumers}")
+        if self.producer is None:
+            object.__setattr__(self, "producer", 32 if self.consumers == 1 else 128)
+        if self.consumers == 2 and self.producer != 128:
+            raise ValueError(f"with two consumers the producer is a warpgroup (setmaxnreg needs all of one): "
+                             f"producer must be 128; got {self.producer}")
+
+    @property
+    def block_k(self) -> int:
+        return 64 * self.consumers
 
     @property
     def threads(self) -> int:
-        return CONSUMER + self.producer
+        return CONSUMER * self.consumers + self.producer
+
+    @property
+    def registers(self) -> int | None:
+        """The launch's register cap: max_registers, or with two consumers the count setmaxnreg starts from."""
+        return self.max_registers or (REGISTERS[0] if self.consumers == 2 else None)
 
     def shared_bytes(self, d: int) -> int:
         """K, V (BK x d each), the ring's Q and dO (BQ x d each per stage), dS^T (BK x BQ), dQ's float32 rows
         (BQ of dq_row_bytes), 1 KB of alignment."""
-        return 2 * (2 * BK * d + 2 * self.stages * BQ * d + BK * BQ) + BQ * dq_row_bytes(d) + 1024
+        bk = self.block_k
+        return 2 * (2 * bk * d + 2 * self.stages * BQ * d + bk * BQ) + BQ * dq_row_bytes(d) + 1024
 
 
 def default_tile(d: int) -> BackwardTile:
@@ -143,15 +167,16 @@ def build(d: int, dtype: str, causal: bool, tile: BackwardTile | None = None, de
 
 
 def _kernel(d, dtype, causal, tile, deterministic, features):
-    ST, CAUSAL, DETERMINISTIC = tile.stages, causal, deterministic
+    ST, C, CAUSAL, DETERMINISTIC = tile.stages, tile.consumers, causal, deterministic
+    BK, CT = tile.block_k, CONSUMER * tile.consumers  # keys per block, consumer threads
     OPTIONS, BOTTOM_RIGHT = features.any, bool(features.bottom_right)
     SOFTCAP, ALIBI, DROP = bool(features.softcap), bool(features.alibi), features.dropout
     opt = device_functions(features)
     z_start, z_mix, z_keep = dropout_functions(features.dropout_p)
     BOXES = d // BOX
-    KV_BOX, QD_BOX = BK * 128, BQ * 128  # bytes of one 64-column box of a key tile and of a query tile
-    KV_BYTES, QD_BYTES = BOXES * KV_BOX, BOXES * QD_BOX
-    K_AT, V_AT, Q_AT = 0, KV_BYTES, 2 * KV_BYTES
+    KV_BOX, QD_BOX = 64 * 128, BQ * 128  # bytes of one 64-column box of a consumer's 64 keys and of a query tile
+    KV_BYTES, QD_BYTES = BOXES * KV_BOX, BOXES * QD_BOX  # a consumer's keys (K or V) and a query tile
+    K_AT, V_AT, Q_AT = 0, C * KV_BYTES, 2 * C * KV_BYTES  # K and V: one KV_BYTES part per consumer
     DO_AT = Q_AT + ST * QD_BYTES
     DS_AT = DO_AT + ST * QD_BYTES  # dS^T: BK rows (keys) of BQ values (queries), 128 bytes, swizzled
     DQ_AT, ROW = DS_AT + BK * BQ * 2, dq_row_bytes(d)  # dQ's share: BQ rows of d float32s (ROW bytes apart)
@@ -164,9 +189,13 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
     S_TILES, D_TILES = BQ // 8, d // 8
     mma_s = hopper.wgmma_ss(BQ, dtype)  # S^T, dP^T (64 x BQ) = K or V (64 x d) @ Q^T or dO^T
     mma_kv = hopper.wgmma_rs(d, dtype, b_major="MN")  # dV += P^T dO, dK += dS^T Q (A from registers)
-    # dQ share = dS (from dS^T, MN-major) @ K, in 64-column halves at d = 128 (64 accumulator registers, not 128)
-    mma_q = hopper.wgmma_ss(BOX, dtype, a_major="MN", b_major="MN")
-    NQ = BOX // 2  # registers of one 64-column dQ share
+    # dQ share = dS (from dS^T, MN-major) @ K. One consumer: in 64-column passes (at d = 128, 64 accumulator
+    # registers, not 128). Two: each consumer takes half of the columns over all BK keys, in one pass.
+    DQN = BOX if C == 1 else d // 2  # columns of one pass
+    DQ_PASSES = BOXES if C == 1 else 1
+    mma_q = hopper.wgmma_ss(DQN, dtype, a_major="MN", b_major="MN")
+    NQ = DQN // 2  # registers of one pass's share
+    ROWS = BQ // (CT // 32)  # dQ rows each consumer warp reduces
     pack = mma.pack_bf16x2 if dtype == "bfloat16" else mma.pack_f16x2
     ZERO = float32(0.0)
 
@@ -179,12 +208,14 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         with the bytes, before the copies, and the warp's 32 after its stores (an arrival releases the stores
         before it), so the copies start before the loads' latency."""
         if lane == U(0):
-            hopper.mbarrier_arrive_expect_tx(bar, KV_FULL, 2 * KV_BYTES)
-            for x in range(BOXES):
-                hopper.tma_load_4d(sm, at + (K_AT + x * KV_BOX) // 2, k_map, int32(WORDS * x), int32(k0),
-                                   int32(h_kv), int32(b), bar, KV_FULL)
-                hopper.tma_load_4d(sm, at + (V_AT + x * KV_BOX) // 2, v_map, int32(WORDS * x), int32(k0),
-                                   int32(h_kv), int32(b), bar, KV_FULL)
+            hopper.mbarrier_arrive_expect_tx(bar, KV_FULL, 2 * C * KV_BYTES)
+            for c in range(C):  # each consumer's 64 keys, in boxes of 64 columns
+                for x in range(BOXES):
+                    at_kv = c * KV_BYTES + x * KV_BOX
+                    hopper.tma_load_4d(sm, at + (K_AT + at_kv) // 2, k_map, int32(WORDS * x), int32(k0 + U(64 * c)),
+                                       int32(h_kv), int32(b), bar, KV_FULL)
+                    hopper.tma_load_4d(sm, at + (V_AT + at_kv) // 2, v_map, int32(WORDS * x), int32(k0 + U(64 * c)),
+                                       int32(h_kv), int32(b), bar, KV_FULL)
         for j in range(n_work):
             s = j % ST
             if j >= ST:
@@ -338,41 +369,49 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         hopper.wgmma_commit()
 
     @_step
-    def store_ds(sm32, at, ds_regs, warp, g, t):
-        """dS^T to shared memory as 16-bit pairs: row (key) 16 warp + g (+ 8), 128 bytes, 128-byte swizzle."""
+    def store_ds(sm32, at, ds_regs, row0, t):
+        """dS^T to shared memory as 16-bit pairs: row (key) row0 (+ 8) of BK, 128 bytes, 128-byte swizzle."""
         for n in range(S_TILES):
             for r in range(2):
-                row = U(16) * warp + g + U(8 * r)
+                row = row0 + U(8 * r)
                 byte = row * U(128) + U(16 * n) + U(4) * t
                 byte = byte ^ ((byte >> U(3)) & U(0x70))
                 sm32[(at + U(DS_AT) + byte) // U(4)] = ds_regs[2 * n + r]
 
     @_step
     def issue_dq(dqacc, ds_tile, k_tile):
-        """dQ share (BQ x 64) = dS (BQ x BK) @ K's box (BK x 64): dS^T read as A, MN-major (its rows are keys,
-        the product's K dimension), K as B, MN-major; k16 step kk is 16 key rows further down both."""
+        """dQ share (BQ x DQN) = dS (BQ x BK) @ K's columns (BK x DQN) that start at k_tile: dS^T read as A,
+        MN-major (its rows are keys, the product's K dimension), K as B, MN-major; k16 step kk is 16 key rows
+        further down both (K's rows of the second consumer lie KV_BYTES on). A pass of 32 columns starts 64 bytes
+        into K's 128-byte rows: the swizzle acts on the address, as for K-major steps along K."""
         for kk in range(K_STEPS):
             da = hopper.make_descriptor(ds_tile + kk * 16 * 128, BK * 128, SBO, SWIZZLE)
-            db = hopper.make_descriptor(k_tile + kk * 16 * 128, KV_BOX, SBO, SWIZZLE)
+            db = hopper.make_descriptor(k_tile + (kk // 4) * KV_BYTES + (kk % 4) * 16 * 128, KV_BOX, SBO, SWIZZLE)
             mma_q(dqacc, da, db, min(kk, 1))
         hopper.wgmma_commit()
+
+    @_step
+    def dq_columns(x, cw):
+        """The first column of dQ pass x of consumer cw: one consumer passes over every 64-column box; of two,
+        each takes its half."""
+        return U(DQN * x) if C == 1 else U(DQN) * cw
 
     @_step
     def stage_dq(smf, at, dqacc, col0, warp, g, t, scale):
         """dQ's fragment (rows 16 warp + g (+ 8), columns col0 + 8n + 2t (+ 1)) into dQ's shared rows."""
         for r in range(2):
             row = (at + U(DQ_AT) + (U(16) * warp + g + U(8 * r)) * U(ROW)) // U(4)
-            for n in range(BOX // 8):
+            for n in range(DQN // 8):
                 for c in range(2):
-                    smf[row + U(col0 + 8 * n + c) + U(2) * t] = dqacc[4 * n + 2 * r + c] * scale
+                    smf[row + col0 + U(8 * n + c) + U(2) * t] = dqacc[4 * n + 2 * r + c] * scale
 
     @_step
-    def reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, warp, lane, n_q):
-        """Each warp adds the 16 dQ rows it staged to the float32 accumulator, a bulk reduce per row by lanes
-        0..15 (the hardware issues them one lane at a time, so the four warps share the work)."""
-        row = U(16) * warp + lane
+    def reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, wq, lane, n_q):
+        """Each consumer warp wq adds ROWS of dQ's staged rows to the float32 accumulator, a bulk reduce per row
+        by lanes 0..ROWS - 1 (the hardware issues them one lane at a time, so the warps share the work)."""
+        row = U(ROWS) * wq + lane
         query = q0 + row
-        if lane < U(16) and query < n_q:
+        if lane < U(ROWS) and query < n_q:
             hopper.bulk_reduce_add(dq_acc, ((b * n_heads + h) * n_q + query) * U(d), smf,
                                    (at + U(DQ_AT) + row * U(ROW)) // U(4), int32(4 * d))
         hopper.bulk_commit()
@@ -390,7 +429,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             lo, hi = opt.key_band(I(q0) + off, I(min(q0 + U(BQ), n_q)) - I(1) + off, I(n_k), left, right)
             return int32((hi - I(1)) // I(BK) - I(kb)) if CAUSAL else int32(I(kb) - lo // I(BK))
         if CAUSAL:
-            return int32(min(q0 // U(BQ), n_kb - U(1)) - kb)
+            return int32(min((q0 + U(BQ - 1)) // U(BK), n_kb - U(1)) - kb)
         return int32(kb)
 
     def out_of_turn(j, q0):
@@ -408,14 +447,14 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             while cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 0) != j:
                 out_of_turn(j, q0)
             cuda.threadfence()
-        hopper.named_barrier_sync(1, CONSUMER)
+        hopper.named_barrier_sync(1, CT)
 
     @_step
     def pass_turn(turns, b, h, q0, tid):
         """Deterministic mode: every warp's bulk reduces complete, then thread 0 counts this block's turn done."""
         hopper.bulk_wait(0)
         hopper.fence_proxy_async_global()  # the reduces' writes, then the count that lets the next block add
-        hopper.named_barrier_sync(1, CONSUMER)
+        hopper.named_barrier_sync(1, CT)
         if tid == U(0):
             cuda.threadfence()
             cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 1)
@@ -430,7 +469,22 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
                     dk[b, h, key, U(4 * n) + t] = pack(dkacc[i] * scale, dkacc[i + 1] * scale)
                     dv[b, h, key, U(4 * n) + t] = pack(dvacc[i], dvacc[i + 1])
 
-    registers = {"max_registers": tile.max_registers} if tile.max_registers and not SIMULATOR else {}
+    _, PRODUCER_REGISTERS, CONSUMER_REGISTERS = REGISTERS
+    if C == 2:  # setmaxnreg, warpgroup by warpgroup
+        @_step
+        def producer_registers():
+            hopper.setmaxnreg_dec(PRODUCER_REGISTERS)
+
+        @_step
+        def consumer_registers():
+            hopper.setmaxnreg_inc(CONSUMER_REGISTERS)
+    else:
+        @_step
+        def producer_registers():
+            pass
+
+        consumer_registers = producer_registers
+    registers = {"max_registers": tile.registers} if tile.registers and not SIMULATOR else {}
 
     @cuda.jit(fastmath=FASTMATH, **registers)
     def flash_bwd_wgmma(k_map, v_map, q_map, do_map, lse, D, dq_acc, dk, dv, turns, n_q, n_k, scale, scale_log2,
@@ -455,17 +509,20 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         at = (U(1024) - U(base) % U(1024)) % U(1024)
         if tid == U(0):
             for i in range(N_BARRIERS):
-                hopper.mbarrier_init(bar, i, 1 if i == KV_FULL else (33 if i < EMPTY else CONSUMER))
+                hopper.mbarrier_init(bar, i, 1 if i == KV_FULL else (33 if i < EMPTY else CT))
         cuda.syncthreads()
-        if tid >= U(CONSUMER):
-            if tid < U(CONSUMER + 32):
+        if tid >= U(CT):
+            producer_registers()
+            if tid < U(CT + 32):
                 produce(sm, at // U(2), bar, stats, k_map, v_map, q_map, do_map, lse, D, b, h_kv, h_kv * group, k0,
-                        i0, n_tiles, n_work, U(n_q), tid - U(CONSUMER))
+                        i0, n_tiles, n_work, U(n_q), tid - U(CT))
             return
-        warp, lane = tid // U(32), tid % U(32)
-        g, t = lane // U(4), lane % U(4)
-        key0 = k0 + U(16) * warp + g
+        consumer_registers()
+        cw, wq, lane = tid // U(CONSUMER), tid // U(32), tid % U(32)  # consumer, warp among all consumers', lane
+        warp, g, t = wq % U(4), lane // U(4), lane % U(4)  # warp in its warpgroup
+        key0 = k0 + U(64) * cw + U(16) * warp + g
         start = U(base) + at
+        k_tile, v_tile = start + U(K_AT) + U(KV_BYTES) * cw, start + U(V_AT) + U(KV_BYTES) * cw  # this consumer's keys
         sacc = cuda.local.array(NS, float32)
         dpacc = cuda.local.array(NS, float32)
         dvacc = cuda.local.array(ND, float32)
@@ -485,7 +542,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             q_tile, do_tile = start + U(Q_AT + s * QD_BYTES), start + U(DO_AT + s * QD_BYTES)
             hopper.mbarrier_wait_parity(bar, FULL + s, int32((j // ST) & 1))
             hopper.wgmma_fence()
-            issue_scores(sacc, dpacc, start + U(K_AT), start + U(V_AT), q_tile, do_tile)
+            issue_scores(sacc, dpacc, k_tile, v_tile, q_tile, do_tile)
             hopper.wgmma_wait(1)  # S^T is ready; dP^T may still run
             probabilities(sacc, tanhs, stats, U(s * STATS), key0, q0, t, U(n_q), U(n_k), scale_log2, off, left,
                           right, capr, slope)
@@ -495,23 +552,24 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             pack_a(ds_regs, dpacc)
             hopper.wgmma_fence()
             issue_grads(dvacc, dkacc, p_regs, ds_regs, do_tile, q_tile)
-            store_ds(sm32, at, ds_regs, warp, g, t)
+            store_ds(sm32, at, ds_regs, U(64) * cw + U(16) * warp + g, t)
             hopper.fence_proxy_async()  # the threads' stores, then wgmma's reads of them
             hopper.bulk_wait_read(0)  # the last tile's dQ rows (this warp's) have left shared memory
-            hopper.named_barrier_sync(1, CONSUMER)  # every warp's rows of dS^T are in place
-            for x in range(BOXES):
+            hopper.named_barrier_sync(1, CT)  # every warp's rows of dS^T are in place
+            for x in range(DQ_PASSES):
                 if x > 0:
                     hopper.wgmma_fence()  # stage_dq read the accumulator that this pass overwrites
-                issue_dq(dqacc, start + U(DS_AT), start + U(K_AT + x * KV_BOX))
+                col0 = dq_columns(x, cw)
+                issue_dq(dqacc, start + U(DS_AT), start + U(K_AT) + col0 // U(BOX) * U(KV_BOX) + col0 % U(BOX) * U(2))
                 hopper.wgmma_wait(0)  # (first pass) dV, dK and dQ's share are done: the slot may be reused
                 if x == 0:
                     hopper.mbarrier_arrive(bar, EMPTY + s)
-                stage_dq(smf, at, dqacc, BOX * x, warp, g, t, scale)
+                stage_dq(smf, at, dqacc, col0, warp, g, t, scale)
             hopper.fence_proxy_async()  # dQ's rows, then the bulk reduce's reads of them
-            hopper.named_barrier_sync(1, CONSUMER)  # dQ's rows are in place; every warp's dQ wgmma read dS^T
+            hopper.named_barrier_sync(1, CT)  # dQ's rows are in place; every warp's dQ wgmma read dS^T
             if DETERMINISTIC:
                 wait_turn(turns, b, h, q0, tid, turn(kb, q0, n_kb, U(n_q), U(n_k), off, left, right))
-            reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, warp, lane, U(n_q))
+            reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, wq, lane, U(n_q))
             if DETERMINISTIC:
                 pass_turn(turns, b, h, q0, tid)
         hopper.bulk_wait(0)  # before the block's shared memory goes
@@ -521,7 +579,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
 
 
 MAPS = ("k_map", "v_map", "q_map", "do_map")  # the main kernel's tensor maps, by the array each one reads
-MAP_ROWS = {"k_map": BK, "v_map": BK, "q_map": BQ, "do_map": BQ}  # their boxes' rows
+MAP_ROWS = {"k_map": 64, "v_map": 64, "q_map": BQ, "do_map": BQ}  # their boxes' rows (a consumer's keys)
 
 
 @cuda.jit
@@ -552,7 +610,7 @@ def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: boo
     if deterministic:
         out.append(Launch(zero_turns, (-(-n_turns // 256),), 256, (Arg("turns", (n_turns,)),)))
     seeded = len(out)
-    out += [Launch(build(d, dtype, bool(causal), tile, bool(deterministic), features), (-(-Nk // BK), H_kv or H, B),
+    out += [Launch(build(d, dtype, bool(causal), tile, bool(deterministic), features), (-(-Nk // tile.block_k), H_kv or H, B),
                    tile.threads, MAPS + ("lse", "D", "dq_acc", "dk", "dv", "turns", np.int64(Nq), np.int64(Nk),
                                          np.float32(scale), np.float32(scale * LOG2E), int(args.left),
                                          int(args.right), np.float32(args.cap), "slopes", np.int64(0)),
