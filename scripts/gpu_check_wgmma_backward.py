@@ -2,7 +2,7 @@
 error; whether deterministic=True repeats its bits (and the default does not); then its speed, with and without
 deterministic=True, against torch's SDPA backward and flashlab's tensor (mma.sync) backward, in the same run.
 
-    python scripts/gpu_check_wgmma_backward.py [--quick]
+    python scripts/gpu_check_wgmma_backward.py [--quick] [--csv flashlab/data/wgmma_backward.csv]
         [--only accuracy,repeatability,tiles,consumers,speed,short,layout]
 
 consumers: one consumer warpgroup of 64 keys a block against two of 64 each (BackwardTile consumers=2, 128 keys
@@ -173,7 +173,7 @@ def consumers(quick):
                 f"  two/one {t['one'] / t['two']:.2f}  two/sdpa {t['sdpa'] / t['two']:.2f}", flush=True)
 
 
-def speed(quick):
+def speed(quick, csv_path=None):
     import torch
     import torch.nn.functional as Fn
 
@@ -182,6 +182,7 @@ def speed(quick):
 
     print("backward TFLOP/s; wgmma, det (wgmma, deterministic=True) and tensor through flash_attention_backward, "
           "sdpa through autograd", flush=True)
+    rows, gpu, date = [], torch.cuda.get_device_name(), time.strftime("%Y-%m-%d")
     for dtype in (("float16",) if quick else ("float16", "bfloat16")):
         for B, H, N, d, causal in (SHAPES[:8] if quick else SHAPES):
             q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
@@ -197,6 +198,17 @@ def speed(quick):
             print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
                 f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +
                 f"  wgmma/sdpa {t['sdpa'] / t['wgmma']:.2f}  wgmma/tensor {t['tensor'] / t['wgmma']:.2f}", flush=True)
+            rows.append([gpu, date, B, H, N, d, int(causal), dtype] +
+                        [round(flops / t[name] / 1e12) for name in ("wgmma", "tensor", "sdpa", "det")])
+    if csv_path:  # flashlab/data/wgmma_backward.csv's layout (lesson 20's figure)
+        import csv
+
+        with open(csv_path, "w", newline="") as f:
+            out = csv.writer(f)
+            out.writerow(["gpu", "date", "B", "H", "N", "d", "causal", "dtype", "wgmma_tflops", "tensor_tflops",
+                          "sdpa_tflops", "deterministic_tflops"])
+            out.writerows(rows)
+        print(f"wrote {csv_path}", flush=True)
 
 
 def short(dtypes=("bfloat16", "float16")):
@@ -267,9 +279,10 @@ def main():
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="float16 and B = 1 only")
+    ap.add_argument("--csv", help="speed: also write its rows here, as flashlab/data/wgmma_backward.csv")
     sections = {"accuracy": accuracy, "repeatability": repeatability, "tiles": tiles,
                 "consumers": lambda: consumers(args.quick),
-                "speed": lambda: speed(args.quick), "short": lambda: short(("float16",) if args.quick else ("bfloat16", "float16")), "layout": layout}
+                "speed": lambda: speed(args.quick, args.csv), "short": lambda: short(("float16",) if args.quick else ("bfloat16", "float16")), "layout": layout}
     ap.add_argument("--only", default=",".join(sections),
                     help="the sections to run, comma-separated (default: all, in this order)")
     args = ap.parse_args()

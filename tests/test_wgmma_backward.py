@@ -112,24 +112,26 @@ def test_grouped_query_heads_sum_into_their_kv_head():
     check_close(run_backward(q, k, v, do, rounded_like(o, dtype), lse, True, dtype), want, v, dtype, terms=2)
 
 
-TWO = wb.BackwardTile(consumers=2)
+ONE, TWO = wb.BackwardTile(), wb.BackwardTile(consumers=2)  # the default is two
 
 
+@pytest.mark.parametrize("tile", [ONE, TWO], ids=["one_consumer", "two_consumers"])
 @pytest.mark.parametrize("H,H_kv,Nq,Nk,d,causal,dtype,deterministic", [
     (1, 1, 70, 150, 64, True, "float16", False),  # two blocks of 128 keys, the second ragged; dQ in 32-column halves
     (1, 1, 90, 140, 128, False, "bfloat16", False),  # d = 128: each consumer's dQ half is one 64-column box
     (2, 1, 200, 130, 64, True, "float16", True),  # GQA, deterministic: the turns of blocks of 128 keys, causal
 ])
-def test_two_consumer_warpgroups_match_float64(H, H_kv, Nq, Nk, d, causal, dtype, deterministic):
-    """BackwardTile(consumers=2): 128 keys a block, two consumer warpgroups of 64 keys that share the Q/dO ring and
-    split dQ's columns, a producer warpgroup and setmaxnreg. Against float64; deterministic, two calls' bits too."""
+def test_one_and_two_consumer_warpgroups_match_float64(H, H_kv, Nq, Nk, d, causal, dtype, deterministic, tile):
+    """BackwardTile(): one consumer warpgroup, 64 keys a block, a producer warp. consumers=2: 128 keys a block, two
+    consumer warpgroups of 64 keys that share the Q/dO ring and split dQ's columns, a producer warpgroup and
+    setmaxnreg. Against float64; deterministic, two calls' bits too."""
     rng = np.random.default_rng(Nq + Nk + d)
     q, do = (rounded(rng, (1, H, Nq, d), dtype) for _ in range(2))
     k, v = (rounded(rng, (1, H_kv, Nk, d), dtype) for _ in range(2))
     group = H // H_kv
     o, lse, dq, dk, dv = gradients(q, np.repeat(k, group, 1), np.repeat(v, group, 1), do, d ** -0.5, causal)
     want = dq, dk.reshape(1, H_kv, group, Nk, d).sum(2), dv.reshape(1, H_kv, group, Nk, d).sum(2)
-    runs = [run_backward(q, k, v, do, rounded_like(o, dtype), lse, causal, dtype, tile=TWO,
+    runs = [run_backward(q, k, v, do, rounded_like(o, dtype), lse, causal, dtype, tile=tile,
                          deterministic=deterministic) for _ in range(1 + deterministic)]
     check_close(runs[0], want, v, dtype, terms=group)
     for a, b in zip(runs[0], runs[-1]):
@@ -144,7 +146,7 @@ def test_two_consumers_differ_from_one_only_in_dq_rounding():
     q, k, v, do = (rounded(rng, (1, 1, n, 64), "float16") for n in (64, 128, 128, 64))
     o, lse, *want = gradients(q, k, v, do, 0.125, False)
     one, two = (run_backward(q, k, v, do, rounded_like(o, "float16"), lse, False, "float16", tile=tile)
-                for tile in (None, TWO))
+                for tile in (ONE, TWO))
     for name, a, b in zip(("dq", "dk", "dv"), one, two):
         if name != "dq":
             np.testing.assert_array_equal(a, b, err_msg=name)

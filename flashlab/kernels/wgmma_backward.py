@@ -1,27 +1,37 @@
 """FlashAttention-3's backward on Hopper (sm_90) from pure-Python Numba: every product on wgmma.
 
 FlashAttention-3 (arXiv 2407.08608, Section 3 and Appendix B) splits the backward over keys, as FlashAttention-2
-does: a thread block owns BK = 64 keys of one (batch, K/V head), keeps K_j and V_j in shared memory, and walks the
-query tiles i of BQ = 64 rows (of every query head that shares the K/V head, with grouped-query attention). A
-consumer warpgroup (threads 0..127) and a producer warp after it:
+does: a thread block owns BK keys of one (batch, K/V head), keeps K_j and V_j in shared memory, and walks the
+query tiles i of BQ = 64 rows (of every query head that shares the K/V head, with grouped-query attention). Each
+consumer warpgroup owns 64 of the keys (wgmma's M); a block has one (BK = 64) or two (BK = 128, BackwardTile
+consumers=2), and a producer after them:
 
-    the producer: lane 0 copies K_j and V_j once with TMA, then Q_i and dO_i tile after tile into a ring of
-        `stages` slots; every lane loads two queries' lse (times log2 e) and D = rowsum(dO * O) into the slot's
-        stats. A full mbarrier per slot counts the bytes and the warp's arrivals; an empty one is released by the
-        consumer when the slot's last product is done.
-    the consumer, for each query tile:
-        1. S^T = K_j Q_i^T and dP^T = V_j dO_i^T (wgmma, both operands from shared memory), issued together;
+    the producer: one lane copies K_j and V_j once with TMA, then Q_i and dO_i tile after tile into a ring of
+        `stages` slots that every consumer reads; the lanes of its first warp load two queries' lse (times log2 e)
+        and D = rowsum(dO * O) each into the slot's stats. A full mbarrier per slot counts the bytes and the
+        warp's arrivals; an empty one is released by the consumers when the slot's last product is done. With two
+        consumers the producer is a whole warpgroup, which setmaxnreg shrinks to 24 registers a thread so that
+        the consumers get 240.
+    each consumer, for each query tile:
+        1. S^T = K_j Q_i^T and dP^T = V_j dO_i^T over its 64 keys (wgmma, both operands from shared memory),
+           issued together;
         2. P^T = exp2(S^T * scale * log2 e - lse_i * log2 e), masked where the key is past Nk, the query past Nq,
            or causal and after the query; then dS^T = P^T * (dP^T - D_i);
         3. dV_j += P^T dO_i and dK_j += dS^T Q_i, with P^T and dS^T as wgmma's A operand straight from registers
            (an accumulator fragment is an A fragment) and dO_i, Q_i read MN-major;
-        4. dS^T goes to shared memory (128-byte swizzled rows of keys), and dQ_i's share of this key block,
-           dS K_j, runs on wgmma (64 columns at a time) with dS read MN-major: the transposition is in the
-           descriptor, not in data movement;
+        4. dS^T goes to shared memory (128-byte swizzled rows of keys); once every consumer's rows are there, dQ_i's
+           share of this key block, dS K_j, runs on wgmma with dS read MN-major (the transposition is in the
+           descriptor, not in data movement): one consumer in 64-column passes; two, each half of the columns
+           over all 128 keys;
         5. the share, in float32 rows in shared memory, is added to dQ's accumulator by bulk reduces
-           (cp.reduce.async.bulk .add.f32, one per row), which other key blocks' shares also add to.
+           (cp.reduce.async.bulk .add.f32, one per row, the rows spread over the consumers' warps), which other
+           key blocks' shares also add to.
     D and a zeroed accumulator come first, and dQ is cast to the inputs' type last, by the tensor backward's
     preprocess and cast kernels (kernels/tensor_backward.py).
+
+Two consumers halve what a key costs in Q, dO, lse and D traffic and in dQ's reduces (one share per 128 keys,
+not 64), at the price of a 384-thread block (one an SM) and a barrier across both consumers between a tile's dS^T
+and its dQ.
 
 The library's options (kernels/options.py: window, alignment, ALiBi, softcap, dropout) work as in the tensor
 backward: a block visits the query tiles of its keys' band, step 2 masks every score by the band and transforms it
@@ -113,11 +123,11 @@ class BackwardTile:
 
 
 def default_tile(d: int) -> BackwardTile:
-    """At d = 64 a cap of 168 registers lets two blocks of 160 threads share an SM: on an H200 (2026-11-29,
-    scripts/gpu_check_wgmma_backward.py's tiles lines in benchmarks/results/h200/wgmma_backward.txt) it ran
-    136-248 TFLOP/s against 118-167 with ptxas's own register count, with 8-24 bytes of local memory. At d = 128
-    the dK and dV accumulators alone take 128 registers a thread, and one block an SM is all that fits."""
-    return BackwardTile(max_registers=168 if d == 64 else None)
+    """Two consumer warpgroups, 128 keys a block. On an H200 (2026-12-03, scripts/gpu_check_wgmma_backward.py
+    --only consumers, benchmarks/results/h200/wgmma_backward_consumers.txt) they ran 1.30-1.53x one consumer's
+    speed at d = 128, where one consumer's 253 registers leave one block an SM, and 0.99-1.17x at d = 64 (1.03-1.17
+    but for one reading of 0.99), against one consumer capped at 168 registers so that two blocks share an SM."""
+    return BackwardTile(consumers=2)
 
 
 def dq_row_bytes(d: int) -> int:
