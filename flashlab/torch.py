@@ -8,7 +8,7 @@ CPU tensors run the NumPy FA2 (`flash_attention_v2` / `flash_attention_v2_backwa
 Numba kernels (`flashlab.kernels`): the forward on Hopper's wgmma (variant "wgmma", FlashAttention-3: float16 and
 bfloat16 at d = 64 or 128, without the library's options), else on tensor cores (variant "tensor": float16,
 bfloat16, and float32 through 3xTF32) on GPUs that have them for the dtype, else the register kernel; the backward on
-Hopper's wgmma where it was measured faster (kernels/wgmma_backward.py: 16-bit, d = 64 or 128, Nq and Nk of 1024
+Hopper's wgmma where it was measured faster (kernels/wgmma_backward.py: 16-bit, d = 64 or 128, Nq and Nk of 512
 or more, no options or GQA; kernels/plan.wgmma_backward_fits), else on tensor cores for float16 and bfloat16
 (kernels/tensor_backward.py), on the FP32 units for float32. Under
 `torch.autocast`, q, k and v are cast to the autocast dtype first, as PyTorch's own attention is. The

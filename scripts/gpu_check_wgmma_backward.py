@@ -7,7 +7,8 @@ deterministic=True, against torch's SDPA backward and flashlab's tensor (mma.syn
 
 consumers: one consumer warpgroup of 64 keys a block against two of 64 each (BackwardTile consumers=2, 128 keys
 a block, setmaxnreg), each through a prepared call of its own: the gradients of both against float64 beside
-torch's error, then both timed with torch's SDPA backward at the bar's shapes.
+torch's error, then both timed with torch's SDPA backward at the bar's shapes, and two consumers with a ring of
+three stages (two3) beside them.
 
 short: the wgmma and tensor backwards at sequences shorter than the bar's (N 512 to 2048), where the library's
 default (plan.WGMMA_BACKWARD_MIN_N) decides between them. layout: inputs laid out (B, N, H, d), as a GPT's heads
@@ -128,9 +129,10 @@ def consumers(quick):
     from flashlab.kernels import flash_attention, wgmma_backward
     from gpu_check_wgmma_forward import timed
 
-    def tile(name, d):  # one consumer: capped at 168 registers at d 64 (two blocks an SM), as before; two: 128 keys
-        return wgmma_backward.BackwardTile(max_registers=168 if d == 64 else None) if name == "one" else \
-            wgmma_backward.BackwardTile(consumers=2)
+    def tile(name, d):  # one consumer: capped at 168 registers at d 64 (two blocks an SM); two: 128 keys a block
+        return {"one": wgmma_backward.BackwardTile(max_registers=168 if d == 64 else None),
+                "two": wgmma_backward.BackwardTile(consumers=2),
+                "two3": wgmma_backward.BackwardTile(stages=3, consumers=2)}[name]
 
     for B, H, H_kv, Nq, Nk, d, causal, dtype in [(1, 2, 2, 300, 250, 64, True, "float16"),
                                                  (2, 2, 2, 500, 777, 128, False, "bfloat16"),
@@ -166,7 +168,7 @@ def consumers(quick):
             qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
             ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
             t = {name: timed(prepared_backward(q, k, v, o, lse, do, causal, tile(name, d)), 10)
-                 for name in ("one", "two")}
+                 for name in ("one", "two", "two3")}
             t["sdpa"] = timed(lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True), 10)
             print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
                 f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +

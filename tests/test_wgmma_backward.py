@@ -66,6 +66,7 @@ def check_close(got, want, v, dtype, terms=1):
     (1, 2, 150, 130, 64, True, "float16"),  # ragged, causal, three key blocks and three query tiles each
     (1, 1, 1, 1, 64, False, "bfloat16"),  # N = 1: dq and dk are 0
     (1, 1, 90, 70, 128, True, "bfloat16"),  # d = 128: two boxes per row; Nq > Nk under causal
+    (1, 1, 260, 140, 128, True, "float16"),  # d = 128 causal: a ring of three stages, refilled (five query tiles)
 ])
 def test_gradients_match_float64(B, H, Nq, Nk, d, causal, dtype):
     rng = np.random.default_rng(Nq + Nk)
@@ -247,7 +248,7 @@ def test_deterministic_mode_takes_the_options(consumers, monkeypatch):
     import flashlab as fl
     from flashlab.kernels import flash_attention_backward
 
-    monkeypatch.setattr(wb, "default_tile", lambda d: wb.BackwardTile(consumers=consumers))
+    monkeypatch.setattr(wb, "default_tile", lambda d, causal: wb.BackwardTile(consumers=consumers))
 
     B, H, H_kv, nq, nk = 1, 1, 1, 150, 140
     opts = dict(causal=True, align="bottom_right", window_size=(70, 0), softcap=2.0)

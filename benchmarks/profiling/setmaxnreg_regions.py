@@ -103,6 +103,8 @@ def main():
                                                                       (128, True)))}[args.kernel]
     lines = [f"wgmma {args.kernel} builds, float16, ptxas {version}, sm_90a: the launch's register count (ptxas -v) "
              "against the highest register each region of the SASS uses",
+             "(code order: what follows the producer's setmaxnreg.dec counts as its region, including subroutines "
+             "placed at the end, such as 64-bit division, that the consumers call too)",
              f"  d {column:>9s} causal | launch ptxas-v spills | before setmaxnreg  consumers (inc to)  "
              "producer (dec to)"]
     for d, which in builds:

@@ -339,10 +339,13 @@ for r, x in zip(rows, ratio_tensor):
 # ## 8. The backward on wgmma
 #
 # The backward (lesson 06's formulas, lesson 17's kernel on `mma.sync`) moves to `wgmma` the same way. A block owns
-# 64 keys: it keeps K_j and V_j in shared memory and accumulates dK_j and dV_j in registers while a producer streams
-# the query tiles Q_i and dO_i through the ring. dK and dV are indexed by keys, so each belongs to one block. dQ is
-# indexed by queries, and every key block contributes to every query row: that sum crosses blocks. Here is where
-# each of the five products finds its operands in `flashlab/kernels/wgmma_backward.py`:
+# 128 keys, 64 for each of two consumer warpgroups (wgmma's M is 64): it keeps K_j and V_j in shared memory and
+# accumulates dK_j and dV_j in registers while a producer warpgroup streams the query tiles Q_i and dO_i through
+# the ring, which both consumers read. As in the forward, `setmaxnreg` leaves the producer 24 registers a thread and
+# gives the consumers 240: at d = 128 the dK and dV accumulators alone take 128. dK and dV are indexed by keys, so
+# each belongs to one block. dQ is indexed by queries, and every key block contributes to every query row: that sum
+# crosses blocks. Here is where each of the five products finds its operands in
+# `flashlab/kernels/wgmma_backward.py`:
 
 # %%
 print(f"{'product':16s} {'A':>22s} {'B':>22s}")
@@ -355,7 +358,7 @@ for product, (a_place, a_major, b_place, b_major) in pipeline.BACKWARD_OPERANDS.
 # MN-major, with no transposed copy. And dQ = dS K needs dS with queries as rows, while the accumulator holds dS^T
 # with keys as rows: threads cannot swap rows for columns across the warpgroup, so dS^T goes once to shared memory
 # (swizzled, as TMA would have written it) and the next wgmma reads it MN-major: the transpose is in the
-# descriptor.
+# descriptor. Once both consumers' rows of dS^T are there, each computes half of dQ's columns over all 128 keys.
 #
 # dQ's shares are added to a float32 accumulator with atomics, one share per key block. The kernel does not issue
 # them thread by thread: each warp writes its rows of the share to shared memory as float32, and one instruction
@@ -365,13 +368,14 @@ for product, (a_place, a_major, b_place, b_major) in pipeline.BACKWARD_OPERANDS.
 
 # %%
 for n in (4096, 16384):
-    atomic_bytes, second_bytes = pipeline.dq_traffic(n, n, 128, 64, 64)
-    print(f"N = {n}, d = 128, 64 x 64 tiles: atomics {atomic_bytes / 2**30:.2f} GiB, "
-          f"a second pass re-reads {second_bytes / 2**30:.2f} GiB of K and V")
+    for block_k in (64, 128):
+        atomic_bytes, second_bytes = pipeline.dq_traffic(n, n, 128, 64, block_k)
+        print(f"N = {n}, d = 128, 64 queries x {block_k} keys: atomics {atomic_bytes / 2**30:.2f} GiB, "
+              f"a second pass re-reads {second_bytes / 2**30:.2f} GiB of K and V")
 
 # %% [markdown]
 # With float16 inputs and square tiles the bytes come out equal: the second pass gains nothing there, and it
-# recomputes S and dP, two of the five products. Atomics cost something else: the order in which blocks add their
+# recomputes S and dP, two of the five products. The kernel's blocks of 128 keys halve the atomics. Atomics cost something else: the order in which blocks add their
 # shares is not fixed, so dQ can differ in its last bits from one run to the next. A deterministic mode pays for
 # a fixed order: with `deterministic=True`, a counter per query tile says how many key blocks have added their
 # share, and key block j waits until it reads j, adds, waits for its adds to land, and counts one more. Blocks
@@ -412,7 +416,7 @@ def backward_against_float64(n_q, n_k):
 hopper.run_here_or_simulated(backward_against_float64, flashlab.size(130, 80), flashlab.size(150, 100))
 
 # %% [markdown]
-# On an H200 it is faster than lesson 17's `mma.sync` backward at every shape measured, and still well short of
+# On an H200 it is faster than lesson 17's `mma.sync` backward at every shape measured, and still short of
 # torch's default backward, which is FlashAttention-3's own (the numbers, from a committed run):
 
 # %%
@@ -440,13 +444,13 @@ for causal in ("0", "1"):
           f"{max(ratio):.2f} of the speed")
 
 # %% [markdown]
-# `flashlab.torch` takes this backward on Hopper where it was measured faster, sequences of 1024 and longer without
+# `flashlab.torch` takes this backward on Hopper where it was measured faster, sequences of 512 and longer without
 # options or grouped-query heads, and lesson 17's kernel elsewhere.
 #
-# Where it stops short of FlashAttention-3: one consumer warpgroup of 64 keys per block (FA3 runs two, with 240
-# registers each), so a warpgroup waits for each tile's products before its softmax, and only at d = 64 do two
-# blocks share an SM and hide each other's waits; dQ's rows go out one bulk copy each where FA3 stores a swizzled
-# tile and reduces it with one TMA copy.
+# Where it stops short of FlashAttention-3: a consumer waits for each tile's products before its softmax, with no
+# second set of accumulators to overlap the next tile's; the two consumers wait for each other twice a tile (for
+# dS^T, then for dQ's rows), where FlashAttention-3 hands dQ's rows to a warp of the producer warpgroup; and dQ's
+# rows go out one bulk copy each where FlashAttention-3 stores a swizzled tile and reduces it with one TMA copy.
 #
 # ## Summary
 #

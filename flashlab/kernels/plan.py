@@ -662,13 +662,12 @@ def forward_variant(dtype: str, d: int, cc, options: bool = False) -> str:
     return "register"
 
 
-# The backward shapes timed against the tensor backward on an H200: N 4096 and 16384 (2026-11-29,
-# flashlab/data/wgmma_backward.csv), where the wgmma backward was 1.30-1.55x faster at all 32 (d 64 and 128, causal
-# or not, B H 16 and 64, float16 and bfloat16); N 512, 1024 and 2048 (2026-12-02,
-# benchmarks/results/h200/wgmma_backward_short.txt: B H 16 and 32, the same d, masks and dtypes), where it was
-# 1.08-1.58x faster at all 32 shapes with N of 1024 or more, and at N 512 faster at 15 of 16 but one reading of
-# 0.83 (float16, B 8, H 4, d 64, full; 1.08 in the second call). So N 512 keeps the tensor backward.
-WGMMA_BACKWARD_MIN_N = 1024
+# The backward shapes timed against the tensor backward on an H200, with the wgmma backward's default tile of two
+# consumer warpgroups (2026-12-03, benchmarks/results/h200/wgmma_backward_two_consumers.txt, flashlab/data/
+# wgmma_backward.csv): faster at all 32 shapes with N 4096 and 16384 (1.37-2.12x; d 64 and 128, causal or not, B H 16
+# and 64, float16 and bfloat16) and at all 48 with N 512, 1024 and 2048 (1.08-1.93x; B H 16 and 32). Shorter
+# sequences were not timed.
+WGMMA_BACKWARD_MIN_N = 512
 
 
 def wgmma_backward_fits(dtype: str, d: int, cc, n_q: int, n_k: int, gqa: bool = False, options: bool = False) -> bool:

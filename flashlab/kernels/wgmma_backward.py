@@ -38,18 +38,20 @@ backward: a block visits the query tiles of its keys' band, step 2 masks every s
 (softcap, then ALiBi) before P, softcap multiplies dS^T by 1 - tanh^2, and dropout regenerates the forward's mask
 (dV takes P^T Z, dS^T = P^T (dP^T Z - D)). Without them the build is the plain one, unchanged.
 
-A block has 160 threads: at d = 64 the kernel takes 168 registers, so two blocks share an SM and one's softmax
-runs under the other's products; at d = 128 (253-255 registers) one block does. Checked against float64 in the
-simulator (tests/test_wgmma_backward.py) and on an H200 beside torch's own error
-(scripts/gpu_check_wgmma_backward.py, which also times it; benchmarks/results/h200/wgmma_backward.txt,
+The default tile (default_tile) has two consumers: 384 threads, launched at 168 registers a thread, 240 for the
+consumers after setmaxnreg (ptxas 13.0 gives them up to 173 at d = 64 and 234 at d = 128, no spills:
+benchmarks/profiling/setmaxnreg_regions.py --kernel backward); one block an SM. One consumer (BackwardTile()) is
+kept for comparison and the tests: at d = 64, capped at 168 registers, two of its 160-thread blocks share an SM.
+Checked against float64 in the simulator (tests/test_wgmma_backward.py) and on an H200 beside torch's own error
+(scripts/gpu_check_wgmma_backward.py, which also times it; benchmarks/results/h200/wgmma_backward_two_consumers.txt,
 docs/design-wgmma-kernels.md).
 
-Where it stops short of FlashAttention-3 so far: one consumer warpgroup of 64 keys (FA3 runs two, 128 keys, with
-240 registers each through setmaxnreg), no overlap within a warpgroup between one tile's softmax and the next
-tile's products, and dQ's rows reduced one bulk copy each (FA3 stores a swizzled tile and reduces it with one
-TMA copy); d = 64 and 128, float16 and bfloat16, causal or not, grouped-query attention (a block walks every query
-head of its K/V head). The options' builds are checked in the simulator and compile for sm_90a (at d = 64 under
-the 168-register cap with every option on, ptxas spills 392 bytes), but have not been timed.
+Where it stops short of FlashAttention-3 so far: no overlap within a warpgroup between one tile's softmax and the
+next tile's products; the consumers wait for each other twice a tile (dS^T complete, dQ's rows staged) where FA3
+hands dQ to the producer's warps; dQ's rows are reduced one bulk copy each (FA3 stores a swizzled tile and reduces
+it with one TMA copy). d = 64 and 128, float16 and bfloat16, causal or not, grouped-query attention (a block walks
+every query head of its K/V head). The options' builds are checked in the simulator and compile for sm_90a, but
+have not been timed.
 """
 from __future__ import annotations
 
@@ -122,12 +124,14 @@ class BackwardTile:
         return 2 * (2 * bk * d + 2 * self.stages * BQ * d + bk * BQ) + BQ * dq_row_bytes(d) + 1024
 
 
-def default_tile(d: int) -> BackwardTile:
-    """Two consumer warpgroups, 128 keys a block. On an H200 (2026-12-03, scripts/gpu_check_wgmma_backward.py
-    --only consumers, benchmarks/results/h200/wgmma_backward_consumers.txt) they ran 1.30-1.53x one consumer's
+def default_tile(d: int, causal: bool = False) -> BackwardTile:
+    """Two consumer warpgroups, 128 keys a block; causal at d = 128, a ring of three stages. On an H200
+    (2026-12-03, scripts/gpu_check_wgmma_backward.py --only consumers, benchmarks/results/h200/
+    wgmma_backward_consumers.txt and wgmma_backward_two_consumers.txt) two consumers ran 1.30-1.53x one consumer's
     speed at d = 128, where one consumer's 253 registers leave one block an SM, and 0.99-1.17x at d = 64 (1.03-1.17
-    but for one reading of 0.99), against one consumer capped at 168 registers so that two blocks share an SM."""
-    return BackwardTile(consumers=2)
+    but for one reading of 0.99), against one consumer capped at 168 registers so that two blocks share an SM. A
+    third stage gained 5-8% at d = 128 causal (4 shapes, float16) and lost 1-3% at most other shapes."""
+    return BackwardTile(stages=3 if causal and d == 128 else 2, consumers=2)
 
 
 def dq_row_bytes(d: int) -> int:
@@ -160,14 +164,14 @@ def build(d: int, dtype: str, causal: bool, tile: BackwardTile | None = None, de
     each query tile; a block waits for its turn before its bulk reduces, waits for them to complete, then passes
     the turn on. Blocks are dispatched
     in index order (in practice; CUDA does not promise it), so the ones a block waits for are running or done.
-    Without it, turns is not read. tile: default_tile(d) when None.
+    Without it, turns is not read. tile: default_tile(d, causal) when None.
 
     features: the library's options compiled in (options.Features), as in the tensor backward: a key block visits
     the query tiles of its options.query_band, every score is masked by its band and transformed (softcap, then
     ALiBi) before P, softcap multiplies dS by 1 - tanh^2, and dropout regenerates the forward's mask. Their values
     are left, right, cap, slopes (options.OptionArgs in log2 units) and the dropout seed, which a plain build
     ignores."""
-    tile = tile or default_tile(d)
+    tile = tile or default_tile(d, causal)
     key = (d, dtype, causal, tile, deterministic, features)
     if key not in _BUILDS:
         if d not in (64, 128) or dtype not in DTYPES:
@@ -608,7 +612,7 @@ def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: boo
     and do (MAPS), the temporaries D, dq_acc and turns (one unread word without deterministic), and slopes (the
     ALiBi slopes, a host array). extras: the library's options (options.Extras), None for none; the dropout seed
     goes to the main kernel (Launches.seeded)."""
-    tile, precision = tile or default_tile(d), "bf16" if dtype == "bfloat16" else "f16"
+    tile, precision = tile or default_tile(d, bool(causal)), "bf16" if dtype == "bfloat16" else "f16"
     features = extras.features() if extras is not None else Features()
     args = extras.arguments(causal, B, H, True) if extras is not None else plain_arguments(causal)
     preprocess, _, cast = tensor_backward.build(d, tensor_backward.choose_tile(d, precision), bool(causal),
