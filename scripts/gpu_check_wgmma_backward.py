@@ -3,12 +3,13 @@ error; whether deterministic=True repeats its bits (and the default does not); t
 deterministic=True, against torch's SDPA backward and flashlab's tensor (mma.sync) backward, in the same run.
 
     python scripts/gpu_check_wgmma_backward.py [--quick] [--csv flashlab/data/wgmma_backward.csv]
-        [--only accuracy,repeatability,tiles,consumers,speed,short,layout]
+        [--only accuracy,repeatability,tiles,consumers,dqwarp,speed,short,layout]
 
 consumers: one consumer warpgroup of 64 keys a block against two of 64 each (BackwardTile consumers=2, 128 keys
 a block, setmaxnreg), each through a prepared call of its own: the gradients of both against float64 beside
 torch's error, then both timed with torch's SDPA backward at the bar's shapes, and two consumers with a ring of
-three stages (two3) beside them.
+three stages (two3) beside them. dqwarp: the default tile against the same with dq_warp (the producer's
+second warp reduces dQ's rows, as FlashAttention-3's does), checked and timed, with and without deterministic.
 
 short: the wgmma and tensor backwards at sequences shorter than the bar's (N 512 to 2048), where the library's
 default (plan.WGMMA_BACKWARD_MIN_N) decides between them. layout: inputs laid out (B, N, H, d), as a GPT's heads
@@ -110,14 +111,14 @@ def tiles():
             print(f"tiles, N {N:5d} d 64 {'causal' if causal else 'full':6s} " + "  ".join(line), flush=True)
 
 
-def prepared_backward(q, k, v, o, lse, do, causal, tile):
+def prepared_backward(q, k, v, o, lse, do, causal, tile, deterministic=False):
     """A call of the wgmma backward with this tile (kernels/backward.PreparedWgmmaBackward): (dq, dk, dv)."""
     from flashlab.kernels import wgmma_backward
     from flashlab.kernels.backward import PreparedWgmmaBackward
 
     (B, H, Nq, d), (_, H_kv, Nk, _) = q.shape, k.shape
     described = wgmma_backward.launches(B, H, Nq, Nk, d, d ** -0.5, causal, str(q.dtype).replace("torch.", ""),
-                                        H_kv, tile=tile)
+                                        H_kv, tile=tile, deterministic=deterministic)
     call = PreparedWgmmaBackward(described, q, k, v, o, lse, do)
     return lambda: call(q, k, v, o, lse, do)
 
@@ -173,6 +174,65 @@ def consumers(quick):
             print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
                 f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +
                 f"  two/one {t['one'] / t['two']:.2f}  two/sdpa {t['sdpa'] / t['two']:.2f}", flush=True)
+
+
+def dq_warp(quick):
+    """The default tile against the same with dq_warp (the producer's second warp reduces dQ's rows): gradients
+    against float64 and deterministic mode's repeatability, then both timed, default and deterministic."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as Fn
+
+    from flashlab.kernels import flash_attention, wgmma_backward
+    from gpu_check_wgmma_forward import timed
+
+    def tile(name, d, causal):
+        default = wgmma_backward.default_tile(d, causal)
+        return default if name == "default" else dataclasses.replace(default, dq_warp=True)
+
+    for B, H, H_kv, Nq, Nk, d, causal, dtype in [(1, 2, 2, 300, 250, 64, True, "float16"),
+                                                 (2, 2, 2, 500, 777, 128, False, "bfloat16"),
+                                                 (1, 4, 2, 1024, 1024, 128, True, "float16"),
+                                                 (2, 4, 1, 200, 333, 64, False, "float16")]:
+        dt = getattr(torch, dtype)
+        g = torch.Generator(device="cuda").manual_seed(Nq)
+        q, do = (torch.randn(B, H, Nq, d, device="cuda", generator=g).to(dt) for _ in range(2))
+        k, v = (torch.randn(B, H_kv, Nk, d, device="cuda", generator=g).to(dt) for _ in range(2))
+        o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+        q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+        o64 = Fn.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, enable_gqa=H != H_kv)
+        want = torch.autograd.grad(o64, (q64, k64, v64), do.double())
+        for name in ("default", "dq warp"):
+            call = prepared_backward(q, k, v, o, lse, do, causal, tile(name, d, causal))
+            errors = [(x.double() - w).abs().max().item() for x, w in zip(call(), want)]
+            det = prepared_backward(q, k, v, o, lse, do, causal, tile(name, d, causal), deterministic=True)
+            first, second = det(), det()
+            same = all(torch.equal(a, b) for a, b in zip(first, second))
+            det_errors = [(x.double() - w).abs().max().item() for x, w in zip(first, want)]
+            print(f"dq warp check, {name:7s}: B{B} H{H} H_kv{H_kv} Nq{Nq} Nk{Nk} d{d} "
+                  f"{'causal' if causal else 'full'} {dtype}: errors dq dk dv " +
+                  " ".join(f"{e:.2e}" for e in errors) + "; deterministic " + " ".join(f"{e:.2e}" for e in det_errors) +
+                  f", repeats its bits {same}", flush=True)
+    print("backward TFLOP/s, the default tile and the same with dq_warp, prepared calls (det: deterministic=True); "
+          "sdpa through autograd", flush=True)
+    for dtype in (("float16",) if quick else ("float16", "bfloat16")):
+        for B, H, N, d, causal in SHAPES:
+            q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
+            o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+            flops = 2.5 * 4 * B * H * N * N * d / (2 if causal else 1)
+            qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
+            ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            t = {}
+            for name in ("default", "dq warp"):
+                t[name] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(name, d, causal)), 10)
+                t[name + " det"] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(name, d, causal),
+                                                           deterministic=True), 10)
+            t["sdpa"] = timed(lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True), 10)
+            print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
+                f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +
+                f"  warp/default {t['default'] / t['dq warp']:.2f}  det {t['default det'] / t['dq warp det']:.2f}",
+                flush=True)
 
 
 def speed(quick, csv_path=None):
@@ -283,7 +343,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="float16 and B = 1 only")
     ap.add_argument("--csv", help="speed: also write its rows here, as flashlab/data/wgmma_backward.csv")
     sections = {"accuracy": accuracy, "repeatability": repeatability, "tiles": tiles,
-                "consumers": lambda: consumers(args.quick),
+                "consumers": lambda: consumers(args.quick), "dqwarp": lambda: dq_warp(args.quick),
                 "speed": lambda: speed(args.quick, args.csv), "short": lambda: short(("float16",) if args.quick else ("bfloat16", "float16")), "layout": layout}
     ap.add_argument("--only", default=",".join(sections),
                     help="the sections to run, comma-separated (default: all, in this order)")

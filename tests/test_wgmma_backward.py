@@ -139,6 +139,25 @@ def test_one_and_two_consumer_warpgroups_match_float64(H, H_kv, Nq, Nk, d, causa
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("consumers,H,Nq,Nk,deterministic", [(2, 1, 70, 150, False), (2, 2, 200, 130, True),
+                                                              (1, 1, 130, 100, False)])
+def test_the_producers_second_warp_can_reduce_dq(consumers, H, Nq, Nk, deterministic):
+    """dq_warp: the consumers stage dQ's rows and a producer warp adds them (barriers 2 and 3 hand the rows over
+    and back), as FlashAttention-3's warp 1 does. Causal, d = 64, float16, GQA in the second case, deterministic
+    turns taken by that warp: against float64, and two deterministic calls give the same bits."""
+    rng = np.random.default_rng(Nq + 3 * Nk)
+    q, do = (rounded(rng, (1, H, Nq, 64), "float16") for _ in range(2))
+    k, v = (rounded(rng, (1, 1, Nk, 64), "float16") for _ in range(2))
+    o, lse, dq, dk, dv = gradients(q, np.repeat(k, H, 1), np.repeat(v, H, 1), do, 0.125, True)
+    want = dq, dk.reshape(1, 1, H, Nk, 64).sum(2), dv.reshape(1, 1, H, Nk, 64).sum(2)
+    tile = wb.BackwardTile(consumers=consumers, dq_warp=True)
+    runs = [run_backward(q, k, v, do, rounded_like(o, "float16"), lse, True, "float16", tile=tile,
+                         deterministic=deterministic) for _ in range(1 + deterministic)]
+    check_close(runs[0], want, v, "float16", terms=H)
+    for a, b in zip(runs[0], runs[-1]):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_two_consumers_differ_from_one_only_in_dq_rounding():
     """One consumer and two on the same inputs: dK and dV come from the same products in the same order (each
     consumer's 64 keys), so they are the same bits; dQ's shares are summed over 128 keys, not 64, so it may differ
@@ -155,7 +174,8 @@ def test_two_consumers_differ_from_one_only_in_dq_rounding():
 
 
 @pytest.mark.parametrize("kwargs,match", [(dict(consumers=3), "consumers must be 1 or 2"),
-                                          (dict(consumers=2, producer=32), "producer must be 128")])
+                                          (dict(consumers=2, producer=32), "producer must be 128"),
+                                          (dict(producer=32, dq_warp=True), "producer must be 64 or more")])
 def test_a_tile_that_cannot_run_is_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         wb.BackwardTile(**kwargs)

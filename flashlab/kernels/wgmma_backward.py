@@ -91,18 +91,21 @@ class BackwardTile:
     a warpgroup (producer = 128), because setmaxnreg is warpgroup-collective: it gives up registers (24 a thread)
     so that the consumers get 240 (REGISTERS). stages: slots of the Q/dO ring, which both consumers read."""
     stages: int = 2
-    producer: int | None = None  # None: 32 with one consumer, 128 with two
+    producer: int | None = None  # None: 32 with one consumer (64 with dq_warp), 128 with two
     max_registers: int | None = None  # a cap for ptxas (None: its own; with two consumers, REGISTERS' launch count)
     consumers: int = 1
+    dq_warp: bool = False  # the producer's second warp reduces dQ's rows (FA3's warp 1), not the consumers
 
     def __post_init__(self):
         if self.consumers not in (1, 2):
             raise ValueError(f"consumers must be 1 or 2; got {self.consumers}")
         if self.producer is None:
-            object.__setattr__(self, "producer", 32 if self.consumers == 1 else 128)
+            object.__setattr__(self, "producer", 128 if self.consumers == 2 else 64 if self.dq_warp else 32)
         if self.consumers == 2 and self.producer != 128:
             raise ValueError(f"with two consumers the producer is a warpgroup (setmaxnreg needs all of one): "
                              f"producer must be 128; got {self.producer}")
+        if self.dq_warp and self.producer < 64:
+            raise ValueError(f"dq_warp needs a second producer warp: producer must be 64 or more; got {self.producer}")
 
     @property
     def block_k(self) -> int:
@@ -181,7 +184,7 @@ def build(d: int, dtype: str, causal: bool, tile: BackwardTile | None = None, de
 
 
 def _kernel(d, dtype, causal, tile, deterministic, features):
-    ST, C, CAUSAL, DETERMINISTIC = tile.stages, tile.consumers, causal, deterministic
+    ST, C, CAUSAL, DETERMINISTIC, DQ_WARP = tile.stages, tile.consumers, causal, deterministic, tile.dq_warp
     BK, CT = tile.block_k, CONSUMER * tile.consumers  # keys per block, consumer threads
     OPTIONS, BOTTOM_RIGHT = features.any, bool(features.bottom_right)
     SOFTCAP, ALIBI, DROP = bool(features.softcap), bool(features.alibi), features.dropout
@@ -474,6 +477,50 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 1)
 
     @_step
+    def reduce_rows(dq_acc, smf, at, b, h, n_heads, q0, lane, n_q):
+        """dq_warp: the producer's second warp adds all BQ staged rows to the float32 accumulator, a bulk reduce per
+        row, two rows a lane."""
+        for r in range(BQ // 32):
+            row = lane + U(32 * r)
+            if q0 + row < n_q:
+                hopper.bulk_reduce_add(dq_acc, ((b * n_heads + h) * n_q + q0 + row) * U(d), smf,
+                                       (at + U(DQ_AT) + row * U(ROW)) // U(4), int32(4 * d))
+        hopper.bulk_commit()
+
+    @_step
+    def reduce_dq_shares(dq_acc, smf, at, turns, b, hq0, i0, n_tiles, n_work, n_heads, n_q, n_k, kb, n_kb, off, left,
+                         right, lane):
+        """dq_warp: tile after tile, wait until every consumer has staged its dQ rows (barrier 2), add them, and
+        once the copies have read them (deterministic: once they are complete and the turn is passed on) tell the
+        consumers the rows may be overwritten (barrier 3; free at the start, and not after the last tile, so
+        that every arrival has its wait)."""
+        for j in range(n_work):
+            h, q0 = work_item(U(j), hq0, i0, n_tiles)
+            if j == 0:
+                hopper.named_barrier_arrive(3, CT + 32)
+            hopper.named_barrier_sync(2, CT + 32)
+            if DETERMINISTIC:
+                if lane == U(0):
+                    while cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 0) != turn(kb, q0, n_kb, n_q, n_k, off, left,
+                                                                                 right):
+                        out_of_turn(turn(kb, q0, n_kb, n_q, n_k, off, left, right), q0)
+                    cuda.threadfence()
+                hopper.named_barrier_sync(4, 32)  # the warp
+            reduce_rows(dq_acc, smf, at, b, h, n_heads, q0, lane, n_q)
+            if DETERMINISTIC:
+                hopper.bulk_wait(0)
+                hopper.fence_proxy_async_global()
+                hopper.named_barrier_sync(4, 32)  # the warp
+                if lane == U(0):
+                    cuda.threadfence()
+                    cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 1)
+            else:
+                hopper.bulk_wait_read(0)
+            if j + 1 < n_work:
+                hopper.named_barrier_arrive(3, CT + 32)
+        hopper.bulk_wait(0)
+
+    @_step
     def store_kv(dk, dv, dkacc, dvacc, b, h, key0, g, t, n_k, scale):
         for r in range(2):
             key = key0 + U(8 * r)
@@ -530,6 +577,9 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             if tid < U(CT + 32):
                 produce(sm, at // U(2), bar, stats, k_map, v_map, q_map, do_map, lse, D, b, h_kv, h_kv * group, k0,
                         i0, n_tiles, n_work, U(n_q), tid - U(CT))
+            elif DQ_WARP and tid < U(CT + 64):
+                reduce_dq_shares(dq_acc, smf, at, turns, b, h_kv * group, i0, n_tiles, n_work, n_heads, U(n_q), U(n_k),
+                                 kb, n_kb, off, left, right, tid % U(32))
             return
         consumer_registers()
         cw, wq, lane = tid // U(CONSUMER), tid // U(32), tid % U(32)  # consumer, warp among all consumers', lane
@@ -566,9 +616,12 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             pack_a(ds_regs, dpacc)
             hopper.wgmma_fence()
             issue_grads(dvacc, dkacc, p_regs, ds_regs, do_tile, q_tile)
+            if DQ_WARP:  # the last tile's dQ rows have been read, so every consumer's dQ product read dS^T too
+                hopper.named_barrier_sync(3, CT + 32)
             store_ds(sm32, at, ds_regs, U(64) * cw + U(16) * warp + g, t)
             hopper.fence_proxy_async()  # the threads' stores, then wgmma's reads of them
-            hopper.bulk_wait_read(0)  # the last tile's dQ rows (this warp's) have left shared memory
+            if not DQ_WARP:
+                hopper.bulk_wait_read(0)  # the last tile's dQ rows (this warp's) have left shared memory
             hopper.named_barrier_sync(1, CT)  # every warp's rows of dS^T are in place
             for x in range(DQ_PASSES):
                 if x > 0:
@@ -580,6 +633,9 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
                     hopper.mbarrier_arrive(bar, EMPTY + s)
                 stage_dq(smf, at, dqacc, col0, warp, g, t, scale)
             hopper.fence_proxy_async()  # dQ's rows, then the bulk reduce's reads of them
+            if DQ_WARP:
+                hopper.named_barrier_arrive(2, CT + 32)  # the rows are the reducing warp's
+                continue
             hopper.named_barrier_sync(1, CT)  # dQ's rows are in place; every warp's dQ wgmma read dS^T
             if DETERMINISTIC:
                 wait_turn(turns, b, h, q0, tid, turn(kb, q0, n_kb, U(n_q), U(n_k), off, left, right))
