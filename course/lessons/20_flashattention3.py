@@ -448,9 +448,11 @@ for causal in ("0", "1"):
 # options or grouped-query heads, and lesson 17's kernel elsewhere.
 #
 # Where it stops short of FlashAttention-3: a consumer waits for each tile's products before its softmax, with no
-# second set of accumulators to overlap the next tile's; the two consumers wait for each other twice a tile (for
-# dS^T, then for dQ's rows), where FlashAttention-3 hands dQ's rows to a warp of the producer warpgroup; and dQ's
-# rows go out one bulk copy each where FlashAttention-3 stores a swizzled tile and reduces it with one TMA copy.
+# second set of accumulators to overlap the next tile's; dQ's rows go out one bulk copy each where
+# FlashAttention-3 stores a swizzled tile and reduces it with one TMA copy. At d = 128 the kernel hands dQ's rows to
+# the producer warpgroup's second warp, as FlashAttention-3 does, so that the consumers meet once a tile; at d = 64
+# that measured slower, and the consumers reduce dQ themselves. The figure's d = 128 bars predate that hand-over,
+# which gained 4-8% (`benchmarks/results/h200/wgmma_backward_dq_warp.txt`).
 #
 # ## Summary
 #

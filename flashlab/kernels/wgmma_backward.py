@@ -24,8 +24,9 @@ consumers=2), and a producer after them:
            descriptor, not in data movement): one consumer in 64-column passes; two, each half of the columns
            over all 128 keys;
         5. the share, in float32 rows in shared memory, is added to dQ's accumulator by bulk reduces
-           (cp.reduce.async.bulk .add.f32, one per row, the rows spread over the consumers' warps), which other
-           key blocks' shares also add to.
+           (cp.reduce.async.bulk .add.f32, one per row), which other key blocks' shares also add to: issued by
+           the consumers' warps, or (dq_warp, the default at d = 128) by the producer's second warp, which takes
+           the staged rows through one named barrier and hands the buffer back through another.
     D and a zeroed accumulator come first, and dQ is cast to the inputs' type last, by the tensor backward's
     preprocess and cast kernels (kernels/tensor_backward.py).
 
@@ -47,9 +48,9 @@ Checked against float64 in the simulator (tests/test_wgmma_backward.py) and on a
 docs/design-wgmma-kernels.md).
 
 Where it stops short of FlashAttention-3 so far: no overlap within a warpgroup between one tile's softmax and the
-next tile's products; the consumers wait for each other twice a tile (dS^T complete, dQ's rows staged) where FA3
-hands dQ to the producer's warps; dQ's rows are reduced one bulk copy each (FA3 stores a swizzled tile and reduces
-it with one TMA copy). d = 64 and 128, float16 and bfloat16, causal or not, grouped-query attention (a block walks
+next tile's products; at d = 64 the consumers reduce dQ themselves and meet twice a tile (handing dQ to the
+producer's second warp, as FA3 does and as the d = 128 default does, measured slower there); dQ's rows are reduced
+one bulk copy each (FA3 stores a swizzled tile and reduces it with one TMA copy). d = 64 and 128, float16 and bfloat16, causal or not, grouped-query attention (a block walks
 every query head of its K/V head). The options' builds are checked in the simulator and compile for sm_90a, but
 have not been timed.
 """
@@ -128,13 +129,17 @@ class BackwardTile:
 
 
 def default_tile(d: int, causal: bool = False) -> BackwardTile:
-    """Two consumer warpgroups, 128 keys a block; causal at d = 128, a ring of three stages. On an H200
-    (2026-12-03, scripts/gpu_check_wgmma_backward.py --only consumers, benchmarks/results/h200/
-    wgmma_backward_consumers.txt and wgmma_backward_two_consumers.txt) two consumers ran 1.30-1.53x one consumer's
-    speed at d = 128, where one consumer's 253 registers leave one block an SM, and 0.99-1.17x at d = 64 (1.03-1.17
-    but for one reading of 0.99), against one consumer capped at 168 registers so that two blocks share an SM. A
-    third stage gained 5-8% at d = 128 causal (4 shapes, float16) and lost 1-3% at most other shapes."""
-    return BackwardTile(stages=3 if causal and d == 128 else 2, consumers=2)
+    """Two consumer warpgroups, 128 keys a block; at d = 128 the producer's second warp reduces dQ (dq_warp), and
+    causal, the ring has three stages. Measured on an H200 (2026-12-03, scripts/gpu_check_wgmma_backward.py,
+    benchmarks/results/h200/wgmma_backward_consumers.txt, wgmma_backward_two_consumers.txt and
+    wgmma_backward_dq_warp.txt):
+    - two consumers ran 1.30-1.53x one consumer's speed at d = 128, where one consumer's 253 registers leave one
+      block an SM, and 0.99-1.17x at d = 64 (1.03-1.17 but for one reading of 0.99), against one consumer capped at
+      168 registers so that two blocks share an SM;
+    - a third stage gained 5-8% at d = 128 causal (4 shapes, float16) and lost 1-3% at most other shapes;
+    - dq_warp gained 4-8% at d = 128 and lost 12-16% at d = 64 (16 shapes, float16; not profiled: there one warp
+      issues a tile's 64 row reduces, which the consumers' eight warps share without it)."""
+    return BackwardTile(stages=3 if causal and d == 128 else 2, consumers=2, dq_warp=d == 128)
 
 
 def dq_row_bytes(d: int) -> int:
