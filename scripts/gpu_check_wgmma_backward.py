@@ -123,11 +123,51 @@ def prepared_backward(q, k, v, o, lse, do, causal, tile, deterministic=False):
     return lambda: call(q, k, v, o, lse, do)
 
 
-def consumers(quick):
+# (B, H, H_kv, Nq, Nk, d, causal, dtype) of the tile comparisons' accuracy checks: ragged, Nq != Nk, GQA, N = 1
+TILE_CHECKS = [(1, 2, 2, 300, 250, 64, True, "float16"), (2, 2, 2, 500, 777, 128, False, "bfloat16"),
+               (1, 4, 2, 1024, 1024, 128, True, "float16"), (1, 1, 1, 1, 1, 64, False, "bfloat16"),
+               (2, 4, 1, 200, 333, 64, False, "float16")]
+
+
+def checked_inputs(B, H, H_kv, Nq, Nk, d, causal, dtype):
+    """Random inputs, the tensor forward's o and lse, and the float64 gradients and torch's own (dq, dk, dv):
+    (q, k, v, do, o, lse, float64's, torch's)."""
     import torch
     import torch.nn.functional as Fn
 
-    from flashlab.kernels import flash_attention, wgmma_backward
+    from flashlab.kernels import flash_attention
+
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(Nq)
+    q, do = (torch.randn(B, H, Nq, d, device="cuda", generator=g).to(dt) for _ in range(2))
+    k, v = (torch.randn(B, H_kv, Nk, d, device="cuda", generator=g).to(dt) for _ in range(2))
+    o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    o64 = Fn.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, enable_gqa=H != H_kv)
+    want = torch.autograd.grad(o64, (q64, k64, v64), do.double())
+    qt, kt, vt = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=H != H_kv)
+    return q, k, v, do, o, lse, want, torch.autograd.grad(ot, (qt, kt, vt), do)
+
+
+def timed_inputs(B, H, N, d, causal, dtype):
+    """Random inputs of a timed shape, the tensor forward's o and lse, the backward's FLOPs (2.5x the forward's
+    4 B H N^2 d, causal half) and torch's SDPA backward as a call: (q, k, v, do, o, lse, flops, sdpa_backward)."""
+    import torch
+    import torch.nn.functional as Fn
+
+    from flashlab.kernels import flash_attention
+
+    q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
+    o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
+    qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
+    ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    return (q, k, v, do, o, lse, 2.5 * 4 * B * H * N * N * d / (2 if causal else 1),
+            lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True))
+
+
+def consumers(quick):
+    from flashlab.kernels import wgmma_backward
     from gpu_check_wgmma_forward import timed
 
     def tile(name, d):  # one consumer: capped at 168 registers at d 64 (two blocks an SM); two: 128 keys a block
@@ -135,22 +175,8 @@ def consumers(quick):
                 "two": wgmma_backward.BackwardTile(consumers=2),
                 "two3": wgmma_backward.BackwardTile(stages=3, consumers=2)}[name]
 
-    for B, H, H_kv, Nq, Nk, d, causal, dtype in [(1, 2, 2, 300, 250, 64, True, "float16"),
-                                                 (2, 2, 2, 500, 777, 128, False, "bfloat16"),
-                                                 (1, 4, 2, 1024, 1024, 128, True, "float16"),
-                                                 (1, 1, 1, 1, 1, 64, False, "bfloat16"),
-                                                 (2, 4, 1, 200, 333, 64, False, "float16")]:
-        dt = getattr(torch, dtype)
-        g = torch.Generator(device="cuda").manual_seed(Nq)
-        q, do = (torch.randn(B, H, Nq, d, device="cuda", generator=g).to(dt) for _ in range(2))
-        k, v = (torch.randn(B, H_kv, Nk, d, device="cuda", generator=g).to(dt) for _ in range(2))
-        o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
-        q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
-        o64 = Fn.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, enable_gqa=H != H_kv)
-        want = torch.autograd.grad(o64, (q64, k64, v64), do.double())
-        qt, kt, vt = (x.detach().clone().requires_grad_() for x in (q, k, v))
-        ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=H != H_kv)
-        theirs = torch.autograd.grad(ot, (qt, kt, vt), do)
+    for B, H, H_kv, Nq, Nk, d, causal, dtype in TILE_CHECKS:
+        q, k, v, do, o, lse, want, theirs = checked_inputs(B, H, H_kv, Nq, Nk, d, causal, dtype)
         for name in ("one", "two"):
             got = prepared_backward(q, k, v, o, lse, do, causal, tile(name, d))()
             line = []
@@ -163,46 +189,31 @@ def consumers(quick):
           "through autograd", flush=True)
     for dtype in (("float16",) if quick else ("float16", "bfloat16")):
         for B, H, N, d, causal in SHAPES:
-            q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
-            o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
-            flops = 2.5 * 4 * B * H * N * N * d / (2 if causal else 1)
-            qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
-            ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            q, k, v, do, o, lse, flops, sdpa_backward = timed_inputs(B, H, N, d, causal, dtype)
             t = {name: timed(prepared_backward(q, k, v, o, lse, do, causal, tile(name, d)), 10)
                  for name in ("one", "two", "two3")}
-            t["sdpa"] = timed(lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True), 10)
+            t["sdpa"] = timed(sdpa_backward, 10)
             print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
                 f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +
                 f"  two/one {t['one'] / t['two']:.2f}  two/sdpa {t['sdpa'] / t['two']:.2f}", flush=True)
 
 
 def dq_warp(quick):
-    """The default tile against the same with dq_warp (the producer's second warp reduces dQ's rows): gradients
-    against float64 and deterministic mode's repeatability, then both timed, default and deterministic."""
+    """The default tile with dq_warp off ("default": the consumers reduce dQ) and on ("dq warp": the producer's
+    second warp does): gradients against float64 and deterministic mode's repeatability, then both timed, default
+    and deterministic."""
     import dataclasses
 
     import torch
-    import torch.nn.functional as Fn
 
-    from flashlab.kernels import flash_attention, wgmma_backward
+    from flashlab.kernels import wgmma_backward
     from gpu_check_wgmma_forward import timed
 
     def tile(name, d, causal):
-        default = wgmma_backward.default_tile(d, causal)
-        return default if name == "default" else dataclasses.replace(default, dq_warp=True)
+        return dataclasses.replace(wgmma_backward.default_tile(d, causal), dq_warp=name == "dq warp")
 
-    for B, H, H_kv, Nq, Nk, d, causal, dtype in [(1, 2, 2, 300, 250, 64, True, "float16"),
-                                                 (2, 2, 2, 500, 777, 128, False, "bfloat16"),
-                                                 (1, 4, 2, 1024, 1024, 128, True, "float16"),
-                                                 (2, 4, 1, 200, 333, 64, False, "float16")]:
-        dt = getattr(torch, dtype)
-        g = torch.Generator(device="cuda").manual_seed(Nq)
-        q, do = (torch.randn(B, H, Nq, d, device="cuda", generator=g).to(dt) for _ in range(2))
-        k, v = (torch.randn(B, H_kv, Nk, d, device="cuda", generator=g).to(dt) for _ in range(2))
-        o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
-        q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
-        o64 = Fn.scaled_dot_product_attention(q64, k64, v64, is_causal=causal, enable_gqa=H != H_kv)
-        want = torch.autograd.grad(o64, (q64, k64, v64), do.double())
+    for B, H, H_kv, Nq, Nk, d, causal, dtype in TILE_CHECKS:
+        q, k, v, do, o, lse, want, _ = checked_inputs(B, H, H_kv, Nq, Nk, d, causal, dtype)
         for name in ("default", "dq warp"):
             call = prepared_backward(q, k, v, o, lse, do, causal, tile(name, d, causal))
             errors = [(x.double() - w).abs().max().item() for x, w in zip(call(), want)]
@@ -218,17 +229,13 @@ def dq_warp(quick):
           "sdpa through autograd", flush=True)
     for dtype in (("float16",) if quick else ("float16", "bfloat16")):
         for B, H, N, d, causal in SHAPES:
-            q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
-            o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
-            flops = 2.5 * 4 * B * H * N * N * d / (2 if causal else 1)
-            qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
-            ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            q, k, v, do, o, lse, flops, sdpa_backward = timed_inputs(B, H, N, d, causal, dtype)
             t = {}
             for name in ("default", "dq warp"):
                 t[name] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(name, d, causal)), 10)
                 t[name + " det"] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(name, d, causal),
                                                            deterministic=True), 10)
-            t["sdpa"] = timed(lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True), 10)
+            t["sdpa"] = timed(sdpa_backward, 10)
             print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
                 f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +
                 f"  warp/default {t['default'] / t['dq warp']:.2f}  det {t['default det'] / t['dq warp det']:.2f}",
@@ -237,9 +244,8 @@ def dq_warp(quick):
 
 def speed(quick, csv_path=None):
     import torch
-    import torch.nn.functional as Fn
 
-    from flashlab.kernels import flash_attention, flash_attention_backward
+    from flashlab.kernels import flash_attention_backward
     from gpu_check_wgmma_forward import timed  # flashlab.bench.time_cuda's median
 
     print("backward TFLOP/s; wgmma, det (wgmma, deterministic=True) and tensor through flash_attention_backward, "
@@ -247,16 +253,12 @@ def speed(quick, csv_path=None):
     rows, gpu, date = [], torch.cuda.get_device_name(), time.strftime("%Y-%m-%d")
     for dtype in (("float16",) if quick else ("float16", "bfloat16")):
         for B, H, N, d, causal in (SHAPES[:8] if quick else SHAPES):
-            q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=getattr(torch, dtype)) for _ in range(4))
-            o, lse = flash_attention(q, k, v, causal=causal, variant="tensor")
-            flops = 2.5 * 4 * B * H * N * N * d / (2 if causal else 1)
-            qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
-            ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            q, k, v, do, o, lse, flops, sdpa_backward = timed_inputs(B, H, N, d, causal, dtype)
             t = {name: timed(lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal, variant=name), 10)
                  for name in ("wgmma", "tensor")}
             t["det"] = timed(lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal, variant="wgmma",
                                                               deterministic=True), 10)
-            t["sdpa"] = timed(lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True), 10)
+            t["sdpa"] = timed(sdpa_backward, 10)
             print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
                 f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +
                 f"  wgmma/sdpa {t['sdpa'] / t['wgmma']:.2f}  wgmma/tensor {t['tensor'] / t['wgmma']:.2f}", flush=True)
