@@ -169,6 +169,10 @@ def _check_real(value, name, expected):
     return float(value)
 
 
+# The library's options at their defaults, where each option is off: what a call that passes none of them means
+OPTION_DEFAULTS = dict(window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0)
+
+
 def check_options(q_shape, *, causal=False, scale=None, window_size=(-1, -1), align="top_left",
                   alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0) -> AttentionOptions:
     """Validate the FA library's options for queries of shape q_shape (..., H, Nq, d)."""

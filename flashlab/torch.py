@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import math
 
+from ._inputs import OPTION_DEFAULTS
+
 __all__ = ["FlashAttentionFunction", "scaled_dot_product_attention", "flash_attention", "flash_attention_varlen"]
 
 _CPU_DTYPES = ("float16", "float32", "float64")
@@ -104,7 +106,7 @@ def _to_numpy(x):
     return x.detach().contiguous().numpy()
 
 
-_DEFAULTS = dict(window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0)
+_DEFAULTS = dict(OPTION_DEFAULTS, seed=0)
 
 
 def _options(window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=None):

@@ -543,6 +543,14 @@ def test_tma_strides_takes_a_gpt_layout_and_refuses_what_tma_cannot_read():
         hopper.tensor_map_4d(cuda.to_device(np.zeros((2, 3, 8, 60), np.uint16)), 8, 60, 0)
 
 
+def test_a_2d_map_takes_the_4d_maps_stride_rules():
+    """tensor_map_2d checks its matrix by hopper.tma_strides, as tensor_map_4d does: rows 136 bytes apart are
+    refused; a single row, whose stride is never stepped, is read whatever its stride says."""
+    with pytest.raises(ValueError, match="positive multiple of 16 bytes"):
+        hopper.tensor_map_2d(cuda.to_device(np.zeros((8, 68), np.uint16))[:, :64], 8, 64, 128)
+    hopper.tensor_map_2d(cuda.to_device(np.zeros((1, 68), np.uint16))[:, :64], 8, 64, 128)
+
+
 def test_tma_load_refuses_a_map_of_the_other_rank():
     tmap = hopper.tensor_map_2d(cuda.to_device(np.zeros((64, 64), np.uint16)), 64, 64, 128)
     if not SIMULATOR:

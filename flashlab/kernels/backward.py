@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .._inputs import check_options, check_seed
+from .._inputs import OPTION_DEFAULTS, check_options, check_seed
 from ..device import device_limits, has_gpu
 from . import hopper, prepared, register_backward, tensor, tensor_backward, wgmma, wgmma_backward
 from ._launch import (all_to_device_words, check_kernel_backward_inputs, check_kernel_inputs, empty, empty_words,
@@ -123,8 +123,7 @@ def prepared_call(q, k, v, o, lse, do, causal: bool, scale, variant: str):
     if variant == "wgmma":
         key = _wgmma_key(tensors, causal, scale, False)
     elif variant == "tensor":
-        key = _tensor_key(tensors, causal, scale, None, None, None, dict(
-            window_size=(-1, -1), align="top_left", alibi_slopes=None, softcap=0.0, dropout_p=0.0))
+        key = _tensor_key(tensors, causal, scale, None, None, None, dict(OPTION_DEFAULTS))
     else:
         return None
     call = None if key is None else prepared.lookup(key)

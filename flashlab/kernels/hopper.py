@@ -882,9 +882,10 @@ def tensor_map_2d(matrix, box_rows, box_cols, swizzle=128):
     if len(shape) != 2:
         raise ValueError(f"matrix must be 2-D; got shape {shape}")
     rows, cols = shape
-    if strides[1] != itemsize or strides[0] % 16 or address % 16:
-        raise ValueError(f"matrix must have contiguous rows, a row stride that is a multiple of 16 bytes and a "
-                         f"16-byte aligned start; got strides {strides} (bytes), address 0x{address:x}")
+    given, strides = strides, tma_strides(shape, strides, address, itemsize)
+    if strides is None:
+        raise ValueError(f"matrix must have contiguous rows, a row stride that is a positive multiple of 16 bytes "
+                         f"and a 16-byte aligned start; got strides {tuple(given)} (bytes), address 0x{address:x}")
     return _tensor_map(matrix, address, (rows, 1, 1), (strides[0], 0, 0), cols, itemsize, box_rows, box_cols,
                        swizzle, 2)
 
