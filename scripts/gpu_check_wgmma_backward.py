@@ -346,7 +346,8 @@ def main():
     ap.add_argument("--csv", help="speed: also write its rows here, as flashlab/data/wgmma_backward.csv")
     sections = {"accuracy": accuracy, "repeatability": repeatability, "tiles": tiles,
                 "consumers": lambda: consumers(args.quick), "dqwarp": lambda: dq_warp(args.quick),
-                "speed": lambda: speed(args.quick, args.csv), "short": lambda: short(("float16",) if args.quick else ("bfloat16", "float16")), "layout": layout}
+                "speed": lambda: speed(args.quick, args.csv),
+                "short": lambda: short(("float16",) if args.quick else ("bfloat16", "float16")), "layout": layout}
     ap.add_argument("--only", default=",".join(sections),
                     help="the sections to run, comma-separated (default: all, in this order)")
     args = ap.parse_args()

@@ -8,8 +8,8 @@ after the producer's setmaxnreg.dec.
     PATH=/path/to/cuobjdump_and_nvdisasm:$PATH python benchmarks/profiling/setmaxnreg_regions.py \
         [--kernel forward|backward] [--out FILE]
 
---kernel backward: the wgmma backward's builds with two consumer warpgroups (wgmma_backward.BackwardTile
-consumers=2), plain and deterministic.
+--kernel backward: the wgmma backward's default builds (wgmma_backward.default_tile: two consumer warpgroups;
+at d 128 the producer's second warp reduces dQ, and causal, three ring slots), plain and deterministic.
 
 Needs NVRTC (numba-cuda's compile_ptx), ptxas, cuobjdump and nvdisasm (pip: nvidia-cuda-nvrtc,
 nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm), no GPU. The regions are read in code order: from the
@@ -59,12 +59,12 @@ def forward_build(d: int, consumers: int, causal: bool) -> tuple:
 
 
 def backward_build(d: int, deterministic: bool, causal: bool) -> tuple:
-    """The same of a wgmma backward build with two consumer warpgroups."""
+    """The same of a wgmma backward build with its default tile."""
     from numba import types
 
     from flashlab.kernels import wgmma_backward
 
-    kernel = wgmma_backward.build(d, "float16", causal, wgmma_backward.BackwardTile(consumers=2), deterministic)
+    kernel = wgmma_backward.build(d, "float16", causal, wgmma_backward.default_tile(d, causal), deterministic)
     maps, f32, i64 = types.Array(types.uint64, 1, "C"), types.float32, types.int64
     sig = (maps, maps, maps, maps, types.Array(f32, 3, "C"), types.Array(f32, 3, "C"), types.Array(f32, 4, "C"),
            types.Array(types.uint32, 4, "C"), types.Array(types.uint32, 4, "C"), types.Array(types.int32, 3, "C"),

@@ -40,8 +40,10 @@ backward: a block visits the query tiles of its keys' band, step 2 masks every s
 (dV takes P^T Z, dS^T = P^T (dP^T Z - D)). Without them the build is the plain one, unchanged.
 
 The default tile (default_tile) has two consumers: 384 threads, launched at 168 registers a thread, 240 for the
-consumers after setmaxnreg (ptxas 13.0 gives them up to 173 at d = 64 and 234 at d = 128, no spills:
-benchmarks/profiling/setmaxnreg_regions.py --kernel backward); one block an SM. One consumer (BackwardTile()) is
+consumers after setmaxnreg (ptxas 13.0 gives them up to 173 at d = 64 and 235 at d = 128:
+benchmarks/profiling/setmaxnreg_regions.py --kernel backward); one block an SM. At d = 128 ptxas spills 76-84
+bytes in the producer's code, whose 24 registers a thread now hold the dQ warp's loop too (measured faster all
+the same; without dq_warp nothing spills). One consumer (BackwardTile()) is
 kept for comparison and the tests: at d = 64, capped at 168 registers, two of its 160-thread blocks share an SM.
 Checked against float64 in the simulator (tests/test_wgmma_backward.py) and on an H200 beside torch's own error
 (scripts/gpu_check_wgmma_backward.py, which also times it; benchmarks/results/h200/wgmma_backward_two_consumers.txt,
@@ -50,9 +52,9 @@ docs/design-wgmma-kernels.md).
 Where it stops short of FlashAttention-3 so far: no overlap within a warpgroup between one tile's softmax and the
 next tile's products; at d = 64 the consumers reduce dQ themselves and meet twice a tile (handing dQ to the
 producer's second warp, as FA3 does and as the d = 128 default does, measured slower there); dQ's rows are reduced
-one bulk copy each (FA3 stores a swizzled tile and reduces it with one TMA copy). d = 64 and 128, float16 and bfloat16, causal or not, grouped-query attention (a block walks
-every query head of its K/V head). The options' builds are checked in the simulator and compile for sm_90a, but
-have not been timed.
+one bulk copy each (FA3 stores a swizzled tile and reduces it with one TMA copy). d = 64 and 128, float16 and
+bfloat16, causal or not, grouped-query attention (a block walks every query head of its K/V head). The options'
+builds are checked in the simulator and compile for sm_90a, but have not been timed.
 """
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ cuda = get_cuda()
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
 BQ = 64  # queries per tile
-CONSUMER = 128  # threads of a consumer warpgroup, which owns 64 keys (a warpgroup starts at a warp index divisible by 4)
+CONSUMER = 128  # threads of a consumer warpgroup, which owns 64 keys (warpgroups start at a warp index 4 divides)
 # with two consumers, registers a thread at launch (65536 / 384, a multiple of 8) and after setmaxnreg the
 # producer's and the consumers' (24 * 128 + 240 * 256 <= 65536), as in the forward (wgmma.REGISTERS)
 REGISTERS = (168, 24, 240)
@@ -462,22 +464,24 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
     out_of_turn = _step(out_of_turn if SIMULATOR else lambda j, q0: None)
 
     @_step
-    def wait_turn(turns, b, h, q0, tid, j):
-        """Deterministic mode: thread 0 spins until j key blocks have added their shares to this query tile (an
-        atomic add of 0 reads the count), then the warpgroup goes on together."""
-        if tid == U(0):
+    def wait_turn(turns, b, h, q0, first, j, barrier, threads):
+        """Deterministic mode: the first of the threads that reduce dQ spins until j key blocks have added their
+        shares to this query tile (an atomic add of 0 reads the count), then they go on together (named barrier
+        `barrier` of `threads`: the consumers, or with dq_warp its warp)."""
+        if first:
             while cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 0) != j:
                 out_of_turn(j, q0)
             cuda.threadfence()
-        hopper.named_barrier_sync(1, CT)
+        hopper.named_barrier_sync(barrier, threads)
 
     @_step
-    def pass_turn(turns, b, h, q0, tid):
-        """Deterministic mode: every warp's bulk reduces complete, then thread 0 counts this block's turn done."""
+    def pass_turn(turns, b, h, q0, first, barrier, threads):
+        """Deterministic mode: every reducing warp's bulk reduces complete, then the first thread counts this
+        block's turn done."""
         hopper.bulk_wait(0)
         hopper.fence_proxy_async_global()  # the reduces' writes, then the count that lets the next block add
-        hopper.named_barrier_sync(1, CT)
-        if tid == U(0):
+        hopper.named_barrier_sync(barrier, threads)
+        if first:
             cuda.threadfence()
             cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 1)
 
@@ -505,20 +509,10 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
                 hopper.named_barrier_arrive(3, CT + 32)
             hopper.named_barrier_sync(2, CT + 32)
             if DETERMINISTIC:
-                if lane == U(0):
-                    while cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 0) != turn(kb, q0, n_kb, n_q, n_k, off, left,
-                                                                                 right):
-                        out_of_turn(turn(kb, q0, n_kb, n_q, n_k, off, left, right), q0)
-                    cuda.threadfence()
-                hopper.named_barrier_sync(4, 32)  # the warp
+                wait_turn(turns, b, h, q0, lane == U(0), turn(kb, q0, n_kb, n_q, n_k, off, left, right), 4, 32)
             reduce_rows(dq_acc, smf, at, b, h, n_heads, q0, lane, n_q)
             if DETERMINISTIC:
-                hopper.bulk_wait(0)
-                hopper.fence_proxy_async_global()
-                hopper.named_barrier_sync(4, 32)  # the warp
-                if lane == U(0):
-                    cuda.threadfence()
-                    cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 1)
+                pass_turn(turns, b, h, q0, lane == U(0), 4, 32)
             else:
                 hopper.bulk_wait_read(0)
             if j + 1 < n_work:
@@ -643,10 +637,10 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
                 continue
             hopper.named_barrier_sync(1, CT)  # dQ's rows are in place; every warp's dQ wgmma read dS^T
             if DETERMINISTIC:
-                wait_turn(turns, b, h, q0, tid, turn(kb, q0, n_kb, U(n_q), U(n_k), off, left, right))
+                wait_turn(turns, b, h, q0, tid == U(0), turn(kb, q0, n_kb, U(n_q), U(n_k), off, left, right), 1, CT)
             reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, wq, lane, U(n_q))
             if DETERMINISTIC:
-                pass_turn(turns, b, h, q0, tid)
+                pass_turn(turns, b, h, q0, tid == U(0), 1, CT)
         hopper.bulk_wait(0)  # before the block's shared memory goes
         store_kv(dk, dv, dkacc, dvacc, b, h_kv, key0, g, t, U(n_k), scale)
 
@@ -685,7 +679,8 @@ def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: boo
     if deterministic:
         out.append(Launch(zero_turns, (-(-n_turns // 256),), 256, (Arg("turns", (n_turns,)),)))
     seeded = len(out)
-    out += [Launch(build(d, dtype, bool(causal), tile, bool(deterministic), features), (-(-Nk // tile.block_k), H_kv or H, B),
+    grid = (-(-Nk // tile.block_k), H_kv or H, B)
+    out += [Launch(build(d, dtype, bool(causal), tile, bool(deterministic), features), grid,
                    tile.threads, MAPS + ("lse", "D", "dq_acc", "dk", "dv", "turns", np.int64(Nq), np.int64(Nk),
                                          np.float32(scale), np.float32(scale * LOG2E), int(args.left),
                                          int(args.right), np.float32(args.cap), "slopes", np.int64(0)),
