@@ -352,6 +352,9 @@ class BarrierDeadlock(RuntimeError):
 
 
 STUCK_GRACE = 0.3  # seconds every thread of the block must stay waiting before the simulator calls it a deadlock
+# a waiting thread looks for a deadlock after POLL seconds, then ever less often, up to every POLL_MAX (each look
+# wakes the thread, and a block has hundreds waiting)
+POLL, POLL_MAX = 0.02, 0.16
 
 
 class _Window:
@@ -479,7 +482,7 @@ def every_thread_waits(manager, block) -> bool:
     block loop counts its threads: device.py)."""
     count = getattr(manager, "count", None)
     if count is None or len(block.waits) + manager.waiting + manager.finished < count:
-        return False  # the cheap test first: each waiting thread polls this every 20 ms
+        return False  # the cheap test first: each waiting thread polls this (POLL, then less often)
     return sum(not done() for done in block.waits.values()) + manager.waiting + manager.finished >= count
 
 
@@ -492,9 +495,10 @@ def _wait(me, manager, block, done, what):
         return
     block.waits[me] = done
     try:
-        start, stuck = time.monotonic(), None
+        start, stuck, poll = time.monotonic(), None, POLL
         while not done():
-            block.cond.wait(0.02)
+            block.cond.wait(poll)
+            poll = min(2 * poll, POLL_MAX)  # its barrier wakes a wait; the poll only looks for a deadlock
             if getattr(me, "abort", False):
                 raise RuntimeError("another thread of this block failed")
             if done():
