@@ -1,5 +1,5 @@
 """kernels/wgmma_backward.py: the FA3-style backward on wgmma, against float64 gradients, in the simulator (every
-Hopper instruction emulated exactly). Small launches: a few blocks of 256 threads. On a GPU,
+Hopper instruction emulated exactly). Small launches: a few blocks of up to 384 threads. On a GPU,
 scripts/gpu_check_wgmma_backward.py runs the same check beside torch's error and times it."""
 import numpy as np
 import pytest
