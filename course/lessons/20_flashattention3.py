@@ -340,11 +340,11 @@ for r, x in zip(rows, ratio_tensor):
 #
 # The backward (lesson 06's formulas, lesson 17's kernel on `mma.sync`) moves to `wgmma` the same way. A block owns
 # 128 keys, 64 for each of two consumer warpgroups (wgmma's M is 64): it keeps K_j and V_j in shared memory and
-# accumulates dK_j and dV_j in registers while a producer warpgroup streams the query tiles Q_i and dO_i through
-# the ring, which both consumers read. As in the forward, `setmaxnreg` leaves the producer 24 registers a thread and
-# gives the consumers 240: at d = 128 the dK and dV accumulators alone take 128. dK and dV are indexed by keys, so
-# each belongs to one block. dQ is indexed by queries, and every key block contributes to every query row: that sum
-# crosses blocks. Here is where each of the five products finds its operands in
+# accumulates dK_j and dV_j in registers while a producer warpgroup streams the query tiles Q_i and dO_i through the
+# ring, which both consumers read. As in the forward's two-consumer build, `setmaxnreg` leaves the producer 24
+# registers a thread and gives the consumers 240: at d = 128 the dK and dV accumulators alone take 128. dK and dV are
+# indexed by keys, so each belongs to one block. dQ is indexed by queries, and every key block contributes to every
+# query row: that sum crosses blocks. Here is where each of the five products finds its operands in
 # `flashlab/kernels/wgmma_backward.py`:
 
 # %%
@@ -375,15 +375,15 @@ for n in (4096, 16384):
 
 # %% [markdown]
 # With float16 inputs and square tiles the bytes come out equal: the second pass gains nothing there, and it
-# recomputes S and dP, two of the five products. The kernel's blocks of 128 keys halve the atomics. Atomics cost something else: the order in which blocks add their
-# shares is not fixed, so dQ can differ in its last bits from one run to the next. A deterministic mode pays for
-# a fixed order: with `deterministic=True`, a counter per query tile says how many key blocks have added their
-# share, and key block j waits until it reads j, adds, waits for its adds to land, and counts one more. Blocks
-# start in index order (what GPUs do in practice, though CUDA does not promise it), so the ones it waits for are
-# already running or done. The price is that waiting, paid on every tile, and most under a causal mask: there
-# key block j starts on its diagonal query tile, and may add to it only after blocks 0 to j - 1 have, so each
-# block starts a step behind the one before it and the last finishes about twice as late as its work alone would
-# take. The measured cost is printed below the speed figure.
+# recomputes S and dP, two of the five products. The kernel's blocks of 128 keys halve the atomics. Atomics cost
+# something else: the order in which blocks add their shares is not fixed, so dQ can differ in its last bits from one
+# run to the next. A deterministic mode pays for a fixed order: with `deterministic=True`, a counter per query tile
+# says how many key blocks have added their share, and key block j waits until it reads j, adds, waits for its adds to
+# land, and counts one more. Blocks start in index order (what GPUs do in practice, though CUDA does not promise it),
+# so the ones it waits for are already running or done. The price is that waiting, paid on every tile, and most under
+# a causal mask: there key block j starts on its diagonal query tile, and may add to it only after blocks 0 to j - 1
+# have, so each block starts a step behind the one before it and the last finishes about twice as late as its work
+# alone would take. The measured cost is printed below the speed figure.
 #
 # The same public call runs it, here on o and lse from the float64 reference (rounded as the forward stores them),
 # so that the check is the backward's alone (on a GPU other than Hopper, in a separate Python on the simulator, as
