@@ -430,14 +430,18 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
                     smf[row + col0 + U(8 * n + c) + U(2) * t] = dqacc[4 * n + 2 * r + c] * scale
 
     @_step
-    def reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, wq, lane, n_q):
-        """Each consumer warp wq adds ROWS of dQ's staged rows to the float32 accumulator, a bulk reduce per row
-        by lanes 0..ROWS - 1 (the hardware issues them one lane at a time, so the warps share the work)."""
-        row = U(ROWS) * wq + lane
-        query = q0 + row
-        if lane < U(ROWS) and query < n_q:
-            hopper.bulk_reduce_add(dq_acc, ((b * n_heads + h) * n_q + query) * U(d), smf,
+    def reduce_row(dq_acc, smf, at, b, h, n_heads, q0, row, n_q):
+        """Staged dQ row `row` of the tile added to the float32 accumulator by one bulk reduce (none past Nq)."""
+        if q0 + row < n_q:
+            hopper.bulk_reduce_add(dq_acc, ((b * n_heads + h) * n_q + q0 + row) * U(d), smf,
                                    (at + U(DQ_AT) + row * U(ROW)) // U(4), int32(4 * d))
+
+    @_step
+    def reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, wq, lane, n_q):
+        """Each consumer warp wq adds ROWS of dQ's staged rows, one a lane for lanes 0..ROWS - 1 (the hardware
+        issues them one lane at a time, so the warps share the work)."""
+        if lane < U(ROWS):
+            reduce_row(dq_acc, smf, at, b, h, n_heads, q0, U(ROWS) * wq + lane, n_q)
         hopper.bulk_commit()
 
     @_step
@@ -487,13 +491,9 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
 
     @_step
     def reduce_rows(dq_acc, smf, at, b, h, n_heads, q0, lane, n_q):
-        """dq_warp: the producer's second warp adds all BQ staged rows to the float32 accumulator, a bulk reduce per
-        row, two rows a lane."""
+        """dq_warp: the producer's second warp adds all BQ staged rows, two a lane."""
         for r in range(BQ // 32):
-            row = lane + U(32 * r)
-            if q0 + row < n_q:
-                hopper.bulk_reduce_add(dq_acc, ((b * n_heads + h) * n_q + q0 + row) * U(d), smf,
-                                       (at + U(DQ_AT) + row * U(ROW)) // U(4), int32(4 * d))
+            reduce_row(dq_acc, smf, at, b, h, n_heads, q0, lane + U(32 * r), n_q)
         hopper.bulk_commit()
 
     @_step
