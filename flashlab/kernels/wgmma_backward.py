@@ -240,7 +240,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
                                        int32(h_kv), int32(b), bar, KV_FULL)
                     hopper.tma_load_4d(sm, at + (V_AT + at_kv) // 2, v_map, int32(WORDS * x), int32(k0 + U(64 * c)),
                                        int32(h_kv), int32(b), bar, KV_FULL)
-        for j in range(n_work):
+        for j in range(int32(n_work)):  # 32-bit counts: the producer has 24 registers
             s = j % ST
             if j >= ST:
                 hopper.mbarrier_wait_parity(bar, EMPTY + s, int32((j // ST - 1) & 1))
@@ -263,8 +263,10 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
     @_step
     def work_item(j, hq0, i0, n_tiles):
         """The block's j-th piece of work: (query head, first query of the tile). With grouped-query attention
-        a K/V head serves several query heads, and its block walks every tile of each in turn."""
-        return hq0 + j // n_tiles, (i0 + j % n_tiles) * U(BQ)
+        a K/V head serves several query heads, and its block walks every tile of each in turn. In 32 bits: a
+        64-bit division is a subroutine whose registers the producer's 24 cannot hold."""
+        head, tile = uint32(j) // uint32(n_tiles), uint32(j) % uint32(n_tiles)
+        return uint32(uint32(hq0) + head), uint32((uint32(i0) + tile) * uint32(BQ))
 
     @_step
     def issue_transposed_scores(acc, key_tile, query_tile):
@@ -430,18 +432,19 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
                     smf[row + col0 + U(8 * n + c) + U(2) * t] = dqacc[4 * n + 2 * r + c] * scale
 
     @_step
-    def reduce_row(dq_acc, smf, at, b, h, n_heads, q0, row, n_q):
-        """Staged dQ row `row` of the tile added to the float32 accumulator by one bulk reduce (none past Nq)."""
-        if q0 + row < n_q:
-            hopper.bulk_reduce_add(dq_acc, ((b * n_heads + h) * n_q + q0 + row) * U(d), smf,
-                                   (at + U(DQ_AT) + row * U(ROW)) // U(4), int32(4 * d))
+    def reduce_row(dq_acc, smf, at, first, row, rows):
+        """Staged dQ row `row` of the tile added to the float32 accumulator by one bulk reduce, for the tile's `rows`
+        rows before Nq; `first`: the accumulator's row of the tile's first query."""
+        if row < rows:
+            word = (uint32(at) + uint32(DQ_AT) + uint32(row) * uint32(ROW)) // uint32(4)  # (32 bits: see work_item)
+            hopper.bulk_reduce_add(dq_acc, (first + U(row)) * U(d), smf, word, int32(4 * d))
 
     @_step
-    def reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, wq, lane, n_q):
+    def reduce_dq(dq_acc, smf, at, first, wq, lane, rows):
         """Each consumer warp wq adds ROWS of dQ's staged rows, one a lane for lanes 0..ROWS - 1 (the hardware
         issues them one lane at a time, so the warps share the work)."""
         if lane < U(ROWS):
-            reduce_row(dq_acc, smf, at, b, h, n_heads, q0, U(ROWS) * wq + lane, n_q)
+            reduce_row(dq_acc, smf, at, first, U(ROWS) * wq + lane, rows)
         hopper.bulk_commit()
 
     @_step
@@ -490,33 +493,31 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 1)
 
     @_step
-    def reduce_rows(dq_acc, smf, at, b, h, n_heads, q0, lane, n_q):
+    def reduce_rows(dq_acc, smf, at, first, lane, rows):
         """dq_warp: the producer's second warp adds all BQ staged rows, two a lane."""
         for r in range(BQ // 32):
-            reduce_row(dq_acc, smf, at, b, h, n_heads, q0, lane + U(32 * r), n_q)
+            reduce_row(dq_acc, smf, at, first, lane + uint32(32 * r), rows)
         hopper.bulk_commit()
 
     @_step
     def reduce_dq_shares(dq_acc, smf, at, turns, b, hq0, i0, n_tiles, n_work, n_heads, n_q, n_k, kb, n_kb, off, left,
                          right, lane):
-        """dq_warp: tile after tile, wait until every consumer has staged its dQ rows (barrier 2), add them, and
-        once the copies have read them (deterministic: once they are complete and the turn is passed on) tell the
-        consumers the rows may be overwritten (barrier 3; free at the start, and not after the last tile, so
-        that every arrival has its wait)."""
-        for j in range(n_work):
-            h, q0 = work_item(U(j), hq0, i0, n_tiles)
-            if j == 0:
-                hopper.named_barrier_arrive(3, CT + 32)
+        """dq_warp: tile after tile, tell the consumers that the rows may be overwritten (barrier 3: the last
+        tile's copies have read them; deterministic: they are complete and the turn is passed on; at the first
+        tile, nothing was staged), wait until every consumer has staged its dQ rows (barrier 2) and add them. One
+        arrival on barrier 3 a tile, for the consumers' one wait a tile."""
+        bh0 = uint32(b * n_heads)  # dQ's rows of batch b start at row bh0 * Nq (32 bits: the warp has 24 registers)
+        for j in range(int32(n_work)):
+            h, q0 = work_item(j, hq0, i0, n_tiles)
+            hopper.named_barrier_arrive(3, CT + 32)  # the last tile's rows are read (or none were staged)
             hopper.named_barrier_sync(2, CT + 32)
             if DETERMINISTIC:
                 wait_turn(turns, b, h, q0, lane == U(0), turn(kb, q0, n_kb, n_q, n_k, off, left, right), 4, 32)
-            reduce_rows(dq_acc, smf, at, b, h, n_heads, q0, lane, n_q)
+            reduce_rows(dq_acc, smf, at, U(bh0 + h) * n_q + q0, lane, min(uint32(uint32(n_q) - q0), uint32(BQ)))
             if DETERMINISTIC:
                 pass_turn(turns, b, h, q0, lane == U(0), 4, 32)
             else:
                 hopper.bulk_wait_read(0)
-            if j + 1 < n_work:
-                hopper.named_barrier_arrive(3, CT + 32)
         hopper.bulk_wait(0)
 
     @_step
@@ -528,6 +529,20 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
                     i = 4 * n + 2 * r
                     dk[b, h, key, U(4 * n) + t] = pack(dkacc[i] * scale, dkacc[i + 1] * scale)
                     dv[b, h, key, U(4 * n) + t] = pack(dvacc[i], dvacc[i + 1])
+
+    @_step
+    def block_work(lse, n_q, n_k, left, right):
+        """The block's key block and the query tiles that see it: (b, K/V head, key block, key blocks, first key,
+        query heads, query heads per K/V head, off, first tile, tiles, tiles times query heads of the group)."""
+        b, h_kv = U(cuda.blockIdx.z), U(cuda.blockIdx.y)
+        n_kb, kb = U(cuda.gridDim.x), U(cuda.blockIdx.x)
+        if CAUSAL and DETERMINISTIC:
+            kb = n_kb - U(1) - kb  # the last key block first: see turn
+        k0 = kb * U(BK)
+        n_heads, n_kv_heads = U(lse.shape[1]), U(cuda.gridDim.y)
+        group = n_heads // n_kv_heads  # query heads per K/V head (1 without GQA); dK, dV sum over them
+        off, i0, n_tiles = query_tiles(k0, U(n_q), U(n_k), left, right)
+        return b, h_kv, kb, n_kb, k0, n_heads, group, off, i0, n_tiles, group * n_tiles
 
     _, PRODUCER_REGISTERS, CONSUMER_REGISTERS = REGISTERS
     if C == 2:  # setmaxnreg, warpgroup by warpgroup
@@ -555,24 +570,15 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         bar = cuda.shared.array(N_BARRIERS, uint64)
         stats = cuda.shared.array(N_STATS, float32)
         tid = U(cuda.threadIdx.x)
-        b, h_kv = U(cuda.blockIdx.z), U(cuda.blockIdx.y)
-        n_kb, kb = U(cuda.gridDim.x), U(cuda.blockIdx.x)
-        if CAUSAL and DETERMINISTIC:
-            kb = n_kb - U(1) - kb  # the last key block first: see turn
-        k0 = kb * U(BK)
-        n_heads, n_kv_heads = U(lse.shape[1]), U(cuda.gridDim.y)
-        group = n_heads // n_kv_heads  # query heads per K/V head (1 without GQA); dK, dV sum over them
-        off, i0, n_tiles = query_tiles(k0, U(n_q), U(n_k), left, right)
-        n_work = group * n_tiles
-        capr = cap / scale_log2  # S^T stays in raw units
-        base = hopper.smem_address(sm, 0)
-        at = (U(1024) - U(base) % U(1024)) % U(1024)
         if tid == U(0):
             for i in range(N_BARRIERS):
                 hopper.mbarrier_init(bar, i, 1 if i == KV_FULL else (33 if i < EMPTY else CT))
         cuda.syncthreads()
         if tid >= U(CT):
-            producer_registers()
+            producer_registers()  # the block's work is worked out after this, so that no value lives across it
+            b, h_kv, kb, n_kb, k0, n_heads, group, off, i0, n_tiles, n_work = block_work(lse, n_q, n_k, left, right)
+            base = hopper.smem_address(sm, 0)
+            at = (U(1024) - U(base) % U(1024)) % U(1024)
             if tid < U(CT + 32):
                 produce(sm, at // U(2), bar, stats, k_map, v_map, q_map, do_map, lse, D, b, h_kv, h_kv * group, k0,
                         i0, n_tiles, n_work, U(n_q), tid - U(CT))
@@ -581,6 +587,10 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
                                  kb, n_kb, off, left, right, tid % U(32))
             return
         consumer_registers()
+        b, h_kv, kb, n_kb, k0, n_heads, group, off, i0, n_tiles, n_work = block_work(lse, n_q, n_k, left, right)
+        capr = cap / scale_log2  # S^T stays in raw units
+        base = hopper.smem_address(sm, 0)
+        at = (U(1024) - U(base) % U(1024)) % U(1024)
         cw, wq, lane = tid // U(CONSUMER), tid // U(32), tid % U(32)  # consumer, warp among all consumers', lane
         warp, g, t = wq % U(4), lane // U(4), lane % U(4)  # warp in its warpgroup
         key0 = k0 + U(64) * cw + U(16) * warp + g
@@ -638,7 +648,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             hopper.named_barrier_sync(1, CT)  # dQ's rows are in place; every warp's dQ wgmma read dS^T
             if DETERMINISTIC:
                 wait_turn(turns, b, h, q0, tid == U(0), turn(kb, q0, n_kb, U(n_q), U(n_k), off, left, right), 1, CT)
-            reduce_dq(dq_acc, smf, at, b, h, n_heads, q0, wq, lane, U(n_q))
+            reduce_dq(dq_acc, smf, at, (b * n_heads + h) * U(n_q) + q0, wq, lane, min(U(n_q) - q0, U(BQ)))
             if DETERMINISTIC:
                 pass_turn(turns, b, h, q0, tid == U(0), 1, CT)
         hopper.bulk_wait(0)  # before the block's shared memory goes
