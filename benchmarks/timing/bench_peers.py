@@ -10,7 +10,7 @@ kernels hard-code float16 (and its backward needs N % 128 == 0), so this compare
 causal only (it walks the diagonal and the blocks below it whatever `causal` says), so its backward is timed for
 causal shapes alone.
 
-Public calls, random normal inputs, B = 1 and H = 16: flashlab.kernels.flash_attention and
+Public calls, random normal inputs, H = 16 and B = 1 and 4 (B H = 16 and 64, the bars' batch sizes): flashlab.kernels.flash_attention and
 flash_attention_backward with variant="wgmma", torch.nn.functional.scaled_dot_product_attention (default
 backend) and its autograd backward, and the tutorial's `attention` and its autograd backward. Times:
 flashlab.bench.time_cuda (CUDA events, median of 10 after warm-up). TFLOP/s: the forward counts 4 B H N^2 d
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-SHAPES = [(N, d, causal) for N in (4096, 16384) for d in (64, 128) for causal in (False, True)]
+SHAPES = [(B, N, d, causal) for B in (1, 4) for N in (4096, 16384) for d in (64, 128) for causal in (False, True)]
 
 
 def load_tutorial(path):
@@ -55,13 +55,13 @@ def main():
     args = ap.parse_args()
     tutorial = load_tutorial(args.triton)
     device = torch.cuda.get_device_name()
-    print(f"{device} {time.strftime('%Y-%m-%d')} torch {torch.__version__}; TFLOP/s, B 1, H 16, float16", flush=True)
+    print(f"{device} {time.strftime('%Y-%m-%d')} torch {torch.__version__}; TFLOP/s, H 16, float16", flush=True)
     timed = lambda fn: time_cuda(fn, warmup=2, reps=args.repeats)["median_ms"] / 1e3  # noqa: E731
     rows = []
-    for N, d, causal in SHAPES:
-        q, k, v, do = (torch.randn(1, 16, N, d, device="cuda", dtype=torch.float16) for _ in range(4))
+    for B, N, d, causal in SHAPES:
+        q, k, v, do = (torch.randn(B, 16, N, d, device="cuda", dtype=torch.float16) for _ in range(4))
         scale = d ** -0.5
-        flops = 4 * 16 * N * N * d / (2 if causal else 1)
+        flops = 4 * B * 16 * N * N * d / (2 if causal else 1)
         o, lse = flash_attention(q, k, v, causal=causal, variant="wgmma")
         qt, kt, vt = (x.clone().requires_grad_() for x in (q, k, v))
         ot = Fn.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
@@ -75,13 +75,13 @@ def main():
              "sdpa backward": timed(lambda: torch.autograd.grad(ot, (qt, kt, vt), do, retain_graph=True))}
         if causal:
             t["triton backward"] = timed(lambda: torch.autograd.grad(orr, (qr, kr, vr), do, retain_graph=True))
-        row = {"gpu": device, "date": time.strftime("%Y-%m-%d"), "N": N, "d": d, "causal": causal,
+        row = {"gpu": device, "date": time.strftime("%Y-%m-%d"), "B": B, "N": N, "d": d, "causal": causal,
                "triton_backward_tflops": ""}
         for name, seconds in t.items():
             row[name.replace(" ", "_") + "_tflops"] = round((2.5 if "backward" in name else 1) * flops / seconds / 1e12,
                                                             1)
         rows.append(row)
-        print(f"N {N:5d} d {d:3d} {'causal' if causal else 'full':6s} " + "  ".join(
+        print(f"B {B} N {N:5d} d {d:3d} {'causal' if causal else 'full':6s} " + "  ".join(
             f"{name} {row[name.replace(' ', '_') + '_tflops']:5.0f}" for name in t), flush=True)
     if args.csv:
         write_csv(args.csv, rows)

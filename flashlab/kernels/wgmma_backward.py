@@ -40,10 +40,10 @@ backward: a block visits the query tiles of its keys' band, step 2 masks every s
 (dV takes P^T Z, dS^T = P^T (dP^T Z - D)). Without them the build is the plain one, unchanged.
 
 The default tile (default_tile) has two consumers: 384 threads, launched at 168 registers a thread, 240 for the
-consumers after setmaxnreg (ptxas 13.0 gives them up to 173 at d = 64 and 235 at d = 128:
-benchmarks/profiling/setmaxnreg_regions.py --kernel backward); one block an SM. At d = 128 ptxas spills 76-84
-bytes in the producer's code, whose 24 registers a thread now hold the dQ warp's loop too (measured faster all
-the same; without dq_warp nothing spills). One consumer (BackwardTile()) is
+consumers after setmaxnreg (ptxas 13.0 gives them up to 171 at d = 64 and 237 at d = 128:
+benchmarks/profiling/setmaxnreg_regions.py --kernel backward); one block an SM. Nothing spills: the producer's
+24 registers a thread hold the loader's loop and the dQ warp's because both count in 32 bits (work_item) and work
+out the block's work after setmaxnreg (block_work). One consumer (BackwardTile()) is
 kept for comparison and the tests: at d = 64, capped at 168 registers, two of its 160-thread blocks share an SM.
 Checked against float64 in the simulator (tests/test_wgmma_backward.py) and on an H200 beside torch's own error
 (scripts/gpu_check_wgmma_backward.py, which also times it; benchmarks/results/h200/wgmma_backward_two_consumers.txt,
