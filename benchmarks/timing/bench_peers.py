@@ -10,8 +10,8 @@ kernels hard-code float16 (and its backward needs N % 128 == 0), so this compare
 causal only (it walks the diagonal and the blocks below it whatever `causal` says), so its backward is timed for
 causal shapes alone.
 
-Public calls, random normal inputs, H = 16 and B = 1 and 4 (B H = 16 and 64, the bars' batch sizes): flashlab.kernels.flash_attention and
-flash_attention_backward with variant="wgmma", torch.nn.functional.scaled_dot_product_attention (default
+Public calls, random normal inputs, H = 16 and B = 1 and 4 (B H = 16 and 64, the bars' batch sizes):
+flashlab.kernels.flash_attention and flash_attention_backward with variant="wgmma", torch.nn.functional.scaled_dot_product_attention (default
 backend) and its autograd backward, and the tutorial's `attention` and its autograd backward. Times:
 flashlab.bench.time_cuda (CUDA events, median of 10 after warm-up). TFLOP/s: the forward counts 4 B H N^2 d
 (causal: half), the backward 2.5 times that.

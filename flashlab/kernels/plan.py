@@ -665,8 +665,8 @@ def forward_variant(dtype: str, d: int, cc, options: bool = False) -> str:
 # The backward shapes timed against the tensor backward on an H200, with the wgmma backward's default tile of two
 # consumer warpgroups (2026-12-03, benchmarks/results/h200/wgmma_backward_two_consumers.txt; with the dQ warp at
 # d 128, flashlab/data/wgmma_backward.csv): faster at all 32 shapes with N 4096 and 16384 (1.37-2.12x, then
-# 1.54-2.29x; d 64 and 128, causal or not, B H 16 and 64, float16 and bfloat16) and at all 48 with N 512, 1024 and 2048 (1.08-1.93x; B H 16 and 32). Shorter
-# sequences were not timed.
+# 1.54-2.29x; d 64 and 128, causal or not, B H 16 and 64, float16 and bfloat16) and at all 48 with N 512, 1024 and
+# 2048 (1.08-1.93x; B H 16 and 32). Shorter sequences were not timed.
 WGMMA_BACKWARD_MIN_N = 512
 
 

@@ -40,7 +40,7 @@ backward: a block visits the query tiles of its keys' band, step 2 masks every s
 (dV takes P^T Z, dS^T = P^T (dP^T Z - D)). Without them the build is the plain one, unchanged.
 
 The default tile (default_tile) has two consumers: 384 threads, launched at 168 registers a thread, 240 for the
-consumers after setmaxnreg (ptxas 13.0 gives them up to 171 at d = 64 and 237 at d = 128:
+consumers after setmaxnreg (ptxas 13.0 gives them up to 173 at d = 64 and 237 at d = 128:
 benchmarks/profiling/setmaxnreg_regions.py --kernel backward); one block an SM. Nothing spills: the producer's
 24 registers a thread hold the loader's loop and the dQ warp's because both count in 32 bits (work_item) and work
 out the block's work after setmaxnreg (block_work). One consumer (BackwardTile()) is
@@ -440,7 +440,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             hopper.bulk_reduce_add(dq_acc, (first + U(row)) * U(d), smf, word, int32(4 * d))
 
     @_step
-    def reduce_dq(dq_acc, smf, at, first, wq, lane, rows):
+    def reduce_dq(dq_acc, smf, at, first, rows, wq, lane):
         """Each consumer warp wq adds ROWS of dQ's staged rows, one a lane for lanes 0..ROWS - 1 (the hardware
         issues them one lane at a time, so the warps share the work)."""
         if lane < U(ROWS):
@@ -493,7 +493,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             cuda.atomic.add(turns, (b, h, q0 // U(BQ)), 1)
 
     @_step
-    def reduce_rows(dq_acc, smf, at, first, lane, rows):
+    def reduce_rows(dq_acc, smf, at, first, rows, lane):
         """dq_warp: the producer's second warp adds all BQ staged rows, two a lane."""
         for r in range(BQ // 32):
             reduce_row(dq_acc, smf, at, first, lane + uint32(32 * r), rows)
@@ -513,7 +513,8 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             hopper.named_barrier_sync(2, CT + 32)
             if DETERMINISTIC:
                 wait_turn(turns, b, h, q0, lane == U(0), turn(kb, q0, n_kb, n_q, n_k, off, left, right), 4, 32)
-            reduce_rows(dq_acc, smf, at, U(bh0 + h) * n_q + q0, lane, min(uint32(uint32(n_q) - q0), uint32(BQ)))
+            first, rows = tile_rows(bh0, h, q0, n_q)
+            reduce_rows(dq_acc, smf, at, first, rows, lane)
             if DETERMINISTIC:
                 pass_turn(turns, b, h, q0, lane == U(0), 4, 32)
             else:
@@ -543,6 +544,18 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         group = n_heads // n_kv_heads  # query heads per K/V head (1 without GQA); dK, dV sum over them
         off, i0, n_tiles = query_tiles(k0, U(n_q), U(n_k), left, right)
         return b, h_kv, kb, n_kb, k0, n_heads, group, off, i0, n_tiles, group * n_tiles
+
+    @_step
+    def aligned_start(sm):
+        """(shared memory's address, the byte offset from it that is 1024-aligned, as the 128-byte swizzle needs)."""
+        base = hopper.smem_address(sm, 0)
+        return base, (U(1024) - U(base) % U(1024)) % U(1024)
+
+    @_step
+    def tile_rows(bh0, h, q0, n_q):
+        """(dQ's accumulator row of query tile q0 of (batch, query head) row bh0 + h, its rows before Nq), in 32 bits
+        but the row (see work_item)."""
+        return U(bh0 + h) * U(n_q) + q0, min(uint32(uint32(n_q) - q0), uint32(BQ))
 
     _, PRODUCER_REGISTERS, CONSUMER_REGISTERS = REGISTERS
     if C == 2:  # setmaxnreg, warpgroup by warpgroup
@@ -577,8 +590,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         if tid >= U(CT):
             producer_registers()  # the block's work is worked out after this, so that no value lives across it
             b, h_kv, kb, n_kb, k0, n_heads, group, off, i0, n_tiles, n_work = block_work(lse, n_q, n_k, left, right)
-            base = hopper.smem_address(sm, 0)
-            at = (U(1024) - U(base) % U(1024)) % U(1024)
+            base, at = aligned_start(sm)
             if tid < U(CT + 32):
                 produce(sm, at // U(2), bar, stats, k_map, v_map, q_map, do_map, lse, D, b, h_kv, h_kv * group, k0,
                         i0, n_tiles, n_work, U(n_q), tid - U(CT))
@@ -589,8 +601,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         consumer_registers()
         b, h_kv, kb, n_kb, k0, n_heads, group, off, i0, n_tiles, n_work = block_work(lse, n_q, n_k, left, right)
         capr = cap / scale_log2  # S^T stays in raw units
-        base = hopper.smem_address(sm, 0)
-        at = (U(1024) - U(base) % U(1024)) % U(1024)
+        base, at = aligned_start(sm)
         cw, wq, lane = tid // U(CONSUMER), tid // U(32), tid % U(32)  # consumer, warp among all consumers', lane
         warp, g, t = wq % U(4), lane // U(4), lane % U(4)  # warp in its warpgroup
         key0 = k0 + U(64) * cw + U(16) * warp + g
@@ -648,7 +659,8 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             hopper.named_barrier_sync(1, CT)  # dQ's rows are in place; every warp's dQ wgmma read dS^T
             if DETERMINISTIC:
                 wait_turn(turns, b, h, q0, tid == U(0), turn(kb, q0, n_kb, U(n_q), U(n_k), off, left, right), 1, CT)
-            reduce_dq(dq_acc, smf, at, (b * n_heads + h) * U(n_q) + q0, wq, lane, min(U(n_q) - q0, U(BQ)))
+            first, rows = tile_rows(uint32(b * n_heads), h, q0, n_q)
+            reduce_dq(dq_acc, smf, at, first, rows, wq, lane)
             if DETERMINISTIC:
                 pass_turn(turns, b, h, q0, tid == U(0), 1, CT)
         hopper.bulk_wait(0)  # before the block's shared memory goes
