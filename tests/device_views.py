@@ -44,3 +44,17 @@ def words_on_device(x, dtype: str, heads_inside_rows: bool, kept: list):
     dev, base = strided_on_device(heads_of_rows(words))
     kept.append(base)
     return dev
+
+
+def zero_words_on_device(shape, heads_inside_rows: bool, kept: list):
+    """(device array of zero uint32 words of `shape` (B, H, N, w), a function that returns its values on the host),
+    contiguous or (heads_inside_rows) laid out (B, N, H, w), for kernels that write outputs through their strides."""
+    cuda = get_cuda()
+    if not heads_inside_rows:
+        dev = cuda.to_device(np.zeros(shape, np.uint32))
+        return dev, dev.copy_to_host
+    rows = np.zeros((shape[0], shape[2], shape[1], shape[3]), np.uint32)  # (B, N, H, w) in memory
+    dev, base = strided_on_device(rows.swapaxes(1, 2))
+    kept.append(base)
+    host = (lambda: base) if isinstance(base, np.ndarray) else base.copy_to_host  # the simulator writes base itself
+    return dev, lambda: np.swapaxes(host(), 1, 2)

@@ -518,8 +518,9 @@ def test_a_gpts_heads_are_read_in_place_and_odd_strides_copied():
 @pytest.mark.parametrize("N,causal", [(1024, True), (300, False)])
 def test_cuda_a_gpts_heads_on_hopper(N, causal):
     """The GPT's layout (q, k, v views of one (B, N, 3 H d) tensor) through autograd on Hopper: the wgmma forward's
-    O comes back laid out (B, N, H, d), so that y.transpose(1, 2).reshape(B, N, H d) is a view, as torch's is; the
-    gradient of the linear output matches torch's SDPA in float64."""
+    O comes back laid out (B, N, H, d), so that y.transpose(1, 2).reshape(B, N, H d) is a view, as torch's is, and
+    so do the wgmma backward's dq, dk, dv (N 1024), so that the heads' transpose and view take them back without a
+    copy; the gradient of the linear output matches torch's SDPA in float64."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernels need Hopper")
     B, H, d = 2, 4, 64
@@ -528,15 +529,17 @@ def test_cuda_a_gpts_heads_on_hopper(N, causal):
     do = torch.randn(B, N, H * d, device="cuda", generator=g).to(torch.bfloat16)
 
     def layer(fn, x):
-        q, k, v = (t.view(B, N, H, d).transpose(1, 2) for t in x.split(H * d, dim=2))
-        y = fn(q, k, v, is_causal=causal)
-        return y, y.transpose(1, 2).reshape(B, N, H * d)
+        heads = [t.view(B, N, H, d).transpose(1, 2) for t in x.split(H * d, dim=2)]
+        y = fn(*heads, is_causal=causal)
+        return y, y.transpose(1, 2).reshape(B, N, H * d), heads
 
-    y, out = layer(sdpa, x)
+    y, out, heads = layer(sdpa, x)
     assert y.transpose(1, 2).is_contiguous()  # O laid out (B, N, H, d): the reshape made no copy
-    dx, = torch.autograd.grad(out, x, do)
+    dx, *grads = torch.autograd.grad(out, [x, *heads], do)
+    if N >= 512:  # the wgmma backward (plan.wgmma_backward_fits)
+        assert all(g.transpose(1, 2).is_contiguous() for g in grads), [g.stride() for g in grads]
     x64 = x.detach().double().requires_grad_()
-    _, out64 = layer(F.scaled_dot_product_attention, x64)
+    _, out64, _ = layer(F.scaled_dot_product_attention, x64)
     dx64, = torch.autograd.grad(out64, x64, do.double())
     assert rel(out.double(), out64) < 2e-2 and rel(dx.double(), dx64) < 2e-2
 

@@ -4,7 +4,7 @@ scripts/gpu_check_wgmma_backward.py runs the same check beside torch's error and
 import numpy as np
 import pytest
 
-from device_views import words_on_device
+from device_views import words_on_device, zero_words_on_device
 from flashlab import fragments as F
 from flashlab.device import get_cuda, has_gpu
 
@@ -43,14 +43,14 @@ def rounded(rng, shape, dtype):
 
 def run_backward(q, k, v, do, o, lse, causal, dtype, heads_inside_rows=False, **options):
     """wgmma_backward.backward on float64 inputs rounded to dtype: (dq, dk, dv) as float64. heads_inside_rows: the
-    inputs lie in memory as (B, N, H, d), read in place through their strides."""
+    inputs and the gradients lie in memory as (B, N, H, d), read and written in place through their strides."""
     d = q.shape[-1]
     kept = []
     words = lambda x: words_on_device(x, dtype, heads_inside_rows, kept)  # noqa: E731
-    out = [cuda.to_device(np.zeros(x.shape[:3] + (d // 2,), np.uint32)) for x in (q, k, v)]
+    out, host = zip(*(zero_words_on_device(x.shape[:3] + (d // 2,), heads_inside_rows, kept) for x in (q, k, v)))
     wb.backward(words(q), words(k), words(v), words(o), cuda.to_device(lse.astype(np.float32)), words(do), *out,
                 d ** -0.5, causal, dtype, **options)
-    return [F.from_bits16(x.copy_to_host().view(np.uint16), dtype) for x in out]
+    return [F.from_bits16(np.ascontiguousarray(h()).view(np.uint16), dtype) for h in host]
 
 
 def check_close(got, want, v, dtype, terms=1):
@@ -76,8 +76,8 @@ def test_gradients_match_float64(B, H, Nq, Nk, d, causal, dtype):
 
 
 def test_inputs_with_heads_inside_rows_are_read_in_place():
-    """q, k, v, o and dO laid out (B, N, H, d), as a GPT's attention gets them, and grouped-query heads: the same
-    gradients as from contiguous copies, within the bound."""
+    """q, k, v, o and dO laid out (B, N, H, d), as a GPT's attention gets them, and dq, dk, dv written so (as the
+    prepared call for torch tensors lays them out), with grouped-query heads: within the bound of float64."""
     rng = np.random.default_rng(3)
     B, H, H_kv, Nq, Nk, d, dtype = 2, 2, 1, 70, 60, 64, "float16"
     q, do = (rounded(rng, (B, H, Nq, d), dtype) for _ in range(2))

@@ -177,15 +177,17 @@ def _wgmma_backward(q, k, v, o, lse, do, causal, scale, deterministic=False, lib
 
 class PreparedWgmmaBackward:
     """The wgmma backward for torch CUDA tensors of one key: wgmma_backward.launches prepared once; a call
-    allocates the gradients (contiguous), finds the tensor maps of K, V, Q and dO (wgmma.torch_map: made once per
-    buffer, with the tensors' own strides) and launches preprocess, main and the dQ cast."""
+    allocates the gradients in their inputs' layout (torch.empty_like: dense, with the inputs' order of strides, so
+    a GPT's transposed (B, N, H, d) heads get gradients that its transpose and view take back without a copy),
+    finds the tensor maps of K, V, Q and dO (wgmma.torch_map: made once per buffer, with the tensors' own strides)
+    and launches preprocess, main and the dQ cast."""
 
     def __init__(self, described, q, k, v, o, lse, do):
-        self.dtype, self.shapes = q.dtype, (tuple(q.shape), tuple(k.shape))
+        import torch  # optional: only torch tensors come here
+
+        grads = {"dq": torch.empty_like(q), "dk": torch.empty_like(k), "dv": torch.empty_like(v)}
         specs = {n: prepared.torch_spec(x) for n, x in zip(("q", "k", "v", "o", "do"), (q, k, v, o, do))}
-        values = specs["q"].dtype
-        specs.update(dq=prepared.Spec.contiguous(self.shapes[0], values),
-                     **{n: prepared.Spec.contiguous(self.shapes[1], values) for n in ("dk", "dv")})
+        specs.update({n: prepared.torch_spec(x) for n, x in grads.items()})
         specs = {n: x.words() for n, x in specs.items()}
         maps = prepared.Spec((16,), (8,), np.dtype(np.uint64))
         specs.update(lse=prepared.torch_spec(lse), **{name: maps for name in wgmma_backward.MAPS})
@@ -195,8 +197,7 @@ class PreparedWgmmaBackward:
     def __call__(self, q, k, v, o, lse, do):
         import torch  # optional: only torch tensors come here
 
-        dq = torch.empty(self.shapes[0], dtype=self.dtype, device=q.device)
-        dk, dv = (torch.empty(self.shapes[1], dtype=self.dtype, device=q.device) for _ in range(2))
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         maps = tuple(wgmma.torch_map(x, wgmma_backward.MAP_ROWS[name])
                      for name, x in (("k_map", k), ("v_map", v), ("q_map", q), ("do_map", do)))
         self.launches(prepared.current_stream(q), (o.data_ptr(), lse.data_ptr(), dq.data_ptr(), dk.data_ptr(),

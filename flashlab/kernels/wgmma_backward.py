@@ -27,8 +27,8 @@ consumers=2), and a producer after them:
            (cp.reduce.async.bulk .add.f32, one per row), which other key blocks' shares also add to: issued by
            the consumers' warps, or (dq_warp, the default at d = 128) by the producer's second warp, which takes
            the staged rows through one named barrier and hands the buffer back through another.
-    D and a zeroed accumulator come first, and dQ is cast to the inputs' type last, by the tensor backward's
-    preprocess and cast kernels (kernels/tensor_backward.py).
+    D and a zeroed accumulator come first, from the tensor backward's preprocess kernel (kernels/tensor_backward.py),
+    and dQ is cast to the inputs' type last (cast_dq), into any strides.
 
 Two consumers halve what a key costs in Q, dO, lse and D traffic and in dQ's reduces (one share per 128 keys,
 not 64), at the price of a 384-thread block (one an SM) and a barrier across both consumers between a tile's dS^T
@@ -681,6 +681,29 @@ def zero_turns(turns):
         turns[i] = 0
 
 
+_CASTS = {}
+
+
+def cast_dq(d: int, dtype: str):
+    """The kernel that casts dQ's float32 accumulator (B, H, Nq, d), contiguous, to dq (B, H, Nq, d/2) 16-bit
+    pairs of any strides (the prepared call gives the gradients their inputs' layout, so that a GPT's transposed
+    heads need no copy after the backward). Grid (ceil(Nq * d/2 / 256), H, B), 256 threads."""
+    key = (d, dtype)
+    if key not in _CASTS:
+        W = d // 2
+        pack = mma.pack_bf16x2 if dtype == "bfloat16" else mma.pack_f16x2
+
+        def cast(dq_acc, dq):
+            i = cuda.grid(1)
+            h, b = cuda.blockIdx.y, cuda.blockIdx.z
+            row, c = i // W, i % W
+            if row < dq.shape[2]:
+                dq[b, h, row, c] = pack(dq_acc[b, h, row, 2 * c], dq_acc[b, h, row, 2 * c + 1])
+
+        _CASTS[key] = cuda.jit(fastmath=FASTMATH)(cast)
+    return _CASTS[key]
+
+
 def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: bool, dtype: str, H_kv: int | None = None,
              tile: BackwardTile | None = None, deterministic: bool = False, extras: Extras | None = None):
     """The launches of one call, described once (_launch.Launch) for the general and the prepared path: D and a
@@ -692,9 +715,8 @@ def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: boo
     tile, precision = tile or default_tile(d, bool(causal)), "bf16" if dtype == "bfloat16" else "f16"
     features = extras.features() if extras is not None else Features()
     args = extras.arguments(causal, B, H, True) if extras is not None else plain_arguments(causal)
-    preprocess, _, cast = tensor_backward.build(d, tensor_backward.choose_tile(d, precision), bool(causal),
-                                                precision)
-    n, turns = B * H * Nq * d, (B, H, -(-Nq // BQ)) if deterministic else (1, 1, 1)
+    preprocess = tensor_backward.build(d, tensor_backward.choose_tile(d, precision), bool(causal), precision)[0]
+    turns = (B, H, -(-Nq // BQ)) if deterministic else (1, 1, 1)
     n_turns = int(np.prod(turns))
     out = [Launch(preprocess, (-(-Nq // tensor_backward.PREPROCESS_ROWS), B * H),
                   32 * tensor_backward.PREPROCESS_WARPS, ("o", "do", "D", "dq_acc", H))]
@@ -707,7 +729,7 @@ def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: boo
                                          np.float32(scale), np.float32(scale * LOG2E), int(args.left),
                                          int(args.right), np.float32(args.cap), "slopes", np.int64(0)),
                    shared=tile.shared_bytes(d)),
-            Launch(cast, (-(-(n // 2) // 256),), 256, (Arg("dq_acc", (n,)), Arg("dq", (n // 2,))))]
+            Launch(cast_dq(d, dtype), (-(-(Nq * d // 2) // 256), H, B), 256, ("dq_acc", "dq"))]
     return Launches(tuple(out), {"D": ((B, H, Nq), np.float32), "dq_acc": ((B, H, Nq, d), np.float32),
                                  "turns": (turns, np.int32)}, {"slopes": args.slopes}, seeded)
 
