@@ -406,8 +406,8 @@ def spec_view(spec: Spec, arg) -> Spec:
 class PreparedLaunches:
     """A kernel module's launch descriptions (kernels, grids, arguments), prepared once for arrays with the given
     Specs: a call passes the data pointers of the caller's arrays in the order `inputs` names them, and torch
-    allocates the temporaries (split-KV's partial outputs, the backward's D) on the inputs' device. Each kernel's
-    pointers are picked from the call's by position (operator.itemgetter), so a call builds no dict."""
+    allocates the temporaries (split-KV's partial outputs, the backward's D) on the inputs' device, in one block.
+    Each kernel's pointers are picked from the call's by position (operator.itemgetter), so a call builds no dict."""
 
     def __init__(self, launches, specs: dict, inputs: tuple, temporaries: dict | None = None, seeded: int = 0,
                  known: dict | None = None):
@@ -432,7 +432,13 @@ class PreparedLaunches:
             kernel = PreparedKernel(launch.kernel, launch.grid, launch.block, args, launch.shared)
             self.kernels.append((kernel.direct or kernel.launch, _picker([order.index(n) for n in launch.arrays]),
                                  i == seeded))
-        self.torch_temporaries = None  # (shape, torch dtype) of each, on the first call (torch is imported by then)
+        # the temporaries share one allocation (one torch.empty a call, not one each): each starts at a multiple of
+        # 256 bytes of it
+        offsets, end = [], 0
+        for shape, dtype in self.temporaries.values():
+            offsets.append(end)
+            end += -(-int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize // 256) * 256
+        self.temporary_offsets, self.temporary_bytes = tuple(offsets), max(end, 256)
 
     @classmethod
     def of(cls, described, specs: dict, inputs: tuple, device):
@@ -457,13 +463,11 @@ class PreparedLaunches:
         if self.temporaries:
             import torch  # optional: only torch tensors come here
 
-            if self.torch_temporaries is None:
-                self.torch_temporaries = [(shape, _TORCH[np.dtype(dtype)]) for shape, dtype in self.temporaries.values()]
-            # held until every kernel is enqueued: a temporary freed sooner would give its block to the next one
-            # (two small temporaries, D and dQ's accumulator at N = 1, would share their memory). Freed at return,
-            # a block goes back to torch's cache for later work on this stream, which runs after these kernels.
-            held = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.torch_temporaries]
-            values += tuple([t.data_ptr() for t in held])
+            # held until every kernel is enqueued; freed at return, the block goes back to torch's cache for later
+            # work on this stream, which runs after these kernels
+            held = torch.empty(self.temporary_bytes, dtype=torch.uint8, device=device)
+            base = held.data_ptr()
+            values += tuple([base + offset for offset in self.temporary_offsets])
         for launch, pick, seeded in self.kernels:
             launch(stream, pick(values), seed if seeded else None)
 
@@ -475,15 +479,3 @@ def _picker(indices):
         return lambda values: (values[i],)
     return itemgetter(*indices)
 
-
-class _TorchDtypes(dict):
-    def __missing__(self, dtype):
-        import torch  # optional: only torch tensors come here
-
-        table = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
-                 np.dtype(np.uint16): torch.bfloat16, np.dtype(np.int32): torch.int32, np.dtype(np.uint32): torch.int32}
-        self[dtype] = table[dtype]
-        return self[dtype]
-
-
-_TORCH = _TorchDtypes()
