@@ -60,9 +60,15 @@ def _function_class():
 
         @staticmethod
         def forward(ctx, q, k, v, is_causal=False, scale=None, options=None):
-            _check_tensors(q, k, v)
             options = options or {}
-            o, lse = _forward(q, k, v, bool(is_causal), scale, options)
+            # a kept call was made for tensors of this key (shapes, strides, dtypes, device), which passed the checks
+            plain = not options and getattr(q, "is_cuda", False)
+            call = _fast_call("forward", (q, k, v), bool(is_causal), scale) if plain else None
+            if call is None:
+                _check_tensors(q, k, v)
+                o, lse = _forward(q, k, v, bool(is_causal), scale, options)
+            else:
+                o, lse = call(q, k, v)
             ctx.save_for_backward(q, k, v, o, lse)
             ctx.is_causal, ctx.scale, ctx.options = bool(is_causal), scale, options
             return o
@@ -171,13 +177,13 @@ def _forward(q, k, v, causal, scale, options=None):
 
     options = options or {}
     if q.is_cuda:
-        from .kernels import flash_attention
-        from .kernels.forward import prepared_call
-
         plain = not options and q.dim() == 4
         call = _fast_call("forward", (q, k, v), causal, scale) if plain else None
         if call is not None:
             return call(q, k, v)
+        from .kernels import flash_attention
+        from .kernels.forward import prepared_call
+
         four = q.dim() == 4
         # (B, N, d) as (1, B, N, d): the NumPy code reads the leading dim as heads of batch 0 (the dropout key's
         # head, ALiBi's (H,) slopes), so CUDA draws the CPU's mask
@@ -221,16 +227,16 @@ def _backward(q, k, v, o, lse, do, causal, scale, options=None):
 
     options = options or {}
     if q.is_cuda:
-        from .device import device_limits
-        from .kernels import flash_attention_backward
-        from .kernels.backward import default_variant, prepared_call
-        from .kernels.plan import wgmma_backward_fits
-
         plain = not options and q.dim() == 4
         tensors = (q, k, v, o, lse, do)
         call = _fast_call("backward", tensors, causal, scale) if plain else None
         if call is not None:
             return call(*tensors)
+        from .device import device_limits
+        from .kernels import flash_attention_backward
+        from .kernels.backward import default_variant, prepared_call
+        from .kernels.plan import wgmma_backward_fits
+
         four = q.dim() == 4
         args = [x if four else x.unsqueeze(0) for x in tensors]
         variant = default_variant(q) if q.shape[-1] in _TENSOR_D else "register"  # both variants take the options
@@ -289,7 +295,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise TypeError(f"is_causal must be True or False; got {is_causal!r}")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise TypeError(f"scale must be a finite number or None; got {scale!r}")
-    options = _options(window_size, align, alibi_slopes, softcap, float(dropout_p), seed)
+    if window_size == (-1, -1) and align == "top_left" and alibi_slopes is None and not softcap and not dropout_p:
+        options = {}  # the common call: none of the library's options
+    else:
+        options = _options(window_size, align, alibi_slopes, softcap, float(dropout_p), seed)
     query, key, value = _autocast(query, key, value)
     return _get_function().apply(query, key, value, is_causal, scale, options)
 
@@ -371,7 +380,7 @@ def _autocast(*xs):
     if not all(isinstance(x, torch.Tensor) and x.is_cuda for x in xs) or not torch.is_autocast_enabled("cuda"):
         return xs
     dtype = torch.get_autocast_dtype("cuda")
-    return tuple(x.to(dtype) if x.is_floating_point() else x for x in xs)
+    return tuple(x.to(dtype) if x.dtype != dtype and x.is_floating_point() else x for x in xs)
 
 
 def _get_function():
