@@ -17,6 +17,7 @@ split     a training step split into its phases (batch, forward, backward, clip,
           from perf_counter with no synchronisation, beside the step's wall time (a synchronised step): where the
           host's sum is the wall time, the step is host-bound and each phase's share says where. torch and
           flashlab alternate in rounds of 20 steps (5 rounds), the same model and batches; medians per phase.
+          First, the operations of one step of each that wait for the GPU (torch.cuda.set_sync_debug_mode).
 """
 from __future__ import annotations
 
@@ -204,9 +205,20 @@ def split(rounds=5, steps=20):
                 r["host"][p].append(b - a)
             r["wall"].append(time.perf_counter() - t[0])
 
-    for r in runs.values():  # compile and warm up
+    import warnings
+
+    for name, r in runs.items():  # compile and warm up; then the operations of a step that wait for the GPU
         for _ in range(10):
             step(r, False)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                step(r, False)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        print(f"{name}: {len(seen)} synchronising operations in a step (torch.cuda.set_sync_debug_mode)",
+              *sorted({str(w.message).splitlines()[0] for w in seen}), sep="\n  ", flush=True)
     for _ in range(rounds):
         for r in runs.values():
             for _ in range(steps):
