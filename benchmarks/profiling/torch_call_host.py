@@ -140,14 +140,30 @@ def main():
             return out
         return run
 
+    from flashlab.kernels import hopper
+
+    real_encode, encodes = hopper._encode_tiled, []
+    hopper._encode_tiled = lambda *a: encodes.append(1) or real_encode(*a)
     PreparedWgmma.__call__, ft._backward = timed("forward", real_forward), timed("backward", real_backward)
     try:
         total = per_call(lambda: autograd_step(ft.scaled_dot_product_attention), args.calls)
     finally:
         PreparedWgmma.__call__, ft._backward = real_forward, real_backward
+        hopper._encode_tiled = real_encode
     inside = {name: sorted(v)[len(v) // 2] * 1e6 for name, v in spent.items()}
     print(f"inside an autograd step ({total * 1e6:.1f} us): the forward's kept call {inside['forward']:.1f} us, "
-          f"flashlab.torch._backward {inside['backward']:.1f} us (medians)", flush=True)
+          f"flashlab.torch._backward {inside['backward']:.1f} us (medians); {len(encodes)} tensor maps encoded "
+          f"in {args.calls + 5} steps", flush=True)
+    import gc
+
+    for name, fn in (("flashlab.torch", ft.scaled_dot_product_attention), ("torch", Fn.scaled_dot_product_attention),
+                     ("an empty Function", empty_function)):
+        gc.disable()
+        try:
+            t = per_call(lambda: autograd_step(fn), args.calls)
+        finally:
+            gc.enable()
+        print(f"{name + ' fwd + bwd, garbage collector off':45s} {t * 1e6:8.1f} us a call", flush=True)
     for name, fn in (("flashlab.torch", ft.scaled_dot_product_attention), ("torch", Fn.scaled_dot_product_attention),
                      ("an empty Function", empty_function)):
         torch.autograd.set_multithreading_enabled(False)
