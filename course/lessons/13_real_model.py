@@ -306,9 +306,15 @@ if bf16_run is not None:
 
 # %% [markdown]
 # Attention is only part of a training step: the linear layers, layer norms, the loss and AdamW run the same
-# PyTorch code in both runs. So the ratio of whole-step speeds lies between 1 and the ratio of the attention
-# kernels alone (lessons 10 and 15 time those). The first steps are left out of tokens/s: flashlab compiles
-# its kernels on its first call, which the first step's time above includes.
+# PyTorch code in both runs. Where the GPU is busy the whole step, the ratio of whole-step speeds lies between 1
+# and the ratio of the attention kernels alone (lessons 10 and 15 time those). This model is too small for that:
+# a step launches a few hundred small kernels, and the GPU finishes each before the host (Python, PyTorch's
+# dispatcher, the driver) has launched the next. The step is then as long as the host's work, and tokens/s
+# follows the host's time, not the kernels'. There flashlab's attention pays for being Python (its autograd
+# Function, its checks and its kernel launches) where torch's is C++, however fast its kernels.
+# `benchmarks/profiling/profile_gpt_bf16.py --parts split` measures it: the host's time in each phase of a step
+# beside the step's wall time. The first steps are left out of tokens/s: flashlab compiles its kernels on its
+# first call, which the first step's time above includes.
 #
 # **Would this comparison notice a wrong backward?** A tolerance nothing can fail proves nothing. Here is an
 # attention whose forward is exact but whose backward forgets dQ and dK (q and k are detached, so only V gets a
