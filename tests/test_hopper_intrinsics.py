@@ -39,6 +39,20 @@ def test_descriptor_fields_sit_where_ptx_puts_them():
         F.matrix_descriptor(8, 16, 16)
 
 
+@sim_only  # device functions called from the host
+def test_a_descriptor_moves_along_shared_memory_by_one_add():
+    """descriptor_plus(make_descriptor(a, ...), n) is make_descriptor(a + n, ...) for every 16-byte-aligned a and
+    a + n inside shared memory (228 KB), whatever LBO, SBO and swizzle."""
+    rng = np.random.default_rng(3)
+    for a, n in zip(rng.integers(0, 228 * 1024 // 16, 200) * 16, rng.integers(0, 16 * 1024 // 16, 200) * 16):
+        if a + n >= 228 * 1024:
+            continue
+        for lbo, sbo, sw in [(16, 1024, 128), (8192, 1024, 128), (128, 256, 0)]:
+            want = hopper.make_descriptor(int(a + n), lbo, sbo, sw)
+            assert hopper.descriptor_plus(hopper.make_descriptor(int(a), lbo, sbo, sw), int(n)) == want
+            assert want == F.matrix_descriptor(int(a + n), lbo, sbo, sw)
+
+
 def test_128_byte_swizzle_moves_chunk_c_of_row_r_to_chunk_c_xor_r():
     r, c, byte = np.arange(16)[:, None, None], np.arange(8)[None, :, None], np.arange(16)[None, None, :]
     got = F.swizzle_address(r * 128 + c * 16 + byte, 128)

@@ -8,6 +8,7 @@ arrivals and bytes, so that threads wait for a copy to land). As in mma.py, each
 
     a = smem_address(tile, i)                            # the 32-bit shared address of tile[i]
     desc = make_descriptor(a, lbo, sbo, swizzle)         # wgmma's 64-bit matrix descriptor (swizzle 0/32/64/128)
+    desc_later = descriptor_plus(desc, nbytes)           # the same for a + nbytes (a constant: one add, in a loop)
     mma = wgmma_ss(128, "float16")                       # at module level: m64n128k16, A and B by descriptor
     mma(acc, desc_a, desc_b, scale_d)                    # acc: cuda.local.array(64, float32); scale_d 0: acc = A @ B
     mma = wgmma_rs(64, "bfloat16", b_major="MN")         # A from 4 registers (P of P @ V), B row-major (V)
@@ -1020,6 +1021,14 @@ def make_descriptor(address, lbo, sbo, swizzle):
     mode = 1 if swizzle == 128 else (2 if swizzle == 64 else (3 if swizzle == 32 else 0))
     return (uint64((address & 0x3FFFF) >> 4) | (uint64((lbo & 0x3FFFF) >> 4) << uint64(16))
             | (uint64((sbo & 0x3FFFF) >> 4) << uint64(32)) | (uint64(mode) << uint64(62)))
+
+
+@cuda.jit(device=True, inline="always")
+def descriptor_plus(desc, nbytes):
+    """make_descriptor(address + nbytes, ...) from make_descriptor(address, ...): the address field holds
+    address / 16 in its low 14 bits, and shared memory (at most 228 KB) stays below 256 KB, so the field never
+    carries into the next. With nbytes a constant, an add, where make_descriptor masks, shifts and ors."""
+    return uint64(desc + uint64(nbytes >> 4))
 
 
 smem_address = _FNS["smem_address"]

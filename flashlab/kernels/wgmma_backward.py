@@ -16,7 +16,8 @@ consumers=2), and a producer after them:
         1. S^T = K_j Q_i^T and dP^T = V_j dO_i^T over its 64 keys (wgmma, both operands from shared memory),
            issued together;
         2. P^T = exp2(S^T * scale * log2 e - lse_i * log2 e), masked where the key is past Nk, the query past Nq,
-           or causal and after the query; then dS^T = P^T * (dP^T - D_i);
+           or causal and after the query (at d = 64 only on tiles that hold such a key or query: the mask's
+           compares cost more instructions than the exponential); then dS^T = P^T * (dP^T - D_i);
         3. dV_j += P^T dO_i and dK_j += dS^T Q_i, with P^T and dS^T as wgmma's A operand straight from registers
            (an accumulator fragment is an A fragment) and dO_i, Q_i read MN-major;
         4. dS^T goes to shared memory (128-byte swizzled rows of keys); once every consumer's rows are there, dQ_i's
@@ -40,7 +41,7 @@ backward: a block visits the query tiles of its keys' band, step 2 masks every s
 (dV takes P^T Z, dS^T = P^T (dP^T Z - D)). Without them the build is the plain one, unchanged.
 
 The default tile (default_tile) has two consumers: 384 threads, launched at 168 registers a thread, 240 for the
-consumers after setmaxnreg (ptxas 13.0 gives them up to 173 at d = 64 and 237 at d = 128:
+consumers after setmaxnreg (ptxas 13.0 gives them up to 166 at d = 64 and 234 at d = 128:
 benchmarks/profiling/setmaxnreg_regions.py --kernel backward); one block an SM. Nothing spills: the producer's
 24 registers a thread hold the loader's loop and the dQ warp's because both count in 32 bits (work_item) and work
 out the block's work after setmaxnreg (block_work). One consumer (BackwardTile()) is
@@ -50,11 +51,14 @@ Checked against float64 in the simulator (tests/test_wgmma_backward.py) and on a
 docs/design-wgmma-kernels.md).
 
 Where it stops short of FlashAttention-3 so far: no overlap within a warpgroup between one tile's softmax and the
-next tile's products; at d = 64 the consumers reduce dQ themselves and meet twice a tile (handing dQ to the
-producer's second warp, as FA3 does and as the d = 128 default does, measured slower there); dQ's rows are reduced
-one bulk copy each (FA3 stores a swizzled tile and reduces it with one TMA copy). d = 64 and 128, float16 and
-bfloat16, causal or not, grouped-query attention (a block walks every query head of its K/V head). The options'
-builds are checked in the simulator and compile for sm_90a, but have not been timed.
+next tile's products (a software-pipelined loop, the next tile's S^T and dP^T under this tile's dQ product, ran
+0.98-1.03x this loop at d = 64 on an H200 once the interior tiles went unmasked: the kernel issues too few
+instructions a cycle, 1.8 of 4, for the tensor cores' idle time to matter; docs/runs/wgmma-backward.md); at
+d = 64 the consumers reduce dQ themselves and meet twice a tile (handing dQ to the producer's second warp, as
+FA3 does and as the d = 128 default does, measured slower there); dQ's rows are reduced one bulk copy each (FA3
+stores a swizzled tile and reduces it with one TMA copy). d = 64 and 128, float16 and bfloat16, causal or not,
+grouped-query attention (a block walks every query head of its K/V head). The options' builds are checked in the
+simulator and compile for sm_90a, but have not been timed.
 """
 from __future__ import annotations
 
@@ -198,6 +202,9 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
     opt = device_functions(features)
     z_start, z_mix, z_keep = dropout_functions(features.dropout_p)
     BOXES = d // BOX
+    # Interior tiles skip the mask at d = 64 only: at d = 128 the consumers use up to 234 of 240 registers, and
+    # a second path for P made ptxas 13.0 spill 500 bytes and serialize the wgmma (2026-12-04).
+    UNMASKED_INTERIOR = d == 64
     KV_BOX, QD_BOX = 64 * 128, BQ * 128  # bytes of one 64-column box of a consumer's 64 keys and of a query tile
     KV_BYTES, QD_BYTES = BOXES * KV_BOX, BOXES * QD_BOX  # a consumer's keys (K or V) and a query tile
     K_AT, V_AT, Q_AT = 0, C * KV_BYTES, 2 * C * KV_BYTES  # K and V: one KV_BYTES part per consumer
@@ -272,9 +279,11 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
     def issue_transposed_scores(acc, key_tile, query_tile):
         """acc = (a key tile) (a query tile)^T, both K-major: 32 bytes further along the rows each k16 step, box
         kk // 4; committed as one group."""
+        a0 = hopper.make_descriptor(key_tile, 16, SBO, SWIZZLE)
+        b0 = hopper.make_descriptor(query_tile, 16, SBO, SWIZZLE)
         for kk in range(QK_STEPS):
-            a = hopper.make_descriptor(key_tile + (kk // 4) * KV_BOX + (kk % 4) * 32, 16, SBO, SWIZZLE)
-            b = hopper.make_descriptor(query_tile + (kk // 4) * QD_BOX + (kk % 4) * 32, 16, SBO, SWIZZLE)
+            a = hopper.descriptor_plus(a0, (kk // 4) * KV_BOX + (kk % 4) * 32)
+            b = hopper.descriptor_plus(b0, (kk // 4) * QD_BOX + (kk % 4) * 32)
             mma_s(acc, a, b, min(kk, 1))
         hopper.wgmma_commit()
 
@@ -287,19 +296,30 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
     if not OPTIONS:
         @_step
         def probabilities(sacc, tanhs, stats, base, key0, q0, t, n_q, n_k, scale_log2, off, left, right, capr,
-                          slope):
-            """P^T in place: lane (g, t) holds keys key0 + g (+ 8) and queries q0 + 8n + 2t (+ 1)."""
+                          slope, interior):
+            """P^T in place: lane (g, t) holds keys key0 + g (+ 8) and queries q0 + 8n + 2t (+ 1). A tile inside
+            every bound (interior: no key past Nk, no query past Nq, causal, no key after a query) skips the mask,
+            which costs more instructions than the exponential; the others compare in 32 bits."""
+            if interior:
+                for n in range(S_TILES):
+                    for c in range(2):
+                        offset = stats[base + U(8 * n + c) + U(2) * t]
+                        for r in range(2):
+                            i = 4 * n + 2 * r + c
+                            sacc[i] = math.exp2(sacc[i] * scale_log2 - offset)
+                return
+            q32, k32, nq, nk = uint32(q0), uint32(key0), uint32(n_q), uint32(n_k)
             for n in range(S_TILES):
                 for c in range(2):
-                    i = U(8 * n + c) + U(2) * t
-                    query = q0 + i
-                    inside = query < n_q
+                    i = uint32(8 * n + c) + uint32(2) * uint32(t)
+                    query = q32 + i
+                    inside = query < nq
                     offset = stats[base + i]
                     for r in range(2):
-                        key = key0 + U(8 * r)
-                        i = 4 * n + 2 * r + c
-                        keep = inside and key < n_k and not (CAUSAL and key > query)
-                        sacc[i] = math.exp2(sacc[i] * scale_log2 - offset) if keep else ZERO
+                        key = k32 + uint32(8 * r)
+                        j = 4 * n + 2 * r + c
+                        keep = inside and key < nk and not (CAUSAL and key > query)
+                        sacc[j] = math.exp2(sacc[j] * scale_log2 - offset) if keep else ZERO
 
         @_step
         def ds_from_dp(dpacc, sacc, tanhs, stats, base, key0, q0, t, zh):
@@ -319,10 +339,10 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
 
         @_step
         def probabilities(sacc, tanhs, stats, base, key0, q0, t, n_q, n_k, scale_log2, off, left, right, capr,
-                          slope):
-            """P^T in place under the options: each score capped (softcap, then ALiBi's bias, in raw units as the
-            forward's), masked by its key's band of queries (a select, never a product: exp2 may be inf where
-            lse = +inf), its tanh kept for dS."""
+                          slope, interior):
+            """P^T in place under the options, every tile masked (interior is not read): each score capped
+            (softcap, then ALiBi's bias, in raw units as the forward's), masked by its key's band of queries (a
+            select, never a product: exp2 may be inf where lse = +inf), its tanh kept for dS."""
             lo0, hi0 = band_of(key0, n_q, n_k, off, left, right)
             lo1, hi1 = band_of(key0 + U(8), n_q, n_k, off, left, right)
             for n in range(S_TILES):
@@ -358,6 +378,13 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
                             sacc[j] *= z
 
     @_step
+    def interior_tile(q0, keys_end, n_q, n_k):
+        """Whether a consumer's tile needs no mask: its queries q0..q0 + BQ - 1 before Nq, its keys (up to keys_end,
+        exclusive) before Nk, and causal, its last key at or before its first query."""
+        return (UNMASKED_INTERIOR and q0 + U(BQ) <= n_q and keys_end <= n_k
+                and (not CAUSAL or keys_end <= q0 + U(1)))
+
+    @_step
     def query_tiles(k0, n_q, n_k, left, right):
         """(off, first query tile, number of tiles) of the block's keys k0..k0 + BK - 1: the tiles that can see
         them (options.query_band; plain causal: from the diagonal on). off: the alignment's shift, query i sits at
@@ -386,11 +413,13 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
     def issue_grads(dvacc, dkacc, p_regs, ds_regs, do_tile, q_tile):
         """dV += P^T dO and dK += dS^T Q: B is read MN-major (16 query rows further down each k16 step; LBO steps
         over the 64-column boxes along d)."""
+        dv0 = hopper.make_descriptor(do_tile, QD_BOX, SBO, SWIZZLE)
+        dq0 = hopper.make_descriptor(q_tile, QD_BOX, SBO, SWIZZLE)
         for kk in range(Q_STEPS):
-            dv = hopper.make_descriptor(do_tile + kk * 16 * 128, QD_BOX, SBO, SWIZZLE)
+            dv = hopper.descriptor_plus(dv0, kk * 16 * 128)
             mma_kv(dvacc, p_regs[4 * kk], p_regs[4 * kk + 1], p_regs[4 * kk + 2], p_regs[4 * kk + 3], dv, 1)
         for kk in range(Q_STEPS):
-            dq = hopper.make_descriptor(q_tile + kk * 16 * 128, QD_BOX, SBO, SWIZZLE)
+            dq = hopper.descriptor_plus(dq0, kk * 16 * 128)
             mma_kv(dkacc, ds_regs[4 * kk], ds_regs[4 * kk + 1], ds_regs[4 * kk + 2], ds_regs[4 * kk + 3], dq, 1)
         hopper.wgmma_commit()
 
@@ -410,9 +439,11 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         MN-major (its rows are keys, the product's K dimension), K as B, MN-major; k16 step kk is 16 key rows
         further down both (K's rows of the second consumer lie KV_BYTES on). A pass of 32 columns starts 64 bytes
         into K's 128-byte rows: the swizzle acts on the address, as for K-major steps along K."""
+        da0 = hopper.make_descriptor(ds_tile, BK * 128, SBO, SWIZZLE)
+        db0 = hopper.make_descriptor(k_tile, KV_BOX, SBO, SWIZZLE)
         for kk in range(K_STEPS):
-            da = hopper.make_descriptor(ds_tile + kk * 16 * 128, BK * 128, SBO, SWIZZLE)
-            db = hopper.make_descriptor(k_tile + (kk // 4) * KV_BYTES + (kk % 4) * 16 * 128, KV_BOX, SBO, SWIZZLE)
+            da = hopper.descriptor_plus(da0, kk * 16 * 128)
+            db = hopper.descriptor_plus(db0, (kk // 4) * KV_BYTES + (kk % 4) * 16 * 128)
             mma_q(dqacc, da, db, min(kk, 1))
         hopper.wgmma_commit()
 
@@ -605,6 +636,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         cw, wq, lane = tid // U(CONSUMER), tid // U(32), tid % U(32)  # consumer, warp among all consumers', lane
         warp, g, t = wq % U(4), lane // U(4), lane % U(4)  # warp in its warpgroup
         key0 = k0 + U(64) * cw + U(16) * warp + g
+        keys_end = k0 + U(64) * (cw + U(1))  # this consumer's keys end here
         start = U(base) + at
         k_tile, v_tile = start + U(K_AT) + U(KV_BYTES) * cw, start + U(V_AT) + U(KV_BYTES) * cw  # this consumer's keys
         sacc = cuda.local.array(NS, float32)
@@ -629,7 +661,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
             issue_scores(sacc, dpacc, k_tile, v_tile, q_tile, do_tile)
             hopper.wgmma_wait(1)  # S^T is ready; dP^T may still run
             probabilities(sacc, tanhs, stats, U(s * STATS), key0, q0, t, U(n_q), U(n_k), scale_log2, off, left,
-                          right, capr, slope)
+                          right, capr, slope, interior_tile(q0, keys_end, U(n_q), U(n_k)))
             hopper.wgmma_wait(0)
             ds_from_dp(dpacc, sacc, tanhs, stats, U(s * STATS), key0, q0, t, zh)
             pack_a(p_regs, sacc)
