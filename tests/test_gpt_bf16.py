@@ -145,6 +145,18 @@ def test_script_smoke_run_on_the_cpu_writes_a_valid_file(tmp_path, capsys):
     assert "tokens/s" in capsys.readouterr().out
 
 
+def test_the_gpu_bound_setup_is_its_own(capsys):
+    """--gpu-bound trains a GPT whose step the GPU bounds (head dim 128, N 4096), never written over lesson 13's
+    file by default, and refuses --tiny beside it."""
+    script = _script()
+    setup = script.GPU_BOUND_SETUP
+    assert set(setup) == set(gpt.BF16_SETUP)
+    assert setup["n_embd"] // setup["n_head"] == 128 and setup["block_size"] == 4096
+    with pytest.raises(SystemExit):
+        script.main(["--tiny", "--gpu-bound", "--device", "cpu"])
+    assert "give one" in capsys.readouterr().err
+
+
 def test_check_bf16_run_names_the_problem(tmp_path):
     assert gpt.load_bf16_run(tmp_path / "absent.json") is None
     record = json.loads(json.dumps(_fake_record()))
