@@ -219,6 +219,11 @@ BF16_LOSS_WINDOW = 10
 #: training. About a minute for three runs on an H100, most of it flashlab's kernels compiling.
 BF16_SETUP = {"n_layer": 4, "n_head": 4, "n_embd": 256, "block_size": 1024, "batch_size": 8, "steps": 300,
               "lr": 2e-3, "grad_clip": 1.0, "warmup": 10, "text_chars": 200_000, "seed": 0}
+#: A step bound by the GPU, not by the host (gpt_bf16.py --gpu-bound, profile_gpt_bf16.py --gpu-bound): head dim
+#: 128 and 4096 tokens a sequence, so attention takes about 40% of the FLOPs and the kernels, not the Python around
+#: them, set tokens/s. BF16_SETUP's step is host-bound: its wall time is its host time.
+BF16_GPU_BOUND_SETUP = {**BF16_SETUP, "n_layer": 4, "n_head": 4, "n_embd": 512, "block_size": 4096, "batch_size": 4,
+                        "steps": 100, "warmup": 10}
 #: The measurement benchmarks/generators/gpt_bf16.py writes (package data, so a pip-installed flashlab finds it).
 BF16_JSON = Path(__file__).resolve().parent / "data" / "gpt_bf16.json"
 #: Names of the runs in that file, and how figures label them.

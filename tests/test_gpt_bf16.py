@@ -149,7 +149,7 @@ def test_the_gpu_bound_setup_is_its_own(capsys):
     """--gpu-bound trains a GPT whose step the GPU bounds (head dim 128, N 4096), never written over lesson 13's
     file by default, and refuses --tiny beside it."""
     script = _script()
-    setup = script.GPU_BOUND_SETUP
+    setup = gpt.BF16_GPU_BOUND_SETUP
     assert set(setup) == set(gpt.BF16_SETUP)
     assert setup["n_embd"] // setup["n_head"] == 128 and setup["block_size"] == 4096
     with pytest.raises(SystemExit):

@@ -38,12 +38,6 @@ from flashlab import gpt  # noqa: E402
 TINY_SETUP = {"n_layer": 1, "n_head": 1, "n_embd": 64, "block_size": 64, "batch_size": 4, "steps": 20,
               "lr": 3e-3, "grad_clip": 1.0, "warmup": 1, "text_chars": 5000, "seed": 0}
 
-#: A step bound by the GPU, not by the host (--gpu-bound): 4096 tokens a sequence and head dim 128, so attention
-#: takes about 40% of the FLOPs and the kernels, not the Python around them, set tokens/s. Lesson 13's setup
-#: (BF16_SETUP) is host-bound: its step's wall time is its host time.
-GPU_BOUND_SETUP = {**gpt.BF16_SETUP, "n_layer": 4, "n_head": 4, "n_embd": 512, "block_size": 4096, "batch_size": 4,
-                   "steps": 100, "warmup": 10}
-
 
 def environment(device: str) -> dict:
     """The GPU's name and the versions that shape the numbers."""
@@ -115,14 +109,15 @@ def main(argv=None) -> int:
                         help=f"JSON file to write (default on CUDA: {gpt.BF16_JSON}; on the CPU: none, print only)")
     parser.add_argument("--tiny", action="store_true", help="a seconds-long model and text, for smoke tests")
     parser.add_argument("--gpu-bound", action="store_true",
-                        help="GPU_BOUND_SETUP (N 4096, d 128) instead of lesson 13's; written only with --out")
+                        help="flashlab.gpt.BF16_GPU_BOUND_SETUP (N 4096, d 128) instead of lesson 13's; "
+                             "written only with --out")
     parser.add_argument("--steps", type=int, help="training steps (default: the setup's)")
     parser.add_argument("--warmup", type=int, help="steps left out of tokens/s (default: the setup's)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     if args.tiny and args.gpu_bound:
         parser.error("--tiny and --gpu-bound choose different setups: give one")
-    setup = dict(TINY_SETUP if args.tiny else GPU_BOUND_SETUP if args.gpu_bound else gpt.BF16_SETUP)
+    setup = dict(TINY_SETUP if args.tiny else gpt.BF16_GPU_BOUND_SETUP if args.gpu_bound else gpt.BF16_SETUP)
     if args.steps is not None:
         setup["steps"] = args.steps
     if args.warmup is not None:

@@ -18,6 +18,8 @@ split     a training step split into its phases (batch, forward, backward, clip,
           host's sum is the wall time, the step is host-bound and each phase's share says where. torch and
           flashlab alternate in rounds of 20 steps (5 rounds), the same model and batches; medians per phase.
           First, the operations of one step of each that wait for the GPU (torch.cuda.set_sync_debug_mode).
+          With --gpu-bound, of flashlab.gpt.BF16_GPU_BOUND_SETUP's GPT (head dim 128, N 4096), whose step the GPU
+          bounds.
 """
 from __future__ import annotations
 
@@ -162,7 +164,7 @@ def cprofile():
     stats.sort_stats("cumtime").print_stats("flashlab", 30)
 
 
-def split(rounds=5, steps=20):
+def split(rounds=5, steps=20, gpu_bound=False):
     import statistics
 
     import torch
@@ -171,7 +173,9 @@ def split(rounds=5, steps=20):
     from flashlab import gpt
     from flashlab.torch import scaled_dot_product_attention as flash_sdpa
 
-    cfg = gpt.BF16_SETUP
+    cfg = gpt.BF16_GPU_BOUND_SETUP if gpu_bound else gpt.BF16_SETUP
+    print(f"split: n_layer {cfg['n_layer']}, n_embd {cfg['n_embd']}, n_head {cfg['n_head']}, "
+          f"N {cfg['block_size']}, batch {cfg['batch_size']}", flush=True)
     tok = gpt.CharTokenizer(gpt.TINY_TEXT)
     data = tok.encode(gpt.copy_text(cfg["text_chars"], 0))
     phases = ("batch", "forward", "backward", "clip", "optimizer")
@@ -237,6 +241,8 @@ def split(rounds=5, steps=20):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
+    ap.add_argument("--gpu-bound", action="store_true",
+                    help="split: flashlab.gpt.BF16_GPU_BOUND_SETUP's GPT instead of lesson 13's")
     args = ap.parse_args()
     parts = args.parts.split(",")
     unknown = sorted(set(parts) - set(PARTS))
@@ -248,7 +254,10 @@ def main():
         raise SystemExit("this profile needs a CUDA GPU")
     print(torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
     for name in parts:
-        globals()[name]()
+        if name == "split":
+            split(gpu_bound=args.gpu_bound)
+        else:
+            globals()[name]()
 
 
 if __name__ == "__main__":
