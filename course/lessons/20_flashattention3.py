@@ -454,6 +454,24 @@ for causal in ("0", "1"):
 # that measured slower, and the consumers reduce dQ themselves. The figure's d = 128 bars predate that hand-over,
 # which gained 4-8% (`benchmarks/results/h200/wgmma_backward_dq_warp.txt`).
 #
+# The missing overlap costs less than it looks, and the reason is worth knowing before you optimize any kernel:
+# find what bounds it first. Nsight Compute on this kernel (d = 64, N = 16384, an H200;
+# `benchmarks/results/h200/wgmma_backward_ncu_d64.txt`) counts about 8,000 warp instructions for each block's tile,
+# issued at 1.83 a cycle where the SM can issue 4, while the tile's five products would keep the tensor cores busy
+# for only a third of its time. A kernel like that is bound by issuing instructions, and hiding the tensor cores'
+# work under the softmax cannot help it: a version that issued the next tile's S^T and dP^T under this tile's dQ
+# product ran 0.98-1.03x as fast. What helped was fewer instructions. P's mask compared 64-bit indices, 8
+# instructions a score where the exponential needs 2, so at d = 64 the tiles that hold no key past the end, no
+# query past the end and (causal) no key after a query now skip it: 1.03-1.23x
+# (`benchmarks/results/h200/wgmma_backward_interior.txt`; the figure predates it). FlashAttention-3 also takes 128
+# queries a tile, which spreads a tile's fixed instructions over twice the scores.
+#
+# If you write such a pipelined loop yourself, one trap: an ordinary instruction must not touch a wgmma's
+# accumulator between its issue and the wait that covers it. When ptxas cannot prove that, for instance because a
+# loop carries an accumulator in flight around its back edge and copies it there, it makes every wgmma of the
+# kernel wait for the one before, and says so only in its verbose output (warning C7514). The results stay right;
+# the first version of the pipelined loop above ran 0.71-0.81x as fast as the plain one for that reason.
+#
 # ## Summary
 #
 # - `wgmma` is a warpgroup's asynchronous m64nNk16: operands from shared memory through descriptors (A may come
