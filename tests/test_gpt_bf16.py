@@ -146,8 +146,8 @@ def test_script_smoke_run_on_the_cpu_writes_a_valid_file(tmp_path, capsys):
 
 
 def test_the_gpu_bound_setup_is_its_own(capsys):
-    """--gpu-bound trains a GPT whose step the GPU bounds (head dim 128, N 4096), never written over lesson 13's
-    file by default, and refuses --tiny beside it."""
+    """--gpu-bound trains a GPT whose step the GPU bounds (head dim 128, N 4096), a setup of the same keys as
+    lesson 13's; the script refuses --tiny beside it."""
     script = _script()
     setup = gpt.BF16_GPU_BOUND_SETUP
     assert set(setup) == set(gpt.BF16_SETUP)
