@@ -457,7 +457,7 @@ for causal in ("0", "1"):
 # The missing overlap costs less than it looks, and the reason is worth knowing before you optimize any kernel:
 # find what bounds it first. Nsight Compute on this kernel (d = 64, N = 16384, an H200;
 # `benchmarks/results/h200/wgmma_backward_ncu_d64.txt`) counts about 8,000 warp instructions for each block's tile,
-# issued at 1.83 a cycle where the SM can issue 4, while the tile's five products would keep the tensor cores busy
+# started at 1.83 a cycle where the SM can start four, while the tile's five products would keep the tensor cores busy
 # for only a third of its time. A kernel like that is bound by issuing instructions, and hiding the tensor cores'
 # work under the softmax cannot help it: a version that issued the next tile's S^T and dP^T under this tile's dQ
 # product ran 0.98-1.03x as fast. What helped was fewer instructions. P's mask compared 64-bit indices, 8
