@@ -3,13 +3,14 @@ error; whether deterministic=True repeats its bits (and the default does not); t
 deterministic=True, against torch's SDPA backward and flashlab's tensor (mma.sync) backward, in the same run.
 
     python scripts/gpu_check_wgmma_backward.py [--quick] [--csv flashlab/data/wgmma_backward.csv]
-        [--only accuracy,repeatability,tiles,consumers,dqwarp,speed,short,layout]
+        [--only accuracy,repeatability,tiles,consumers,dqwarp,blockq,speed,short,layout]
 
 consumers: one consumer warpgroup of 64 keys a block against two of 64 each (BackwardTile consumers=2, 128 keys
 a block, setmaxnreg), each through a prepared call of its own: the gradients of both against float64 beside
 torch's error, then both timed with torch's SDPA backward at the bar's shapes, and two consumers with a ring of
 three stages (two3) beside them. dqwarp: the default tile against the same with dq_warp (the producer's
 second warp reduces dQ's rows, as FlashAttention-3's does), checked and timed, with and without deterministic.
+blockq: at d 64, the default tile with 64 and with 128 queries a tile (BackwardTile block_q), the same way.
 
 short: the wgmma and tensor backwards at sequences shorter than the bar's (N 512 to 2048), where the library's
 default (plan.WGMMA_BACKWARD_MIN_N) decides between them. layout: inputs laid out (B, N, H, d), as a GPT's heads
@@ -103,9 +104,9 @@ def tiles():
             flops = 2.5 * 4 * 16 * N * N * 64 / (2 if causal else 1)
             line = []
             for cap in (None, 168):
-                described = wgmma_backward.launches(1, 16, N, N, 64, 64 ** -0.5, causal, "float16",
-                                                    tile=wgmma_backward.BackwardTile(max_registers=cap))
-                call = PreparedWgmmaBackward(described, q, k, v, o, lse, do)
+                tile = wgmma_backward.BackwardTile(max_registers=cap)
+                described = wgmma_backward.launches(1, 16, N, N, 64, 64 ** -0.5, causal, "float16", tile=tile)
+                call = PreparedWgmmaBackward(described, tile.map_rows(), q, k, v, o, lse, do)
                 t = timed(lambda: call(q, k, v, o, lse, do), 10)
                 line.append(f"registers {cap or 'ptxas'}: {flops / t / 1e12:4.0f}")
             print(f"tiles, N {N:5d} d 64 {'causal' if causal else 'full':6s} " + "  ".join(line), flush=True)
@@ -117,9 +118,10 @@ def prepared_backward(q, k, v, o, lse, do, causal, tile, deterministic=False):
     from flashlab.kernels.backward import PreparedWgmmaBackward
 
     (B, H, Nq, d), (_, H_kv, Nk, _) = q.shape, k.shape
+    tile = tile or wgmma_backward.default_tile(d, causal)
     described = wgmma_backward.launches(B, H, Nq, Nk, d, d ** -0.5, causal, str(q.dtype).replace("torch.", ""),
                                         H_kv, tile=tile, deterministic=deterministic)
-    call = PreparedWgmmaBackward(described, q, k, v, o, lse, do)
+    call = PreparedWgmmaBackward(described, tile.map_rows(), q, k, v, o, lse, do)
     return lambda: call(q, k, v, o, lse, do)
 
 
@@ -242,6 +244,54 @@ def dq_warp(quick):
                 flush=True)
 
 
+def block_q(quick):
+    """At d 64, the default tile with 64 queries a tile and with 128 (BackwardTile block_q: each consumer's S^T and
+    dP^T are 64 keys x 128 queries, and it forms the dQ of its 64 queries): gradients against float64 and
+    deterministic mode's repeatability, then both timed, with and without deterministic."""
+    import dataclasses
+
+    import torch
+
+    from flashlab.kernels import wgmma_backward
+    from gpu_check_wgmma_forward import timed
+
+    def tile(bq, causal):
+        return dataclasses.replace(wgmma_backward.default_tile(64, causal), block_q=bq)
+
+    for B, H, H_kv, Nq, Nk, d, causal, dtype in TILE_CHECKS + [(1, 2, 1, 777, 500, 64, True, "bfloat16")]:
+        if d != 64:
+            continue
+        q, k, v, do, o, lse, want, theirs = checked_inputs(B, H, H_kv, Nq, Nk, d, causal, dtype)
+        for bq in (64, 128):
+            errors = [(x.double() - w).abs().max().item() for x, w in
+                      zip(prepared_backward(q, k, v, o, lse, do, causal, tile(bq, causal))(), want)]
+            det = prepared_backward(q, k, v, o, lse, do, causal, tile(bq, causal), deterministic=True)
+            first, second = det(), det()
+            same = all(torch.equal(a, b) for a, b in zip(first, second))
+            det_errors = [(x.double() - w).abs().max().item() for x, w in zip(first, want)]
+            torch_errors = [(x.double() - w).abs().max().item() for x, w in zip(theirs, want)]
+            print(f"block_q check, {bq:3d}: B{B} H{H} H_kv{H_kv} Nq{Nq} Nk{Nk} d{d} {'causal' if causal else 'full'} "
+                  f"{dtype}: errors dq dk dv " + " ".join(f"{e:.2e}" for e in errors) + " (torch " +
+                  " ".join(f"{e:.2e}" for e in torch_errors) + "); deterministic " +
+                  " ".join(f"{e:.2e}" for e in det_errors) + f", repeats its bits {same}", flush=True)
+    print("backward TFLOP/s at d 64, the default tile with block_q 64 and 128, prepared calls (det: "
+          "deterministic=True); sdpa through autograd", flush=True)
+    for dtype in (("float16",) if quick else ("float16", "bfloat16")):
+        for B, H, N, d, causal in SHAPES:
+            if d != 64:
+                continue
+            q, k, v, do, o, lse, flops, sdpa_backward = timed_inputs(B, H, N, d, causal, dtype)
+            t = {}
+            for bq in (64, 128):
+                t[f"bq{bq}"] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(bq, causal)), 10)
+                t[f"bq{bq} det"] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(bq, causal),
+                                                           deterministic=True), 10)
+            t["sdpa"] = timed(sdpa_backward, 10)
+            print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
+                f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +
+                f"  128/64 {t['bq64'] / t['bq128']:.2f}  128/sdpa {t['sdpa'] / t['bq128']:.2f}", flush=True)
+
+
 def speed(quick, csv_path=None):
     import torch
 
@@ -346,6 +396,7 @@ def main():
     ap.add_argument("--csv", help="speed: also write its rows here, as flashlab/data/wgmma_backward.csv")
     sections = {"accuracy": accuracy, "repeatability": repeatability, "tiles": tiles,
                 "consumers": lambda: consumers(args.quick), "dqwarp": lambda: dq_warp(args.quick),
+                "blockq": lambda: block_q(args.quick),
                 "speed": lambda: speed(args.quick, args.csv),
                 "short": lambda: short(("float16",) if args.quick else ("bfloat16", "float16")), "layout": layout}
     ap.add_argument("--only", default=",".join(sections),

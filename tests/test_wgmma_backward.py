@@ -173,12 +173,43 @@ def test_two_consumers_differ_from_one_only_in_dq_rounding():
     check_close(two, want, v, "float16")
 
 
+@pytest.mark.parametrize("H,H_kv,Nq,Nk,causal,deterministic,dq_warp", [
+    (1, 1, 150, 140, True, False, False),  # ragged, causal: every tile masked
+    (1, 1, 270, 260, False, False, False),  # interior tiles (128 queries before Nq, 64 keys before Nk) unmasked
+    (1, 1, 260, 270, True, False, False),  # causal with interior tiles below the diagonal, Nk > Nq
+    (2, 1, 150, 130, True, True, False),  # GQA, deterministic: two calls, the same bits
+    (1, 1, 200, 150, True, False, True),  # dQ's 128 rows reduced by the producer's second warp
+])
+def test_tiles_of_128_queries_match_float64(H, H_kv, Nq, Nk, causal, deterministic, dq_warp):
+    """block_q=128: each consumer's S^T and dP^T are 64 keys x 128 queries, dS^T lies in two boxes of 64 queries,
+    and each consumer forms the dQ of its own 64 queries over all 128 keys. Against float64, d = 64, float16."""
+    rng = np.random.default_rng(Nq + Nk + 64)
+    q, do = (rounded(rng, (1, H, Nq, 64), "float16") for _ in range(2))
+    k, v = (rounded(rng, (1, H_kv, Nk, 64), "float16") for _ in range(2))
+    group = H // H_kv
+    o, lse, dq, dk, dv = gradients(q, np.repeat(k, group, 1), np.repeat(v, group, 1), do, 0.125, causal)
+    want = dq, dk.reshape(1, H_kv, group, Nk, 64).sum(2), dv.reshape(1, H_kv, group, Nk, 64).sum(2)
+    tile = wb.BackwardTile(consumers=2, block_q=128, dq_warp=dq_warp)
+    runs = [run_backward(q, k, v, do, rounded_like(o, "float16"), lse, causal, "float16", tile=tile,
+                         deterministic=deterministic) for _ in range(1 + deterministic)]
+    check_close(runs[0], want, v, "float16", terms=group)
+    for a, b in zip(runs[0], runs[-1]):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("kwargs,match", [(dict(consumers=3), "consumers must be 1 or 2"),
                                           (dict(consumers=2, producer=32), "producer must be 128"),
-                                          (dict(producer=32, dq_warp=True), "producer must be 64 or more")])
+                                          (dict(producer=32, dq_warp=True), "producer must be 64 or more"),
+                                          (dict(consumers=2, block_q=96), "block_q must be 64 or 128; got 96"),
+                                          (dict(block_q=128), "consumers must be 2; got 1")])
 def test_a_tile_that_cannot_run_is_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         wb.BackwardTile(**kwargs)
+
+
+def test_tiles_of_128_queries_are_refused_at_d_128():
+    with pytest.raises(ValueError, match="block_q=128 runs at d = 64 only .* got d=128"):
+        wb.build(128, "float16", False, wb.BackwardTile(consumers=2, block_q=128))
 
 
 @pytest.mark.parametrize("Nq,causal", [(70, False), (200, True), (70, True)])

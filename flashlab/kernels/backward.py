@@ -162,9 +162,11 @@ def _wgmma_backward(q, k, v, o, lse, do, causal, scale, deterministic=False, lib
         raise ValueError(f"lse must be float32 of shape {(B, H, Nq)} (the forward's); got {np.dtype(lse_d.dtype)} "
                          f"{tuple(lse_d.shape)}")
     if key is not None:  # checked: prepare this key's launches once
-        described = wgmma_backward.launches(B, H, Nq, Nk, d, scale, causal, dtype, k_d.shape[1],
+        tile = wgmma_backward.default_tile(d, bool(causal))
+        described = wgmma_backward.launches(B, H, Nq, Nk, d, scale, causal, dtype, k_d.shape[1], tile,
                                             deterministic=deterministic)
-        return prepared.store(key, PreparedWgmmaBackward(described, q, k, v, o, lse, do))(q, k, v, o, lse, do)
+        return prepared.store(key, PreparedWgmmaBackward(described, tile.map_rows(), q, k, v, o, lse, do))(
+            q, k, v, o, lse, do)
     extras, seed = None, 0
     if library is not None:
         opt = check_options((B, H, Nq, d), causal=causal, scale=scale, **library)
@@ -182,8 +184,10 @@ class PreparedWgmmaBackward:
     finds the tensor maps of K, V, Q and dO (wgmma.torch_map: made once per buffer, with the tensors' own strides)
     and launches preprocess, main and the dQ cast."""
 
-    def __init__(self, described, q, k, v, o, lse, do):
+    def __init__(self, described, map_rows, q, k, v, o, lse, do):
         import torch  # optional: only torch tensors come here
+
+        self.map_rows = map_rows  # the tensor maps' box rows (BackwardTile.map_rows of the launches' tile)
 
         grads = {"dq": torch.empty_like(q), "dk": torch.empty_like(k), "dv": torch.empty_like(v)}
         specs = {n: prepared.torch_spec(x) for n, x in zip(("q", "k", "v", "o", "do"), (q, k, v, o, do))}
@@ -198,7 +202,7 @@ class PreparedWgmmaBackward:
         import torch  # optional: only torch tensors come here
 
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        maps = tuple(wgmma.torch_map(x, wgmma_backward.MAP_ROWS[name])
+        maps = tuple(wgmma.torch_map(x, self.map_rows[name])
                      for name, x in (("k_map", k), ("v_map", v), ("q_map", q), ("do_map", do)))
         self.launches(prepared.current_stream(q), (o.data_ptr(), lse.data_ptr(), dq.data_ptr(), dk.data_ptr(),
                                                    dv.data_ptr(), do.data_ptr(), *maps), q.device)

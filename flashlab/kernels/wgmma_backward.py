@@ -2,9 +2,9 @@
 
 FlashAttention-3 (arXiv 2407.08608, Section 3 and Appendix B) splits the backward over keys, as FlashAttention-2
 does: a thread block owns BK keys of one (batch, K/V head), keeps K_j and V_j in shared memory, and walks the
-query tiles i of BQ = 64 rows (of every query head that shares the K/V head, with grouped-query attention). Each
-consumer warpgroup owns 64 of the keys (wgmma's M); a block has one (BK = 64) or two (BK = 128, BackwardTile
-consumers=2), and a producer after them:
+query tiles i of BQ rows (of every query head that shares the K/V head, with grouped-query attention): 64, or 128
+at d = 64 by default (BackwardTile block_q). Each consumer warpgroup owns 64 of the keys (wgmma's M); a block has
+one (BK = 64) or two (BK = 128, BackwardTile consumers=2), and a producer after them:
 
     the producer: one lane copies K_j and V_j once with TMA, then Q_i and dO_i tile after tile into a ring of
         `stages` slots that every consumer reads; the lanes of its first warp load two queries' lse (times log2 e)
@@ -23,7 +23,7 @@ consumers=2), and a producer after them:
         4. dS^T goes to shared memory (128-byte swizzled rows of keys); once every consumer's rows are there, dQ_i's
            share of this key block, dS K_j, runs on wgmma with dS read MN-major (the transposition is in the
            descriptor, not in data movement): one consumer in 64-column passes; two, each half of the columns
-           over all 128 keys;
+           over all 128 keys, or with 128 queries a tile, each the rows of its own 64 queries;
         5. the share, in float32 rows in shared memory, is added to dQ's accumulator by bulk reduces
            (cp.reduce.async.bulk .add.f32, one per row), which other key blocks' shares also add to: issued by
            the consumers' warps, or (dq_warp, the default at d = 128) by the producer's second warp, which takes
@@ -41,7 +41,7 @@ backward: a block visits the query tiles of its keys' band, step 2 masks every s
 (dV takes P^T Z, dS^T = P^T (dP^T Z - D)). Without them the build is the plain one, unchanged.
 
 The default tile (default_tile) has two consumers: 384 threads, launched at 168 registers a thread, 240 for the
-consumers after setmaxnreg (ptxas 13.0 gives them up to 166 at d = 64 and 234 at d = 128:
+consumers after setmaxnreg (ptxas 13.0 gives them up to 238 at d = 64 with 128 queries a tile, and 234 at d = 128:
 benchmarks/profiling/setmaxnreg_regions.py --kernel backward); one block an SM. Nothing spills: the producer's
 24 registers a thread hold the loader's loop and the dQ warp's because both count in 32 bits (work_item) and work
 out the block's work after setmaxnreg (block_work). One consumer (BackwardTile()) is
@@ -78,7 +78,6 @@ from .options import Extras, Features, device_functions, plain_arguments
 cuda = get_cuda()
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 
-BQ = 64  # queries per tile
 CONSUMER = 128  # threads of a consumer warpgroup, which owns 64 keys (warpgroups start at a warp index 4 divides)
 # with two consumers, registers a thread at launch (65536 / 384, a multiple of 8) and after setmaxnreg the
 # producer's and the consumers' (24 * 128 + 240 * 256 <= 65536), as in the forward (wgmma.REGISTERS)
@@ -96,12 +95,16 @@ class BackwardTile:
     keys. With one, the producer is a warp (producer = 32): only one lane issues copies, and a block of 160
     threads leaves registers for two blocks per SM at d = 64. With two (FlashAttention-3's split), the producer is
     a warpgroup (producer = 128), because setmaxnreg is warpgroup-collective: it gives up registers (24 a thread)
-    so that the consumers get 240 (REGISTERS). stages: slots of the Q/dO ring, which both consumers read."""
+    so that the consumers get 240 (REGISTERS). stages: slots of the Q/dO ring, which both consumers read.
+    block_q: queries a tile (BQ), 64 or 128. 128 needs two consumers, each of which then takes the dQ product of
+    its 64 queries (wgmma's M) over every column, and d = 64 (build refuses d = 128: S^T, dP^T, dV and dK alone
+    would need 256 registers a thread)."""
     stages: int = 2
     producer: int | None = None  # None: 32 with one consumer (64 with dq_warp), 128 with two
     max_registers: int | None = None  # a cap for ptxas (None: its own; with two consumers, REGISTERS' launch count)
     consumers: int = 1
     dq_warp: bool = False  # the producer's second warp reduces dQ's rows (FA3's warp 1), not the consumers
+    block_q: int = 64
 
     def __post_init__(self):
         if self.consumers not in (1, 2):
@@ -111,6 +114,11 @@ class BackwardTile:
         if self.consumers == 2 and self.producer != 128:
             raise ValueError(f"with two consumers the producer is a warpgroup (setmaxnreg needs all of one): "
                              f"producer must be 128; got {self.producer}")
+        if self.block_q not in (64, 128):
+            raise ValueError(f"block_q must be 64 or 128; got {self.block_q}")
+        if self.block_q == 128 and self.consumers != 2:
+            raise ValueError(f"block_q=128 splits a tile's queries between two consumers: consumers must be 2; "
+                             f"got {self.consumers}")
         if self.dq_warp and self.producer < 64:
             raise ValueError(f"dq_warp needs a second producer warp: producer must be 64 or more; got {self.producer}")
 
@@ -130,22 +138,31 @@ class BackwardTile:
     def shared_bytes(self, d: int) -> int:
         """K, V (BK x d each), the ring's Q and dO (BQ x d each per stage), dS^T (BK x BQ), dQ's float32 rows
         (BQ of dq_row_bytes), 1 KB of alignment."""
-        bk = self.block_k
-        return 2 * (2 * bk * d + 2 * self.stages * BQ * d + bk * BQ) + BQ * dq_row_bytes(d) + 1024
+        bk, bq = self.block_k, self.block_q
+        return 2 * (2 * bk * d + 2 * self.stages * bq * d + bk * bq) + bq * dq_row_bytes(d) + 1024
+
+    def map_rows(self) -> dict:
+        """The rows of the main kernel's tensor maps' boxes, by map (MAPS): a consumer's keys, a query tile."""
+        return {"k_map": 64, "v_map": 64, "q_map": self.block_q, "do_map": self.block_q}
 
 
 def default_tile(d: int, causal: bool = False) -> BackwardTile:
-    """Two consumer warpgroups, 128 keys a block; at d = 128 the producer's second warp reduces dQ (dq_warp), and
-    causal, the ring has three stages. Measured on an H200 (2026-12-03, scripts/gpu_check_wgmma_backward.py,
-    benchmarks/results/h200/wgmma_backward_consumers.txt, wgmma_backward_two_consumers.txt and
-    wgmma_backward_dq_warp.txt):
+    """Two consumer warpgroups, 128 keys a block; at d = 64, 128 queries a tile; at d = 128 the producer's second
+    warp reduces dQ (dq_warp), and causal, the ring has three stages. Measured on an H200
+    (scripts/gpu_check_wgmma_backward.py; benchmarks/results/h200/wgmma_backward_consumers.txt,
+    wgmma_backward_two_consumers.txt and wgmma_backward_dq_warp.txt, 2026-12-03; wgmma_backward_block_q.txt,
+    2026-12-04):
+    - 128 queries a tile ran 1.17-1.25x 64 at d = 64 (8 shapes, float16): the kernel is bound by issuing
+      instructions, and a tile's fixed work (waits, barriers, descriptors, dQ's reduces) is spread over twice
+      the queries;
     - two consumers ran 1.30-1.53x one consumer's speed at d = 128, where one consumer's 253 registers leave one
       block an SM, and 0.99-1.17x at d = 64 (1.03-1.17 but for one reading of 0.99), against one consumer capped at
       168 registers so that two blocks share an SM;
     - a third stage gained 5-8% at d = 128 causal (4 shapes, float16) and lost 1-3% at most other shapes;
     - dq_warp gained 4-8% at d = 128 and lost 12-16% at d = 64 (16 shapes, float16; not profiled: there one warp
       issues a tile's 64 row reduces, which the consumers' eight warps share without it)."""
-    return BackwardTile(stages=3 if causal and d == 128 else 2, consumers=2, dq_warp=d == 128)
+    return BackwardTile(stages=3 if causal and d == 128 else 2, consumers=2, dq_warp=d == 128,
+                        block_q=128 if d == 64 else 64)
 
 
 def dq_row_bytes(d: int) -> int:
@@ -190,13 +207,16 @@ def build(d: int, dtype: str, causal: bool, tile: BackwardTile | None = None, de
     if key not in _BUILDS:
         if d not in (64, 128) or dtype not in DTYPES:
             raise ValueError(f"the wgmma backward takes d in (64, 128) and dtype in {DTYPES}; got d={d}, {dtype!r}")
+        if tile.block_q == 128 and d != 64:
+            raise ValueError(f"block_q=128 runs at d = 64 only (at d = 128 a consumer's S^T, dP^T, dV and dK "
+                             f"would need 256 registers a thread); got d={d}")
         _BUILDS[key] = _kernel(d, dtype, causal, tile, deterministic, features)
     return _BUILDS[key]
 
 
 def _kernel(d, dtype, causal, tile, deterministic, features):
     ST, C, CAUSAL, DETERMINISTIC, DQ_WARP = tile.stages, tile.consumers, causal, deterministic, tile.dq_warp
-    BK, CT = tile.block_k, CONSUMER * tile.consumers  # keys per block, consumer threads
+    BK, BQ, CT = tile.block_k, tile.block_q, CONSUMER * tile.consumers  # keys, queries per tile, consumer threads
     OPTIONS, BOTTOM_RIGHT = features.any, bool(features.bottom_right)
     SOFTCAP, ALIBI, DROP = bool(features.softcap), bool(features.alibi), features.dropout
     opt = device_functions(features)
@@ -209,7 +229,8 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
     KV_BYTES, QD_BYTES = BOXES * KV_BOX, BOXES * QD_BOX  # a consumer's keys (K or V) and a query tile
     K_AT, V_AT, Q_AT = 0, C * KV_BYTES, 2 * C * KV_BYTES  # K and V: one KV_BYTES part per consumer
     DO_AT = Q_AT + ST * QD_BYTES
-    DS_AT = DO_AT + ST * QD_BYTES  # dS^T: BK rows (keys) of BQ values (queries), 128 bytes, swizzled
+    DS_AT = DO_AT + ST * QD_BYTES  # dS^T: BQ // 64 boxes of BK rows (keys) of 64 queries, 128 bytes, swizzled
+    DS_BOX = BK * 128
     DQ_AT, ROW = DS_AT + BK * BQ * 2, dq_row_bytes(d)  # dQ's share: BQ rows of d float32s (ROW bytes apart)
     KV_FULL, FULL, EMPTY, N_BARRIERS = 0, 1, 1 + ST, 1 + 2 * ST
     STATS = 2 * BQ  # per stage: lse * log2(e) and D of the tile's BQ queries (float32, 0 past Nq)
@@ -220,9 +241,11 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
     S_TILES, D_TILES = BQ // 8, d // 8
     mma_s = hopper.wgmma_ss(BQ, dtype)  # S^T, dP^T (64 x BQ) = K or V (64 x d) @ Q^T or dO^T
     mma_kv = hopper.wgmma_rs(d, dtype, b_major="MN")  # dV += P^T dO, dK += dS^T Q (A from registers)
-    # dQ share = dS (from dS^T, MN-major) @ K. One consumer: in 64-column passes (at d = 128, 64 accumulator
-    # registers, not 128). Two: each consumer takes half of the columns over all BK keys, in one pass.
-    DQN = BOX if C == 1 else d // 2  # columns of one pass
+    # dQ share = dS (from dS^T, MN-major) @ K, over all BK keys. One consumer: in 64-column passes (at d = 128, 64
+    # accumulator registers, not 128). Two: each consumer takes half of the columns of the 64 queries, in one
+    # pass; with 128 queries a tile (SPLIT_ROWS), its 64 queries (wgmma's M, one box of dS^T) and every column.
+    SPLIT_ROWS = BQ == 128
+    DQN = BOX if C == 1 else (d if SPLIT_ROWS else d // 2)  # columns of one pass
     DQ_PASSES = BOXES if C == 1 else 1
     mma_q = hopper.wgmma_ss(DQN, dtype, a_major="MN", b_major="MN")
     NQ = DQN // 2  # registers of one pass's share
@@ -425,12 +448,13 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
 
     @_step
     def store_ds(sm32, at, ds_regs, row0, t):
-        """dS^T to shared memory as 16-bit pairs: row (key) row0 (+ 8) of BK, 128 bytes, 128-byte swizzle."""
+        """dS^T to shared memory as 16-bit pairs: row (key) row0 (+ 8) of BK, 128 bytes, 128-byte swizzle, in the
+        box of the queries' 64 (n // 8)."""
         for n in range(S_TILES):
             for r in range(2):
                 row = row0 + U(8 * r)
-                byte = row * U(128) + U(16 * n) + U(4) * t
-                byte = byte ^ ((byte >> U(3)) & U(0x70))
+                byte = row * U(128) + U(16 * (n % 8)) + U(4) * t
+                byte = U((n // 8) * DS_BOX) + (byte ^ ((byte >> U(3)) & U(0x70)))
                 sm32[(at + U(DS_AT) + byte) // U(4)] = ds_regs[2 * n + r]
 
     @_step
@@ -439,7 +463,7 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         MN-major (its rows are keys, the product's K dimension), K as B, MN-major; k16 step kk is 16 key rows
         further down both (K's rows of the second consumer lie KV_BYTES on). A pass of 32 columns starts 64 bytes
         into K's 128-byte rows: the swizzle acts on the address, as for K-major steps along K."""
-        da0 = hopper.make_descriptor(ds_tile, BK * 128, SBO, SWIZZLE)
+        da0 = hopper.make_descriptor(ds_tile, DS_BOX, SBO, SWIZZLE)
         db0 = hopper.make_descriptor(k_tile, KV_BOX, SBO, SWIZZLE)
         for kk in range(K_STEPS):
             da = hopper.descriptor_plus(da0, kk * 16 * 128)
@@ -450,14 +474,14 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
     @_step
     def dq_columns(x, cw):
         """The first column of dQ pass x of consumer cw: one consumer passes over every 64-column box; of two,
-        each takes its half."""
-        return U(DQN * x) if C == 1 else U(DQN) * cw
+        each takes its half (or with SPLIT_ROWS, every column of its own queries)."""
+        return U(DQN * x) if C == 1 else (U(0) if SPLIT_ROWS else U(DQN) * cw)
 
     @_step
-    def stage_dq(smf, at, dqacc, col0, warp, g, t, scale):
-        """dQ's fragment (rows 16 warp + g (+ 8), columns col0 + 8n + 2t (+ 1)) into dQ's shared rows."""
+    def stage_dq(smf, at, dqacc, row0, col0, g, t, scale):
+        """dQ's fragment (rows row0 + g (+ 8), columns col0 + 8n + 2t (+ 1)) into dQ's shared rows."""
         for r in range(2):
-            row = (at + U(DQ_AT) + (U(16) * warp + g + U(8 * r)) * U(ROW)) // U(4)
+            row = (at + U(DQ_AT) + (row0 + g + U(8 * r)) * U(ROW)) // U(4)
             for n in range(DQN // 8):
                 for c in range(2):
                     smf[row + col0 + U(8 * n + c) + U(2) * t] = dqacc[4 * n + 2 * r + c] * scale
@@ -637,8 +661,10 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
         warp, g, t = wq % U(4), lane // U(4), lane % U(4)  # warp in its warpgroup
         key0 = k0 + U(64) * cw + U(16) * warp + g
         keys_end = k0 + U(64) * (cw + U(1))  # this consumer's keys end here
+        dq_rows = U(64) * cw if SPLIT_ROWS else U(0)  # the first of the tile's queries whose dQ this consumer forms
         start = U(base) + at
         k_tile, v_tile = start + U(K_AT) + U(KV_BYTES) * cw, start + U(V_AT) + U(KV_BYTES) * cw  # this consumer's keys
+        ds_tile = start + U(DS_AT) + (U(DS_BOX) * cw if SPLIT_ROWS else U(0))  # (their box of dS^T)
         sacc = cuda.local.array(NS, float32)
         dpacc = cuda.local.array(NS, float32)
         dvacc = cuda.local.array(ND, float32)
@@ -679,11 +705,11 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
                 if x > 0:
                     hopper.wgmma_fence()  # stage_dq read the accumulator that this pass overwrites
                 col0 = dq_columns(x, cw)
-                issue_dq(dqacc, start + U(DS_AT), start + U(K_AT) + col0 // U(BOX) * U(KV_BOX) + col0 % U(BOX) * U(2))
+                issue_dq(dqacc, ds_tile, start + U(K_AT) + col0 // U(BOX) * U(KV_BOX) + col0 % U(BOX) * U(2))
                 hopper.wgmma_wait(0)  # (first pass) dV, dK and dQ's share are done: the slot may be reused
                 if x == 0:
                     hopper.mbarrier_arrive(bar, EMPTY + s)
-                stage_dq(smf, at, dqacc, col0, warp, g, t, scale)
+                stage_dq(smf, at, dqacc, dq_rows + U(16) * warp, col0, g, t, scale)
             hopper.fence_proxy_async()  # dQ's rows, then the bulk reduce's reads of them
             if DQ_WARP:
                 hopper.named_barrier_arrive(2, CT + 32)  # the rows are the reducing warp's
@@ -702,7 +728,6 @@ def _kernel(d, dtype, causal, tile, deterministic, features):
 
 
 MAPS = ("k_map", "v_map", "q_map", "do_map")  # the main kernel's tensor maps, by the array each one reads
-MAP_ROWS = {"k_map": 64, "v_map": 64, "q_map": BQ, "do_map": BQ}  # their boxes' rows (a consumer's keys)
 
 
 @cuda.jit
@@ -748,7 +773,7 @@ def launches(B: int, H: int, Nq: int, Nk: int, d: int, scale: float, causal: boo
     features = extras.features() if extras is not None else Features()
     args = extras.arguments(causal, B, H, True) if extras is not None else plain_arguments(causal)
     preprocess = tensor_backward.build(d, tensor_backward.choose_tile(d, precision), bool(causal), precision)[0]
-    turns = (B, H, -(-Nq // BQ)) if deterministic else (1, 1, 1)
+    turns = (B, H, -(-Nq // tile.block_q)) if deterministic else (1, 1, 1)
     n_turns = int(np.prod(turns))
     out = [Launch(preprocess, (-(-Nq // tensor_backward.PREPROCESS_ROWS), B * H),
                   32 * tensor_backward.PREPROCESS_WARPS, ("o", "do", "D", "dq_acc", H))]
@@ -777,7 +802,9 @@ def backward(q_words, k_words, v_words, o_words, lse, do_words, dq_words, dk_wor
         raise ValueError(f"the query heads H={H} must be a multiple of the K/V heads H_kv={H_kv}")
     arrays = dict(q=q_words, k=k_words, v=v_words, o=o_words, lse=lse, do=do_words, dq=dq_words, dk=dk_words,
                   dv=dv_words)
+    tile = tile or default_tile(2 * w, bool(causal))
+    rows = tile.map_rows()
     for name in MAPS:
-        arrays[name] = hopper.tensor_map_4d(arrays[name[:-4]], MAP_ROWS[name], WORDS, SWIZZLE)
+        arrays[name] = hopper.tensor_map_4d(arrays[name[:-4]], rows[name], WORDS, SWIZZLE)
     launches(B, H, Nq, Nk, 2 * w, scale, causal, dtype, H_kv, tile, deterministic, extras).run(
         arrays, seed=np.int64(seed))
