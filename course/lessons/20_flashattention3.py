@@ -340,8 +340,8 @@ for r, x in zip(rows, ratio_tensor):
 #
 # The backward (lesson 06's formulas, lesson 17's kernel on `mma.sync`) moves to `wgmma` the same way. A block owns
 # 128 keys, 64 for each of two consumer warpgroups (wgmma's M is 64): it keeps K_j and V_j in shared memory and
-# accumulates dK_j and dV_j in registers while a producer warpgroup streams the query tiles Q_i and dO_i through the
-# ring, which both consumers read. As in the forward's two-consumer build, `setmaxnreg` leaves the producer 24
+# accumulates dK_j and dV_j in registers while a producer warpgroup streams the query tiles Q_i and dO_i (128
+# queries at d = 64, 64 at d = 128) through the ring, which both consumers read. As in the forward's two-consumer build, `setmaxnreg` leaves the producer 24
 # registers a thread and gives the consumers 240: at d = 128 the dK and dV accumulators alone take 128. dK and dV are
 # indexed by keys, so each belongs to one block. dQ is indexed by queries, and every key block contributes to every
 # query row: that sum crosses blocks. Here is where each of the five products finds its operands in
@@ -358,7 +358,8 @@ for product, (a_place, a_major, b_place, b_major) in pipeline.BACKWARD_OPERANDS.
 # MN-major, with no transposed copy. And dQ = dS K needs dS with queries as rows, while the accumulator holds dS^T
 # with keys as rows: threads cannot swap rows for columns across the warpgroup, so dS^T goes once to shared memory
 # (swizzled, as TMA would have written it) and the next wgmma reads it MN-major: the transpose is in the
-# descriptor. Once both consumers' rows of dS^T are there, each computes half of dQ's columns over all 128 keys.
+# descriptor. Once both consumers' rows of dS^T are there, each forms its part of dQ over all 128 keys: at d = 64
+# the rows of 64 of the tile's 128 queries (wgmma's M is 64), at d = 128 half of the columns of its 64 queries.
 #
 # dQ's shares are added to a float32 accumulator with atomics, one share per key block. The kernel does not issue
 # them thread by thread: each warp writes its rows of the share to shared memory as float32, and one instruction
@@ -416,8 +417,8 @@ def backward_against_float64(n_q, n_k):
 hopper.run_here_or_simulated(backward_against_float64, flashlab.size(130, 80), flashlab.size(150, 100))
 
 # %% [markdown]
-# On an H200 it is faster than lesson 17's `mma.sync` backward at every shape measured, and still short of
-# torch's default backward, which is FlashAttention-3's own (the numbers, from a committed run):
+# On an H200 it is faster than lesson 17's `mma.sync` backward at every shape measured, and at most shapes still
+# short of torch's default backward, which is FlashAttention-3's own (the numbers, from a committed run):
 
 # %%
 bwd = list(csv.DictReader(open(DATA / "wgmma_backward.csv")))
@@ -451,8 +452,8 @@ for causal in ("0", "1"):
 # second set of accumulators to overlap the next tile's; dQ's rows go out one bulk copy each where
 # FlashAttention-3 stores a swizzled tile and reduces it with one TMA copy. At d = 128 the kernel hands dQ's rows to
 # the producer warpgroup's second warp, as FlashAttention-3 does, so that the consumers meet once a tile; at d = 64
-# that measured slower, and the consumers reduce dQ themselves. The figure's d = 128 bars predate that hand-over,
-# which gained 4-8% (`benchmarks/results/h200/wgmma_backward_dq_warp.txt`).
+# that measured slower, and the consumers reduce dQ themselves (the hand-over gained 4-8% at d = 128:
+# `benchmarks/results/h200/wgmma_backward_dq_warp.txt`).
 #
 # The missing overlap costs less than it looks, and the reason is worth knowing before you optimize any kernel:
 # find what bounds it first. Nsight Compute on this kernel (d = 64, N = 16384, an H200;
@@ -463,8 +464,11 @@ for causal in ("0", "1"):
 # product ran 0.98-1.03x as fast. What helped was fewer instructions. P's mask compared 64-bit indices, 8
 # instructions a score where the exponential needs 2, so at d = 64 the tiles that hold no key past the end, no
 # query past the end and (causal) no key after a query now skip it: 1.03-1.23x
-# (`benchmarks/results/h200/wgmma_backward_interior.txt`; the figure predates it). FlashAttention-3 also takes 128
-# queries a tile, which spreads a tile's fixed instructions over twice the scores.
+# (`benchmarks/results/h200/wgmma_backward_interior.txt`). Then, as FlashAttention-3 does at d = 64, tiles of 128
+# queries, not 64: a tile's fixed instructions (its waits, barriers, descriptors and dQ's reduces) are spread over
+# twice the scores, and the kernel ran 1.17-1.25x faster (`benchmarks/results/h200/wgmma_backward_block_q.txt`).
+# At d = 128 the same tile would need 256 registers a thread for S^T, dP^T, dK and dV alone, more than the 240 a
+# consumer gets, so there it keeps 64.
 #
 # If you write such a pipelined loop yourself, one trap: an ordinary instruction must not touch a wgmma's
 # accumulator between its issue and the wait that covers it. When ptxas cannot prove that, for instance because a
