@@ -341,11 +341,11 @@ for r, x in zip(rows, ratio_tensor):
 # The backward (lesson 06's formulas, lesson 17's kernel on `mma.sync`) moves to `wgmma` the same way. A block owns
 # 128 keys, 64 for each of two consumer warpgroups (wgmma's M is 64): it keeps K_j and V_j in shared memory and
 # accumulates dK_j and dV_j in registers while a producer warpgroup streams the query tiles Q_i and dO_i (128
-# queries at d = 64, 64 at d = 128) through the ring, which both consumers read. As in the forward's two-consumer build, `setmaxnreg` leaves the producer 24
-# registers a thread and gives the consumers 240: at d = 128 the dK and dV accumulators alone take 128. dK and dV are
-# indexed by keys, so each belongs to one block. dQ is indexed by queries, and every key block contributes to every
-# query row: that sum crosses blocks. Here is where each of the five products finds its operands in
-# `flashlab/kernels/wgmma_backward.py`:
+# queries at d = 64, 64 at d = 128) through the ring, which both consumers read. As in the forward's two-consumer
+# build, `setmaxnreg` leaves the producer 24 registers a thread and gives the consumers 240: at d = 128 the dK and
+# dV accumulators alone take 128. dK and dV are indexed by keys, so each belongs to one block. dQ is indexed by
+# queries, and every key block contributes to every query row: that sum crosses blocks. Here is where each of the
+# five products finds its operands in `flashlab/kernels/wgmma_backward.py`:
 
 # %%
 print(f"{'product':16s} {'A':>22s} {'B':>22s}")

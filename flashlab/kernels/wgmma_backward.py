@@ -186,8 +186,9 @@ def build(d: int, dtype: str, causal: bool, tile: BackwardTile | None = None, de
          left, right, cap, slopes, seed)
 
     maps: hopper.tensor_map_4d of K, V (B, H_kv, Nk, d/2) and Q, dO (B, H, Nq, d/2) as uint32 words (any strides
-    but the last), boxes of 64 rows x 32 words, 128-byte swizzle; lse, D: (B, H, Nq) float32; dq_acc (B, H, Nq, d) float32 (added to); dk, dv
-    (B, H_kv, Nk, d/2) uint32 pairs; H a multiple of H_kv. Grid (ceil(Nk / BK), H_kv, B), tile.threads threads,
+    but the last), boxes of 32 words x 64 rows (Q and dO: BQ rows; tile.map_rows), 128-byte swizzle; lse, D:
+    (B, H, Nq) float32; dq_acc (B, H, Nq, d) float32 (added to); dk, dv (B, H_kv, Nk, d/2) uint32 pairs; H a
+    multiple of H_kv. Grid (ceil(Nk / BK), H_kv, B), tile.threads threads,
     tile.shared_bytes(d) bytes of dynamic shared memory.
 
     deterministic: dQ's shares are added in a fixed order (turn: key block 0 first, or causal, the diagonal block
