@@ -19,7 +19,7 @@ split     a training step split into its phases (batch, forward, backward, clip,
           flashlab alternate in rounds of 20 steps (5 rounds), the same model and batches; medians per phase.
           First, the operations of one step of each that wait for the GPU (torch.cuda.set_sync_debug_mode).
           With --gpu-bound, of flashlab.gpt.BF16_GPU_BOUND_SETUP's GPT (head dim 128, N 4096), whose step the GPU
-          bounds.
+          bounds; so does profile's.
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def train():
         print(f"{name}: {r['tokens_per_s']:,.0f} tokens/s", flush=True)
 
 
-def profile():
+def profile(gpu_bound=False):
     import torch
     import torch.nn.functional as Fn
     from torch.profiler import ProfilerActivity
@@ -129,15 +129,19 @@ def profile():
     from flashlab import gpt
     from flashlab.torch import scaled_dot_product_attention as flash_sdpa
 
+    cfg = gpt.BF16_GPU_BOUND_SETUP if gpu_bound else gpt.BF16_SETUP
     tok = gpt.CharTokenizer(gpt.TINY_TEXT)
-    data = tok.encode(gpt.copy_text(200_000, 0))
+    data = tok.encode(gpt.copy_text(cfg["text_chars"], 0))
+    train = dict(batch_size=cfg["batch_size"], lr=cfg["lr"], progress=False, autocast_dtype=torch.bfloat16,
+                 grad_clip=cfg["grad_clip"])
     for name, fn in (("torch", Fn.scaled_dot_product_attention), ("flashlab", flash_sdpa)):
-        model = gpt.GPT(gpt.GPTConfig(tok.vocab_size, 1024, 4, 4, 256)).cuda()
+        model = gpt.GPT(gpt.GPTConfig(tok.vocab_size, cfg["block_size"], cfg["n_layer"], cfg["n_head"],
+                                      cfg["n_embd"])).cuda()
         model.use_attention(fn)
-        gpt.train(model, data, 10, 8, 2e-3, progress=False, autocast_dtype=torch.bfloat16, grad_clip=1.0)
+        gpt.train(model, data, 10, **train)
         torch.cuda.synchronize()
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            gpt.train(model, data, 5, 8, 2e-3, progress=False, autocast_dtype=torch.bfloat16, grad_clip=1.0)
+            gpt.train(model, data, 5, **train)
             torch.cuda.synchronize()
         for key in ("cuda_time_total", "self_cpu_time_total"):
             print(f"== {name}: 5 steps, by {key}")
@@ -242,7 +246,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
     ap.add_argument("--gpu-bound", action="store_true",
-                    help="split: flashlab.gpt.BF16_GPU_BOUND_SETUP's GPT instead of lesson 13's")
+                    help="split and profile: flashlab.gpt.BF16_GPU_BOUND_SETUP's GPT instead of lesson 13's")
     args = ap.parse_args()
     parts = args.parts.split(",")
     unknown = sorted(set(parts) - set(PARTS))
@@ -254,8 +258,8 @@ def main():
         raise SystemExit("this profile needs a CUDA GPU")
     print(torch.cuda.get_device_name(), time.strftime("%Y-%m-%d"), flush=True)
     for name in parts:
-        if name == "split":
-            split(gpu_bound=args.gpu_bound)
+        if name in ("split", "profile"):
+            globals()[name](gpu_bound=args.gpu_bound)
         else:
             globals()[name]()
 
