@@ -200,96 +200,70 @@ def consumers(quick):
                 f"  two/one {t['one'] / t['two']:.2f}  two/sdpa {t['sdpa'] / t['two']:.2f}", flush=True)
 
 
-def dq_warp(quick):
-    """The default tile with dq_warp off ("default": the consumers reduce dQ) and on ("dq warp": the producer's
-    second warp does): gradients against float64 and deterministic mode's repeatability, then both timed, default
-    and deterministic."""
-    import dataclasses
-
+def compare_tiles(label, tiles, checks, shapes, quick):
+    """Tiles side by side: for each check of `checks` (TILE_CHECKS' layout), each tile's gradients against float64
+    beside torch's error, and whether deterministic mode repeats its bits; then each tile timed at `shapes`
+    (SHAPES' layout), with and without deterministic=True, beside torch's SDPA backward. tiles: {name: fn(d,
+    causal) -> BackwardTile}, the first the reference of the ratios."""
     import torch
 
-    from flashlab.kernels import wgmma_backward
     from gpu_check_wgmma_forward import timed
 
-    def tile(name, d, causal):
-        return dataclasses.replace(wgmma_backward.default_tile(d, causal), dq_warp=name == "dq warp")
-
-    for B, H, H_kv, Nq, Nk, d, causal, dtype in TILE_CHECKS:
-        q, k, v, do, o, lse, want, _ = checked_inputs(B, H, H_kv, Nq, Nk, d, causal, dtype)
-        for name in ("default", "dq warp"):
-            call = prepared_backward(q, k, v, o, lse, do, causal, tile(name, d, causal))
-            errors = [(x.double() - w).abs().max().item() for x, w in zip(call(), want)]
-            det = prepared_backward(q, k, v, o, lse, do, causal, tile(name, d, causal), deterministic=True)
-            first, second = det(), det()
-            same = all(torch.equal(a, b) for a, b in zip(first, second))
-            det_errors = [(x.double() - w).abs().max().item() for x, w in zip(first, want)]
-            print(f"dq warp check, {name:7s}: B{B} H{H} H_kv{H_kv} Nq{Nq} Nk{Nk} d{d} "
-                  f"{'causal' if causal else 'full'} {dtype}: errors dq dk dv " +
-                  " ".join(f"{e:.2e}" for e in errors) + "; deterministic " + " ".join(f"{e:.2e}" for e in det_errors) +
-                  f", repeats its bits {same}", flush=True)
-    print("backward TFLOP/s, the default tile and the same with dq_warp, prepared calls (det: deterministic=True); "
-          "sdpa through autograd", flush=True)
+    first, last = list(tiles)[0], list(tiles)[-1]
+    for B, H, H_kv, Nq, Nk, d, causal, dtype in checks:
+        q, k, v, do, o, lse, want, theirs = checked_inputs(B, H, H_kv, Nq, Nk, d, causal, dtype)
+        torch_errors = " ".join(f"{(x.double() - w).abs().max().item():.2e}" for x, w in zip(theirs, want))
+        for name, tile in tiles.items():
+            errors = [(x.double() - w).abs().max().item() for x, w in
+                      zip(prepared_backward(q, k, v, o, lse, do, causal, tile(d, causal))(), want)]
+            det = prepared_backward(q, k, v, o, lse, do, causal, tile(d, causal), deterministic=True)
+            runs = det(), det()
+            same = all(torch.equal(a, b) for a, b in zip(*runs))
+            det_errors = [(x.double() - w).abs().max().item() for x, w in zip(runs[0], want)]
+            print(f"{label} check, {name}: B{B} H{H} H_kv{H_kv} Nq{Nq} Nk{Nk} d{d} {'causal' if causal else 'full'} "
+                  f"{dtype}: errors dq dk dv " + " ".join(f"{e:.2e}" for e in errors) + f" (torch {torch_errors})"
+                  "; deterministic " + " ".join(f"{e:.2e}" for e in det_errors) + f", repeats its bits {same}",
+                  flush=True)
+    print(f"backward TFLOP/s, {label}: " + ", ".join(tiles) + ", prepared calls (det: deterministic=True); sdpa "
+          "through autograd", flush=True)
     for dtype in (("float16",) if quick else ("float16", "bfloat16")):
-        for B, H, N, d, causal in SHAPES:
+        for B, H, N, d, causal in shapes:
             q, k, v, do, o, lse, flops, sdpa_backward = timed_inputs(B, H, N, d, causal, dtype)
             t = {}
-            for name in ("default", "dq warp"):
-                t[name] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(name, d, causal)), 10)
-                t[name + " det"] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(name, d, causal),
+            for name, tile in tiles.items():
+                t[name] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(d, causal)), 10)
+                t[name + " det"] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(d, causal),
                                                            deterministic=True), 10)
             t["sdpa"] = timed(sdpa_backward, 10)
             print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
                 f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +
-                f"  warp/default {t['default'] / t['dq warp']:.2f}  det {t['default det'] / t['dq warp det']:.2f}",
-                flush=True)
+                f"  {last}/{first} {t[first] / t[last]:.2f}  det {t[first + ' det'] / t[last + ' det']:.2f}  "
+                f"{last}/sdpa {t['sdpa'] / t[last]:.2f}", flush=True)
+
+
+def dq_warp(quick):
+    """The default tile with dq_warp off ("default": the consumers reduce dQ) and on ("dq warp": the producer's
+    second warp does), compared as compare_tiles does."""
+    import dataclasses
+
+    from flashlab.kernels import wgmma_backward
+
+    compare_tiles("dq warp", {name: (lambda d, causal, on=name == "dq warp": dataclasses.replace(
+        wgmma_backward.default_tile(d, causal), dq_warp=on)) for name in ("default", "dq warp")},
+        TILE_CHECKS, SHAPES, quick)
 
 
 def block_q(quick):
-    """At d 64, the default tile with 64 queries a tile and with 128 (BackwardTile block_q: each consumer's S^T and
-    dP^T are 64 keys x 128 queries, and it forms the dQ of its 64 queries): gradients against float64 and
-    deterministic mode's repeatability, then both timed, with and without deterministic."""
+    """At d 64, the default tile with 64 queries a tile ("bq64") and with 128 ("bq128": each consumer's S^T and
+    dP^T are 64 keys x 128 queries, and it forms the dQ of its 64 queries), compared as compare_tiles does."""
     import dataclasses
 
-    import torch
-
     from flashlab.kernels import wgmma_backward
-    from gpu_check_wgmma_forward import timed
 
-    def tile(bq, causal):
-        return dataclasses.replace(wgmma_backward.default_tile(64, causal), block_q=bq)
-
-    for B, H, H_kv, Nq, Nk, d, causal, dtype in TILE_CHECKS + [(1, 2, 1, 777, 500, 64, True, "bfloat16")]:
-        if d != 64:
-            continue
-        q, k, v, do, o, lse, want, theirs = checked_inputs(B, H, H_kv, Nq, Nk, d, causal, dtype)
-        for bq in (64, 128):
-            errors = [(x.double() - w).abs().max().item() for x, w in
-                      zip(prepared_backward(q, k, v, o, lse, do, causal, tile(bq, causal))(), want)]
-            det = prepared_backward(q, k, v, o, lse, do, causal, tile(bq, causal), deterministic=True)
-            first, second = det(), det()
-            same = all(torch.equal(a, b) for a, b in zip(first, second))
-            det_errors = [(x.double() - w).abs().max().item() for x, w in zip(first, want)]
-            torch_errors = [(x.double() - w).abs().max().item() for x, w in zip(theirs, want)]
-            print(f"block_q check, {bq:3d}: B{B} H{H} H_kv{H_kv} Nq{Nq} Nk{Nk} d{d} {'causal' if causal else 'full'} "
-                  f"{dtype}: errors dq dk dv " + " ".join(f"{e:.2e}" for e in errors) + " (torch " +
-                  " ".join(f"{e:.2e}" for e in torch_errors) + "); deterministic " +
-                  " ".join(f"{e:.2e}" for e in det_errors) + f", repeats its bits {same}", flush=True)
-    print("backward TFLOP/s at d 64, the default tile with block_q 64 and 128, prepared calls (det: "
-          "deterministic=True); sdpa through autograd", flush=True)
-    for dtype in (("float16",) if quick else ("float16", "bfloat16")):
-        for B, H, N, d, causal in SHAPES:
-            if d != 64:
-                continue
-            q, k, v, do, o, lse, flops, sdpa_backward = timed_inputs(B, H, N, d, causal, dtype)
-            t = {}
-            for bq in (64, 128):
-                t[f"bq{bq}"] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(bq, causal)), 10)
-                t[f"bq{bq} det"] = timed(prepared_backward(q, k, v, o, lse, do, causal, tile(bq, causal),
-                                                           deterministic=True), 10)
-            t["sdpa"] = timed(sdpa_backward, 10)
-            print(f"B{B} H{H:2d} N{N:5d} d{d:3d} {'causal' if causal else 'full':6s} {dtype:8s} " + "  ".join(
-                f"{name} {flops / x / 1e12:4.0f}" for name, x in t.items()) +
-                f"  128/64 {t['bq64'] / t['bq128']:.2f}  128/sdpa {t['sdpa'] / t['bq128']:.2f}", flush=True)
+    compare_tiles("block_q", {f"bq{bq}": (lambda d, causal, bq=bq: dataclasses.replace(
+        wgmma_backward.default_tile(d, causal), block_q=bq)) for bq in (64, 128)},
+        [c for c in TILE_CHECKS + [(1, 2, 1, 777, 500, 64, True, "bfloat16")] if c[5] == 64],
+        [s for s in SHAPES if s[3] == 64], quick)
 
 
 def speed(quick, csv_path=None):
